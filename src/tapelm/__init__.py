@@ -1,0 +1,16 @@
+"""tapelm: TAPE (contextualised equivariant positional encoding) and its baselines as Hugging Face models.
+
+Importing the package registers `TapeConfig` and the models with transformers' Auto classes.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .config import PE_TYPES, TapeConfig
+from .modeling import TapeForCausalLM, TapeModel, TapePreTrainedModel
+
+AutoConfig.register("tape", TapeConfig, exist_ok=True)
+AutoModel.register(TapeConfig, TapeModel, exist_ok=True)
+AutoModelForCausalLM.register(TapeConfig, TapeForCausalLM, exist_ok=True)
+
+__version__ = "0.1.0"
+__all__ = ["TapeConfig", "TapeModel", "TapeForCausalLM", "TapePreTrainedModel", "PE_TYPES", "__version__"]

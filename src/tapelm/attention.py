@@ -1,0 +1,75 @@
+"""One attention function for every encoding: PyTorch SDPA, or an explicit-softmax reference path.
+
+The value tensor may be wider than q and k (TAPE's [V | E] stream). SDPA's fast CPU kernel needs q, k and v of one
+width and otherwise falls back silently to the slow math kernel, so the narrower side is zero-padded: extra zero
+dimensions of q and k leave every logit unchanged (the scale is passed explicitly), extra zero value dimensions are
+sliced off. Measured here this costs about 1.7x a V-only call, against 2-3x for a naive concatenation or two calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMask:
+    """Which keys each query may see: `valid` (B, 1, N, T) booleans, or None with `is_causal` meaning SDPA's own
+    causal mask (no padding, no cache offset) and `is_causal=False` meaning every key."""
+
+    valid: torch.Tensor | None
+    is_causal: bool
+
+
+def build_attention_mask(padding: torch.Tensor | None, query_len: int, key_len: int, causal: bool,
+                         dense: bool) -> AttentionMask:
+    """The mask for N new queries at the end of T keys. `padding` (B, T) is 1 for real tokens, 0 for padding.
+
+    `dense` asks for explicit booleans even where a flag would do (encodings that add a logit bias). A query that
+    would see no key at all (a padding token) is allowed to see itself, so no softmax row is empty."""
+    has_padding = padding is not None and not bool(padding.all())
+    if not dense and not has_padding:
+        if not causal or query_len == 1:
+            return AttentionMask(None, False)
+        if query_len == key_len:
+            return AttentionMask(None, True)
+    device = padding.device if padding is not None else None
+    key_index = torch.arange(key_len, device=device)
+    query_index = torch.arange(key_len - query_len, key_len, device=device)
+    valid = torch.ones(1, 1, query_len, key_len, dtype=torch.bool, device=device)
+    if causal:
+        valid = valid & (key_index[None, :] <= query_index[:, None])
+    if padding is not None:
+        valid = valid & padding[:, None, None, :].bool()
+    valid = valid | (key_index[None, :] == query_index[:, None])
+    return AttentionMask(valid, False)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, bias: torch.Tensor | None,
+           scale: float, eager: bool = False) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v with GQA. q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv);
+    bias (B or 1, H, N, T) needs an explicit `mask.valid`. Returns (B, H, N, dv)."""
+    float_mask = mask.valid
+    if bias is not None:
+        float_mask = torch.where(mask.valid, bias, float("-inf"))
+    if eager:
+        return _eager_attention(q, k, v, float_mask, mask.is_causal, scale)
+    width, value_width = max(q.shape[-1], v.shape[-1]), v.shape[-1]
+    q, k, v = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, is_causal=mask.is_causal, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out[..., :value_width] if width > value_width else out
+
+
+def _eager_attention(q, k, v, mask, is_causal, scale):
+    """The reference: explicit logits, softmax in float32 or wider, then the weighted sum."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * scale
+    if is_causal:
+        mask = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    return logits.softmax(dim=-1).to(v.dtype) @ v

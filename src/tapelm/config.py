@@ -1,0 +1,150 @@
+"""`TapeConfig`: Llama-style model sizes, the positional encoding switch and TAPE's options."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+from transformers.modeling_rope_utils import RopeParameters
+
+PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned")
+ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
+TAPE_ATTN_MIXING = ("heads", "per_head")
+TAPE_UPDATES = ("both", "attention", "mlp", "none")
+
+
+def _choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def _positive(field: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{field}={value!r} is not allowed; it must be a positive integer")
+
+
+class TapeConfig(PreTrainedConfig):
+    r"""Configuration of a `TapeModel` / `TapeForCausalLM`.
+
+    The sizes follow `LlamaConfig`. `pe_type` selects the positional encoding; every encoding shares one decoder
+    skeleton. TAPE's options (see shared/TAPE.md):
+
+    - `tape_block` (L, R): each head's q/k vector is split into M = head_dim / L blocks of size L; a positional
+      feature is an L x R matrix per block. (2, 2) is RoPE's shape.
+    - `tape_position_size`: width I of the content gate of the MLP-branch update (default 4 x heads).
+    - `tape_attn_mixing`: "heads" mixes the attended positional features across heads (H x H map), "per_head"
+      applies one gain per head.
+    - `tape_update`: which sublayers update the positional features ("none" freezes them at RoPE's).
+    - `tape_equivariant`: False is the ablation that also mixes across blocks and the l/r axes.
+    - `causal`: False gives a bidirectional encoder.
+    """
+
+    model_type = "tape"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 256
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 8
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = False
+    rope_parameters: RopeParameters | dict | None = None
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    pe_type: str = "tape"
+    tape_block: tuple[int, int] | list[int] = (2, 2)
+    tape_position_size: int | None = None
+    tape_attn_mixing: str = "heads"
+    tape_update: str = "both"
+    tape_equivariant: bool = True
+    causal: bool = True
+    randpe_max_position: int | None = None
+    xpos_scale_base: float = 512.0
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    fire_hidden_size: int = 32
+    cope_max_positions: int = 64
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.tape_position_size is None and isinstance(self.num_attention_heads, int):
+            self.tape_position_size = 4 * self.num_attention_heads
+        if self.randpe_max_position is None and isinstance(self.max_position_embeddings, int):
+            self.randpe_max_position = 2 * self.max_position_embeddings
+        self.tape_block = tuple(self.tape_block)
+        super().__post_init__(**kwargs)
+        self._validate()
+
+    @property
+    def tape_l(self) -> int:
+        return self.tape_block[0]
+
+    @property
+    def tape_r(self) -> int:
+        return self.tape_block[1]
+
+    def _validate(self) -> None:
+        """Raise ValueError naming the first invalid field or combination."""
+        _choice("pe_type", self.pe_type, PE_TYPES)
+        _choice("tape_attn_mixing", self.tape_attn_mixing, TAPE_ATTN_MIXING)
+        _choice("tape_update", self.tape_update, TAPE_UPDATES)
+        _choice("hidden_act", self.hidden_act, ("silu",))
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "head_dim", "max_position_embeddings", "tape_position_size",
+                      "randpe_max_position", "t5_num_buckets", "t5_max_distance", "fire_hidden_size",
+                      "cope_max_positions"):
+            _positive(field, getattr(self, field))
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by "
+                             f"num_attention_heads={self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be divisible by "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        if not isinstance(self.rms_norm_eps, (int, float)) or self.rms_norm_eps <= 0:
+            raise ValueError(f"rms_norm_eps={self.rms_norm_eps!r} is not allowed; it must be a positive number")
+        if self.pe_type in ROTARY_PE_TYPES and self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for the rotary encoding pe_type={self.pe_type!r}")
+        if self.pe_type == "xpos" and self.xpos_scale_base <= 0:
+            raise ValueError(f"xpos_scale_base={self.xpos_scale_base!r} must be positive")
+        if self.randpe_max_position < self.max_position_embeddings:
+            raise ValueError(f"randpe_max_position={self.randpe_max_position} must be >= "
+                             f"max_position_embeddings={self.max_position_embeddings}")
+        self._validate_tape_block()
+
+    def _validate_tape_block(self) -> None:
+        if len(self.tape_block) != 2:
+            raise ValueError(f"tape_block={self.tape_block!r} must be a pair (L, R)")
+        for name, value in zip(("tape_block L", "tape_block R"), self.tape_block):
+            _positive(name, value)
+        if self.pe_type != "tape":
+            return
+        block_l, block_r = self.tape_block
+        if block_l % 2:
+            raise ValueError(f"tape_block L={block_l} must be even (the RoPE initialisation pairs dimensions)")
+        if self.head_dim % block_l:
+            raise ValueError(f"tape_block L={block_l} must divide head_dim={self.head_dim}")
+        if block_r % block_l:
+            raise ValueError(f"tape_block R={block_r} must be a multiple of L={block_l}")
+        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
+        if rope_type not in ("default", "linear") and self.tape_block != (2, 2):
+            raise ValueError(f"rope_parameters rope_type={rope_type!r} needs tape_block=(2, 2); "
+                             "with other blocks use rope_type 'default' or 'linear'")
+
+    def to_dict(self):
+        output = super().to_dict()
+        output["tape_block"] = list(self.tape_block)
+        return output
+
+
+__all__ = ["TapeConfig", "PE_TYPES"]

@@ -1,0 +1,208 @@
+"""The decoder: one Llama-style skeleton for every positional encoding, Hugging Face-native."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+from .attention import AttentionMask, attend, build_attention_mask
+from .cache import key_positions
+from .config import TapeConfig
+from .positional import LayerPositional, PositionContext, TapeLayer, build_encoding
+
+
+class TapeAttention(nn.Module):
+    """Multi-head attention with GQA; the positional hooks decide how q, k, the logits and the values look."""
+
+    def __init__(self, config: TapeConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.config = config
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, hidden, positional: LayerPositional, state, ctx: PositionContext, mask: AttentionMask,
+                cache: Cache | None):
+        """Returns the sublayer output (B, N, C) and the attention output of the positional value stream."""
+        batch, length, _ = hidden.shape
+        shape = (batch, length, -1, self.head_dim)
+        q = self.q_proj(hidden).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden).view(shape).transpose(1, 2)
+        v = self.v_proj(hidden).view(shape).transpose(1, 2)
+        q, k = positional.transform_qk(q, k, state, ctx)
+        extra = positional.value_extra(state)
+        stream = v if extra is None else torch.cat([v, extra.to(v.dtype)], dim=-1)
+        if cache is not None:
+            k, stream = cache.update(k, stream, self.layer_idx)
+        bias = _sum_optional(ctx.bias, positional.logit_bias(q, k, mask.valid, ctx))
+        out = attend(q, k, stream, mask, bias, positional.logit_scale(self.head_dim),
+                     eager=self.config._attn_implementation == "eager")
+        out_v, mixed = out[..., : self.head_dim], (out[..., self.head_dim:] if extra is not None else None)
+        return self.o_proj(out_v.transpose(1, 2).reshape(batch, length, -1)), mixed
+
+
+def _sum_optional(a, b):
+    if a is None or b is None:
+        return b if a is None else a
+    return a + b
+
+
+class TapeDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block: attention then SwiGLU MLP, each followed by the positional state's update."""
+
+    def __init__(self, config: TapeConfig, layer_idx: int, positional: LayerPositional):
+        super().__init__()
+        self.self_attn = TapeAttention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.positional = positional
+
+    def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, past_key_values=None):
+        attn_out, mixed = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
+                                         past_key_values)
+        hidden = hidden + attn_out
+        state = self.positional.after_attention(state, mixed)
+        mlp_out = self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + mlp_out
+        return hidden, self.positional.after_mlp(state, mlp_out)
+
+
+class TapePreTrainedModel(PreTrainedModel):
+    config_class = TapeConfig
+    config: TapeConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TapeDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, LayerPositional) and hasattr(module, "init_weights"):
+            module.init_weights(init, self.config.initializer_range)
+
+
+class TapeModel(TapePreTrainedModel):
+    """Embeddings, decoder layers and final norm; returns hidden states and the cache."""
+
+    def __init__(self, config: TapeConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.positional = build_encoding(config)
+        self.layers = nn.ModuleList(
+            [TapeDecoderLayer(config, i, self.positional.make_layer(i)) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                output_hidden_states: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        if not use_cache:
+            past_key_values = None
+        batch, length = inputs_embeds.shape[:2]
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        position_ids = self._position_ids(position_ids, attention_mask, past, batch, length, inputs_embeds.device)
+
+        ctx = PositionContext(query_positions=self.positional.positions(position_ids))
+        if self.positional.needs_key_positions:
+            ctx.key_positions = key_positions(past_key_values, ctx.query_positions, self.config.num_hidden_layers)
+        self.positional.prepare(ctx, inputs_embeds.dtype)
+        mask = build_attention_mask(attention_mask, length, past + length, self.config.causal,
+                                    dense=self.positional.adds_logit_bias)
+        hidden = self.positional.embed(inputs_embeds, ctx)
+        state = self.positional.initial_state(ctx, hidden.dtype)
+
+        all_hidden = [] if output_hidden_states else None
+        for layer in self.layers:
+            if all_hidden is not None:
+                all_hidden.append(hidden)
+            hidden, state = layer(hidden, state, ctx, mask, past_key_values=past_key_values)
+        hidden = self.norm(hidden)
+        if all_hidden is not None:
+            all_hidden.append(hidden)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values,
+                                       hidden_states=tuple(all_hidden) if all_hidden is not None else None)
+
+    @staticmethod
+    def _position_ids(position_ids, attention_mask, past, batch, length, device):
+        """Given positions, or positions counted over real tokens (left padding), or past + 0..N-1."""
+        if position_ids is not None:
+            return position_ids.expand(batch, -1) if position_ids.shape[0] == 1 else position_ids
+        if attention_mask is not None:
+            return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        return torch.arange(past, past + length, device=device).expand(batch, -1)
+
+
+class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
+    """`TapeModel` with a language-modelling head; `generate` works with a cache."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: TapeConfig):
+        super().__init__(config)
+        self.model = TapeModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def tape_parameters(self) -> Iterator[nn.Parameter]:
+        """Exactly the parameters TAPE adds to a RoPE transformer (selected by module type)."""
+        for module in self.modules():
+            if isinstance(module, TapeLayer):
+                yield from module.parameters()
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
+                output_hidden_states: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             output_hidden_states=output_hidden_states)
+        hidden = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden[:, logits_to_keep]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                      hidden_states=outputs.hidden_states)

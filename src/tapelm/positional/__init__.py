@@ -1,0 +1,31 @@
+"""Positional encodings: one module per family, one registry entry per `pe_type`."""
+
+from __future__ import annotations
+
+from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
+from .base import LayerPositional, PositionalEncoding, PositionContext
+from .bias import ALiBi, CoPE, FIRE, T5Bias
+from .rotary import RandPE, RoPE, XPos
+from .tape import TapeEncoding, TapeLayer
+
+ENCODINGS: dict[str, type[PositionalEncoding]] = {
+    "tape": TapeEncoding,
+    "rope": RoPE,
+    "randpe": RandPE,
+    "xpos": XPos,
+    "nope": NoPE,
+    "alibi": ALiBi,
+    "t5": T5Bias,
+    "fire": FIRE,
+    "cope": CoPE,
+    "sinusoidal": SinusoidalAbsolute,
+    "learned": LearnedAbsolute,
+}
+
+
+def build_encoding(config) -> PositionalEncoding:
+    """The model-level encoding named by `config.pe_type`."""
+    return ENCODINGS[config.pe_type](config)
+
+
+__all__ = ["ENCODINGS", "build_encoding", "PositionalEncoding", "LayerPositional", "PositionContext", "TapeLayer"]

@@ -1,0 +1,47 @@
+"""Absolute encodings added to the input embeddings: learned and sinusoidal. NoPE adds nothing at all."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import PositionalEncoding, PositionContext
+
+
+class NoPE(PositionalEncoding):
+    """No positional encoding: the causal mask is the only source of order (Kazemnejad et al. 2023)."""
+
+    def __init__(self, config):
+        super().__init__()
+
+
+class LearnedAbsolute(PositionalEncoding):
+    """A trained table of max_position_embeddings vectors added to the token embeddings."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+
+    def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+        limit = self.position_embeddings.num_embeddings
+        if int(ctx.query_positions.max()) >= limit:
+            raise ValueError(f"position {int(ctx.query_positions.max())} is beyond the learned table; "
+                             f"pe_type='learned' allows positions < max_position_embeddings={limit}")
+        return hidden + self.position_embeddings(ctx.query_positions.clamp(min=0))
+
+
+class SinusoidalAbsolute(PositionalEncoding):
+    """The fixed sin/cos embedding of Vaswani et al. (2017), computed in float32 for any position."""
+
+    def __init__(self, config):
+        super().__init__()
+        pairs = torch.arange(0, config.hidden_size, 2, dtype=torch.float32)
+        self.register_buffer("inv_freq", torch.exp(-math.log(10000.0) * pairs / config.hidden_size),
+                             persistent=False)
+
+    def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+        angles = ctx.query_positions.float()[..., None] * self.inv_freq
+        table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[..., : hidden.shape[-1]]
+        return hidden + table.to(hidden.dtype)

@@ -1,0 +1,88 @@
+"""The questions the decoder asks a positional encoding; every answer defaults to "nothing".
+
+An encoding is two modules. The model-level `PositionalEncoding` works once per forward pass: it may add to the
+input embeddings, precompute what its layers need (rotation tables, a shared logit bias) and provide an initial
+positional state. Its `make_layer` builds one `LayerPositional` per decoder block, which may transform q and k, add a
+per-layer logit bias, append a positional state to the value stream and update that state after the attention and MLP
+sublayers. The decoder block calls these hooks and never names an encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class PositionContext:
+    """What a forward pass knows about positions, computed once and read by every layer.
+
+    `query_positions` (batch, N) are the positions of the new tokens, `key_positions` (batch, T) those of every key
+    including the cached ones (only filled when the encoding asks for them). `tables` holds whatever the encoding
+    precomputed (e.g. cos/sin), `bias` an optional additive logit bias (batch or 1, heads, N, T) shared by all layers.
+    """
+
+    query_positions: torch.Tensor
+    key_positions: torch.Tensor | None = None
+    tables: dict[str, torch.Tensor] = field(default_factory=dict)
+    bias: torch.Tensor | None = None
+
+
+class LayerPositional(nn.Module):
+    """Per-layer hooks. The defaults leave attention untouched and carry no state."""
+
+    def transform_qk(self, q: torch.Tensor, k: torch.Tensor, state, ctx: PositionContext):
+        """Return q, k as the attention logits should see them; q (B, H, N, d), k (B, Hkv, N, d)."""
+        return q, k
+
+    def logit_bias(self, q: torch.Tensor, k: torch.Tensor, valid: torch.Tensor | None, ctx: PositionContext):
+        """An extra additive bias (B, H, N, T) computed from q and all keys, or None. `valid` is the boolean mask."""
+        return None
+
+    def value_extra(self, state) -> torch.Tensor | None:
+        """A tensor (B, Hkv, N, F) that the attention probabilities should mix alongside V, or None."""
+        return None
+
+    def after_attention(self, state, mixed: torch.Tensor | None):
+        """The state after the attention sublayer; `mixed` (B, H, N, F) is the attention output of value_extra."""
+        return state
+
+    def after_mlp(self, state, mlp_out: torch.Tensor):
+        """The state after the MLP sublayer; `mlp_out` (B, N, C) is what the MLP added to the residual stream."""
+        return state
+
+    def logit_scale(self, head_dim: int) -> float:
+        """The softmax temperature: 1/sqrt(head_dim) unless the q/k transform changes the dot-product's size."""
+        return head_dim**-0.5
+
+
+class PositionalEncoding(nn.Module):
+    """Model-level hooks. The defaults add nothing, need no key positions and carry no state.
+
+    `needs_key_positions`: the context must carry the positions of every key (relative biases).
+    `adds_logit_bias`: attention needs an explicit mask because logits get a float bias.
+    """
+
+    needs_key_positions = False
+    adds_logit_bias = False
+
+    def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """The positions this encoding actually uses (RandPE resamples them while training)."""
+        return position_ids
+
+    def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+        """The input embeddings with any absolute position signal added."""
+        return hidden
+
+    def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
+        """Fill `ctx.tables` and `ctx.bias` for this forward pass."""
+
+    def initial_state(self, ctx: PositionContext, dtype: torch.dtype):
+        """The positional state entering the first layer, or None."""
+        return None
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        """The per-layer hooks for decoder block `layer_idx`."""
+        return LayerPositional()

@@ -1,0 +1,111 @@
+"""Rotary encodings: RoPE (with transformers' scalings), RandPE and xPos.
+
+Angles are computed in float32 from integer positions whatever the model dtype, and use transformers' rotate-half
+pairing (dimension i pairs with i + head_dim/2), so weights of a Llama-family model mean the same thing here.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
+
+from .base import LayerPositional, PositionalEncoding, PositionContext
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (..., d) by per-pair angles given as cos/sin tables in rotate-half layout."""
+    return x * cos + rotate_half(x) * sin
+
+
+def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """View queries (B, H, N, d) as (B, Hkv, H/Hkv, N, d) so that a per-KV-head table broadcasts over its group."""
+    batch, heads, length, dim = q.shape
+    return q.view(batch, kv_heads, heads // kv_heads, length, dim)
+
+
+class RotaryTables(torch.nn.Module):
+    """cos/sin tables (float32) for positions, with transformers' RoPE scalings (`config.rope_parameters`)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        return self.rotary_emb.inv_freq
+
+    @property
+    def attention_scaling(self) -> float:
+        return self.rotary_emb.attention_scaling
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, N) integer positions -> cos, sin of shape (B, N, head_dim) in float32."""
+        anchor = torch.empty(0, dtype=torch.float32, device=positions.device)
+        return self.rotary_emb(anchor, positions)
+
+
+class RotaryLayer(LayerPositional):
+    """Rotate q and k with the tables the model-level encoding prepared."""
+
+    def transform_qk(self, q, k, state, ctx: PositionContext):
+        tables = ctx.tables
+        return rotate(q, tables["q_cos"], tables["q_sin"]), rotate(k, tables["k_cos"], tables["k_sin"])
+
+
+class RoPE(PositionalEncoding):
+    """Rotary position embedding (Su et al. 2021) with any scaling transformers supports."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.tables = RotaryTables(config)
+
+    def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
+        cos, sin = self.tables(ctx.query_positions)
+        cos, sin = cos[:, None].to(dtype), sin[:, None].to(dtype)
+        ctx.tables.update(q_cos=cos, q_sin=sin, k_cos=cos, k_sin=sin)
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        return RotaryLayer()
+
+
+class RandPE(RoPE):
+    """Randomised positions (Ruoss et al. 2023): while training, positions become a sorted random subset of
+    [0, randpe_max_position); at evaluation the given positions are used unchanged."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.max_position = config.randpe_max_position
+
+    def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return position_ids
+        needed = int(position_ids.max()) + 1
+        if needed > self.max_position:
+            raise ValueError(f"RandPE needs {needed} distinct positions but randpe_max_position={self.max_position}")
+        scores = torch.rand(position_ids.shape[0], self.max_position, device=position_ids.device)
+        subset = scores.topk(needed, dim=-1).indices.sort(dim=-1).values
+        return subset.gather(1, position_ids.clamp(min=0))
+
+
+class XPos(RoPE):
+    """xPos (Sun et al. 2022): RoPE whose frequency pairs also decay as zeta_b ** ((i - j) / scale_base).
+
+    q is scaled by zeta ** (t - c) / scale_base and k by its inverse, with a fixed centre c =
+    max_position_embeddings // 2 so that cached keys stay valid and the factors stay in range."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        half = config.head_dim // 2
+        zeta = (torch.arange(half, dtype=torch.float32) / half + 0.4) / 1.4
+        self.register_buffer("zeta", torch.cat([zeta, zeta]), persistent=False)
+        self.scale_base = config.xpos_scale_base
+        self.centre = config.max_position_embeddings // 2
+
+    def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
+        cos, sin = self.tables(ctx.query_positions)
+        power = (ctx.query_positions.float() - self.centre)[..., None] / self.scale_base
+        scale = self.zeta.to(power.device) ** power
+        ctx.tables.update(
+            q_cos=(cos * scale)[:, None].to(dtype), q_sin=(sin * scale)[:, None].to(dtype),
+            k_cos=(cos / scale)[:, None].to(dtype), k_sin=(sin / scale)[:, None].to(dtype),
+        )

@@ -1,0 +1,178 @@
+"""TAPE: contextualised equivariant positional features (shared/TAPE.md §1-§5).
+
+The positional state E travels beside the token features. It lives per key/value head (with GQA a query head reads
+the state of its KV group), so the cache holds one [V | E] stream per KV head. Two exact representations:
+
+- general: E has shape (B, Hkv, N, M*L*R), one L x R matrix per block of size L of the head dimension
+  (M = head_dim / L blocks; block b holds dimensions b, b + M, ..., b + (L-1)M, which for L = 2 is transformers'
+  rotate-half pairing).
+- compact (L = R = 2, equivariant): starting from RoPE every block stays a scaled rotation [[a, b], [-b, a]], because
+  all updates are linear combinations with coefficients shared by the four entries. Such a block is one complex
+  number, so E is stored as (B, Hkv, N, head_dim) = [a_0..a_{M-1} | b_0..b_{M-1}], exactly RoPE's cos/sin layout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import LayerPositional, PositionalEncoding, PositionContext
+from .rotary import RotaryTables, group_queries, rotate
+
+
+def uses_compact_state(config) -> bool:
+    """Whether the d-number scaled-rotation state is exact for this configuration."""
+    return tuple(config.tape_block) == (2, 2) and config.tape_equivariant
+
+
+def state_width(config) -> int:
+    """Features per head and token of the positional state."""
+    if uses_compact_state(config):
+        return config.head_dim
+    block_l, block_r = config.tape_block
+    return config.head_dim // block_l * block_l * block_r
+
+
+def initial_blocks(angles: torch.Tensor, block_l: int, block_r: int, scale: float) -> torch.Tensor:
+    """RoPE as L x R blocks. angles (..., groups, head_dim/2) float32 -> E0 (..., M, L, R).
+
+    Group g fills columns [gL, (g+1)L) with the rotation at its own frequencies; with one group (R = L),
+    q_b -> E_b^T q_b is exactly RoPE on that block."""
+    *lead, groups, half = angles.shape
+    blocks = half * 2 // block_l
+    pairs = block_l // 2
+    angles = angles.reshape(*lead, groups, pairs, blocks).transpose(-1, -2)  # (..., G, M, L/2): index j*M + b
+    cos, sin = angles.cos() * scale, angles.sin() * scale
+    e = angles.new_zeros(*lead, groups, blocks, block_l, block_l)
+    j = torch.arange(pairs, device=angles.device)
+    e[..., j, j] = cos
+    e[..., j, j + pairs] = sin
+    e[..., j + pairs, j] = -sin
+    e[..., j + pairs, j + pairs] = cos
+    return torch.cat(e.unbind(-4), dim=-1)  # (..., M, L, G*L) with R = G*L
+
+
+class TapeEncoding(PositionalEncoding):
+    """Model-level TAPE: the initial state E0 from RoPE (angles in float32, transformers' scalings applied)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.tables = RotaryTables(config)
+        self.compact = uses_compact_state(config)
+        self.block_l, self.block_r = config.tape_block
+        self.kv_heads = config.num_key_value_heads
+        self.rope_theta = config.rope_parameters["rope_theta"]
+        self.head_dim = config.head_dim
+        self.config = config
+
+    def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
+        if self.compact:
+            cos, sin = self.tables(ctx.query_positions)
+            half = cos.shape[-1] // 2
+            ctx.tables["e0"] = torch.cat([cos[..., :half], sin[..., :half]], dim=-1)
+            return
+        groups = self.block_r // self.block_l
+        offsets = torch.arange(groups, dtype=torch.float32, device=ctx.query_positions.device)
+        group_freq = self.rope_theta ** (-2.0 * offsets / (groups * self.head_dim))
+        inv_freq = self.tables.inv_freq.float().to(ctx.query_positions.device)
+        freqs = group_freq[:, None] * inv_freq  # (G, d/2)
+        angles = ctx.query_positions.float()[..., None, None] * freqs  # (B, N, G, d/2)
+        scale = self.tables.attention_scaling / groups**0.5
+        ctx.tables["e0"] = initial_blocks(angles, self.block_l, self.block_r, scale).flatten(-3)
+
+    def initial_state(self, ctx: PositionContext, dtype: torch.dtype) -> torch.Tensor:
+        e0 = ctx.tables["e0"].to(dtype)[:, None]
+        return e0.expand(-1, self.kv_heads, -1, -1)
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        is_last = layer_idx == self.config.num_hidden_layers - 1
+        return TapeLayer(self.config, updates=not is_last)
+
+
+class TapeLayer(LayerPositional):
+    """Per-layer TAPE: q/k transformed by E, then E updated through the attention probabilities and a content gate.
+
+    The last layer's E is discarded, so that layer gets no update parameters and no [V | E] stream."""
+
+    def __init__(self, config, updates: bool = True):
+        super().__init__()
+        self.compact = uses_compact_state(config)
+        self.head_dim = config.head_dim
+        self.block_l, self.block_r = config.tape_block
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        mode = config.tape_update if updates else "none"
+        self.attention_update = mode in ("both", "attention")
+        self.mlp_update = mode in ("both", "mlp")
+        self.per_head = config.tape_attn_mixing == "per_head"
+        width = state_width(config)
+        if self.attention_update:
+            if self.per_head:
+                self.attn_gain = nn.Parameter(torch.zeros(self.heads))
+            else:
+                self.attn_mix = nn.Parameter(torch.zeros(self.kv_heads, self.heads))
+        if self.mlp_update:
+            self.gate = nn.Linear(config.hidden_size, config.tape_position_size, bias=False)
+            self.mix_up = nn.Parameter(torch.zeros(config.tape_position_size, self.kv_heads))
+            self.mix_down = nn.Parameter(torch.empty(self.kv_heads, config.tape_position_size))
+        self.dense = not config.tape_equivariant and (self.attention_update or self.mlp_update)
+        if self.dense:
+            self.attn_dense = nn.Parameter(torch.eye(width)) if self.attention_update else None
+            self.mlp_dense = nn.Parameter(torch.eye(width)) if self.mlp_update else None
+
+    def init_weights(self, init, std: float) -> None:
+        """Zero W_att and W_up (a fresh model computes RoPE's function); small random W_x and W_down."""
+        if self.attention_update:
+            init.zeros_(self.attn_gain if self.per_head else self.attn_mix)
+        if self.mlp_update:
+            init.normal_(self.gate.weight, mean=0.0, std=std)
+            init.zeros_(self.mix_up)
+            init.normal_(self.mix_down, mean=0.0, std=std)
+        if self.dense:
+            for weight in (self.attn_dense, self.mlp_dense):
+                if weight is not None:
+                    init.eye_(weight)
+
+    def logit_scale(self, head_dim: int) -> float:
+        return self.head_dim**-0.5
+
+    def transform_qk(self, q, k, state, ctx: PositionContext):
+        if self.compact:
+            half = self.head_dim // 2
+            re, im = state[..., :half], state[..., half:]
+            cos, sin = torch.cat([re, re], dim=-1), torch.cat([im, im], dim=-1)
+            q = rotate(group_queries(q, self.kv_heads), cos[:, :, None], sin[:, :, None]).flatten(1, 2)
+            return q, rotate(k, cos, sin)
+        return self._transform_blocks(q, state, grouped=True), self._transform_blocks(k, state, grouped=False)
+
+    def _transform_blocks(self, x: torch.Tensor, state: torch.Tensor, grouped: bool) -> torch.Tensor:
+        """x_b -> E_b^T x_b for every block; x (B, heads, N, d) -> (B, heads, N, M*R)."""
+        blocks = self.head_dim // self.block_l
+        e = state.unflatten(-1, (blocks, self.block_l, self.block_r))
+        if grouped:
+            x, e = group_queries(x, self.kv_heads), e[:, :, None]
+        x = x.unflatten(-1, (self.block_l, blocks)).transpose(-1, -2)
+        out = torch.einsum("...ml,...mlr->...mr", x, e)
+        return out.flatten(-2).flatten(1, 2) if grouped else out.flatten(-2)
+
+    def value_extra(self, state):
+        return state if self.attention_update else None
+
+    def after_attention(self, state, mixed):
+        if not self.attention_update:
+            return state
+        if self.per_head:
+            weighted = mixed * self.attn_gain.to(mixed.dtype)[:, None, None]
+            delta = group_queries(weighted, self.kv_heads).sum(2)
+        else:
+            delta = torch.einsum("gh,bhnf->bgnf", self.attn_mix.to(mixed.dtype), mixed)
+        return state + (delta @ self.attn_dense if self.dense else delta)
+
+    def after_mlp(self, state, mlp_out):
+        if not self.mlp_update:
+            return state
+        z = F.silu(self.gate(mlp_out))
+        # W_down diag(z) W_up is one Hkv x Hkv map per token: cheaper than materialising W_up E.
+        mix = torch.einsum("gi,bni,ih->bngh", self.mix_down, z, self.mix_up)
+        delta = torch.einsum("bngh,bhnf->bgnf", mix, state)
+        return state + (delta @ self.mlp_dense if self.dense else delta)

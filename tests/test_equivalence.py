@@ -1,0 +1,116 @@
+"""TAPE at initialisation is RoPE; RoPE is transformers' Llama; the compact state is the general L x R path;
+the fused SDPA path is the explicit-softmax reference."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tapelm import TapeForCausalLM
+
+from conftest import tiny_config, tiny_model, tokens
+
+
+def copy_shared(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Load every weight the two models share; the target may only lack TAPE's own parameters."""
+    missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
+    assert not unexpected
+    tape_names = {n for n, p in target.named_parameters() if any(p is q for q in target.tape_parameters())}
+    assert set(missing) <= tape_names
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_fresh_tape_equals_rope(kv_heads):
+    rope = tiny_model("rope", num_key_value_heads=kv_heads)
+    torch.manual_seed(1)
+    tape = TapeForCausalLM(tiny_config("tape", num_key_value_heads=kv_heads)).eval()
+    copy_shared(rope, tape)
+    ids = tokens(2, 24)
+    torch.testing.assert_close(tape(ids).logits, rope(ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("pe_type", ["rope", "tape"])
+def test_rope_equals_llama(kv_heads, pe_type):
+    torch.manual_seed(0)
+    config = tiny_config("rope", num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default",
+                                                                                 "rope_theta": 500.0})
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        max_position_embeddings=config.max_position_embeddings)).eval()
+    ours = TapeForCausalLM(tiny_config(pe_type, num_key_value_heads=kv_heads,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})).eval()
+    copy_shared(llama, ours)
+    ids = tokens(2, 40)
+    torch.testing.assert_close(ours(ids).logits, llama(ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rope_parameters", [
+    {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+    {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4, "original_max_position_embeddings": 32},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "rope_theta": 1e4,
+     "original_max_position_embeddings": 32},
+])
+def test_fresh_tape_equals_rope_under_scalings(rope_parameters):
+    rope = tiny_model("rope", rope_parameters=dict(rope_parameters))
+    tape = TapeForCausalLM(tiny_config("tape", rope_parameters=dict(rope_parameters))).eval()
+    copy_shared(rope, tape)
+    ids = tokens(1, 48)
+    torch.testing.assert_close(tape(ids).logits, rope(ids).logits, atol=1e-5, rtol=0)
+
+
+def use_general_path(model: TapeForCausalLM) -> TapeForCausalLM:
+    """Switch a compact-state model to the general L x R representation (same parameters)."""
+    model.model.positional.compact = False
+    for layer in model.model.layers:
+        layer.positional.compact = False
+    return model
+
+
+@pytest.mark.parametrize("mixing", ["heads", "per_head"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_compact_state_equals_general_path(mixing, kv_heads):
+    compact = tiny_model("tape", dtype=torch.float64, num_hidden_layers=3, num_key_value_heads=kv_heads,
+                         tape_attn_mixing=mixing)
+    general = use_general_path(tiny_model("tape", dtype=torch.float64, num_hidden_layers=3,
+                                          num_key_value_heads=kv_heads, tape_attn_mixing=mixing))
+    ids = tokens(2, 20)
+    expected = general(ids).logits
+    assert not torch.allclose(expected, use_general_path(tiny_model("rope", dtype=torch.float64,
+                                                                     num_hidden_layers=3,
+                                                                     num_key_value_heads=kv_heads))(ids).logits)
+    torch.testing.assert_close(compact(ids).logits, expected, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"num_key_value_heads": 4}, {"tape_block": (2, 4)}, {"tape_block": (4, 4)}, {"tape_equivariant": False},
+    {"tape_attn_mixing": "per_head"}, {"tape_update": "attention"}, {"tape_update": "mlp"},
+])
+def test_sdpa_equals_eager_reference_for_tape(overrides):
+    ids = tokens(2, 24)
+    sdpa = tiny_model("tape", dtype=torch.float64, **overrides)
+    eager = tiny_model("tape", dtype=torch.float64, **overrides)
+    eager.config._attn_implementation = "eager"
+    torch.testing.assert_close(sdpa(ids).logits, eager(ids).logits, atol=1e-10, rtol=0)
+
+
+def test_sdpa_equals_eager_reference(pe_type):
+    ids = tokens(2, 24)
+    sdpa, eager = tiny_model(pe_type, dtype=torch.float64), tiny_model(pe_type, dtype=torch.float64)
+    eager.config._attn_implementation = "eager"
+    torch.testing.assert_close(sdpa(ids).logits, eager(ids).logits, atol=1e-10, rtol=0)
+
+
+def test_gradients_flow_through_the_fused_stream():
+    """The fused [V | E] call keeps the gradient that reaches q and k through the E outputs."""
+    ids = tokens(2, 16)
+    grads = {}
+    for impl in ("sdpa", "eager"):
+        model = tiny_model("tape", dtype=torch.float64)
+        model.config._attn_implementation = impl
+        model(ids, labels=ids).loss.backward()
+        grads[impl] = {n: p.grad for n, p in model.named_parameters()}
+    for name, grad in grads["eager"].items():
+        torch.testing.assert_close(grads["sdpa"][name], grad, atol=1e-9, rtol=1e-7, msg=name)
+    assert grads["sdpa"]["model.layers.0.self_attn.q_proj.weight"].abs().sum() > 0
