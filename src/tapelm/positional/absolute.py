@@ -37,11 +37,10 @@ class SinusoidalAbsolute(PositionalEncoding):
 
     def __init__(self, config):
         super().__init__()
-        pairs = torch.arange(0, config.hidden_size, 2, dtype=torch.float32)
-        self.register_buffer("inv_freq", torch.exp(-math.log(10000.0) * pairs / config.hidden_size),
-                             persistent=False)
+        self.hidden_size = config.hidden_size
 
     def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
-        angles = ctx.query_positions.float()[..., None] * self.inv_freq
+        pairs = torch.arange(0, self.hidden_size, 2, dtype=torch.float32, device=hidden.device)
+        angles = ctx.query_positions.float()[..., None] * torch.exp(-math.log(10000.0) * pairs / self.hidden_size)
         table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[..., : hidden.shape[-1]]
         return hidden + table.to(hidden.dtype)

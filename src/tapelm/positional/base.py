@@ -30,6 +30,18 @@ class PositionContext:
     bias: torch.Tensor | None = None
 
 
+class Float32Buffers(nn.Module):
+    """Keeps float32 buffers (frequencies, slopes) in float32 when the model is cast to bf16 or fp16: positions and
+    angles computed from rounded frequencies are wrong far beyond a few hundred tokens."""
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: buf for name, buf in self._buffers.items() if buf is not None and buf.dtype == torch.float32}
+        super()._apply(fn, recurse)
+        for name, buf in kept.items():
+            self._buffers[name] = buf.to(self._buffers[name].device)
+        return self
+
+
 class LayerPositional(nn.Module):
     """Per-layer hooks. The defaults leave attention untouched and carry no state."""
 

@@ -42,10 +42,11 @@ class ALiBi(RelativeBias):
 
     def __init__(self, config):
         super().__init__()
-        self.register_buffer("slopes", alibi_slopes(config.num_attention_heads), persistent=False)
+        self.heads = config.num_attention_heads
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
-        ctx.bias = (-self.slopes[:, None, None] * relative_distance(ctx).abs()).to(dtype)
+        slopes = alibi_slopes(self.heads).to(ctx.query_positions.device)
+        ctx.bias = (-slopes[:, None, None] * relative_distance(ctx).abs()).to(dtype)
 
 
 class T5Bias(RelativeBias):

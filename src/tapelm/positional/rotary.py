@@ -7,9 +7,10 @@ pairing (dimension i pairs with i + head_dim/2), so weights of a Llama-family mo
 from __future__ import annotations
 
 import torch
+from transformers.modeling_rope_utils import dynamic_rope_update
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
 
-from .base import LayerPositional, PositionalEncoding, PositionContext
+from .base import Float32Buffers, LayerPositional, PositionalEncoding, PositionContext
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -23,25 +24,21 @@ def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return q.view(batch, kv_heads, heads // kv_heads, length, dim)
 
 
-class RotaryTables(torch.nn.Module):
-    """cos/sin tables (float32) for positions, with transformers' RoPE scalings (`config.rope_parameters`)."""
+class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
+    """transformers' rotary embedding (its scalings, dynamic updates and re-initialisation), with cos/sin computed in
+    float32, or float64 for a float64 model, from integer positions."""
 
-    def __init__(self, config):
-        super().__init__()
-        self.rotary_emb = LlamaRotaryEmbedding(config)
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, anchor: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, N) integer positions -> cos, sin (B, N, head_dim) in the anchor's precision, at least float32."""
+        wide = torch.promote_types(anchor.dtype, torch.float32)
+        angles = positions[..., None].to(wide) * self.inv_freq.to(device=positions.device, dtype=wide)
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
 
-    @property
-    def inv_freq(self) -> torch.Tensor:
-        return self.rotary_emb.inv_freq
-
-    @property
-    def attention_scaling(self) -> float:
-        return self.rotary_emb.attention_scaling
-
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, N) integer positions -> cos, sin of shape (B, N, head_dim) in float32."""
-        anchor = torch.empty(0, dtype=torch.float32, device=positions.device)
-        return self.rotary_emb(anchor, positions)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self(torch.empty(0, dtype=dtype, device=positions.device), positions)
 
 
 class RotaryLayer(LayerPositional):
@@ -57,10 +54,10 @@ class RoPE(PositionalEncoding):
 
     def __init__(self, config):
         super().__init__()
-        self.tables = RotaryTables(config)
+        self.rotary = TapeRotaryEmbedding(config)
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
-        cos, sin = self.tables(ctx.query_positions)
+        cos, sin = self.rotary.tables(ctx.query_positions, dtype)
         cos, sin = cos[:, None].to(dtype), sin[:, None].to(dtype)
         ctx.tables.update(q_cos=cos, q_sin=sin, k_cos=cos, k_sin=sin)
 
@@ -95,16 +92,16 @@ class XPos(RoPE):
 
     def __init__(self, config):
         super().__init__(config)
-        half = config.head_dim // 2
-        zeta = (torch.arange(half, dtype=torch.float32) / half + 0.4) / 1.4
-        self.register_buffer("zeta", torch.cat([zeta, zeta]), persistent=False)
+        self.head_dim = config.head_dim
         self.scale_base = config.xpos_scale_base
         self.centre = config.max_position_embeddings // 2
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
-        cos, sin = self.tables(ctx.query_positions)
-        power = (ctx.query_positions.float() - self.centre)[..., None] / self.scale_base
-        scale = self.zeta.to(power.device) ** power
+        cos, sin = self.rotary.tables(ctx.query_positions, dtype)
+        power = (ctx.query_positions.to(cos.dtype) - self.centre)[..., None] / self.scale_base
+        half = self.head_dim // 2
+        zeta = (torch.arange(half, dtype=power.dtype, device=power.device) / half + 0.4) / 1.4
+        scale = torch.cat([zeta, zeta]) ** power
         ctx.tables.update(
             q_cos=(cos * scale)[:, None].to(dtype), q_sin=(sin * scale)[:, None].to(dtype),
             k_cos=(cos / scale)[:, None].to(dtype), k_sin=(sin / scale)[:, None].to(dtype),

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import LayerPositional, PositionalEncoding, PositionContext
-from .rotary import RotaryTables, group_queries, rotate
+from .rotary import TapeRotaryEmbedding, group_queries, rotate
 
 
 def uses_compact_state(config) -> bool:
@@ -58,7 +58,7 @@ class TapeEncoding(PositionalEncoding):
 
     def __init__(self, config):
         super().__init__()
-        self.tables = RotaryTables(config)
+        self.rotary = TapeRotaryEmbedding(config)
         self.compact = uses_compact_state(config)
         self.block_l, self.block_r = config.tape_block
         self.kv_heads = config.num_key_value_heads
@@ -68,17 +68,17 @@ class TapeEncoding(PositionalEncoding):
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         if self.compact:
-            cos, sin = self.tables(ctx.query_positions)
+            cos, sin = self.rotary.tables(ctx.query_positions, dtype)
             half = cos.shape[-1] // 2
             ctx.tables["e0"] = torch.cat([cos[..., :half], sin[..., :half]], dim=-1)
             return
         groups = self.block_r // self.block_l
-        offsets = torch.arange(groups, dtype=torch.float32, device=ctx.query_positions.device)
+        wide = torch.promote_types(dtype, torch.float32)
+        offsets = torch.arange(groups, dtype=wide, device=ctx.query_positions.device)
         group_freq = self.rope_theta ** (-2.0 * offsets / (groups * self.head_dim))
-        inv_freq = self.tables.inv_freq.float().to(ctx.query_positions.device)
-        freqs = group_freq[:, None] * inv_freq  # (G, d/2)
-        angles = ctx.query_positions.float()[..., None, None] * freqs  # (B, N, G, d/2)
-        scale = self.tables.attention_scaling / groups**0.5
+        freqs = group_freq[:, None] * self.rotary.inv_freq.to(ctx.query_positions.device, wide)  # (G, d/2)
+        angles = ctx.query_positions.to(wide)[..., None, None] * freqs  # (B, N, G, d/2)
+        scale = self.rotary.attention_scaling / groups**0.5
         ctx.tables["e0"] = initial_blocks(angles, self.block_l, self.block_r, scale).flatten(-3)
 
     def initial_state(self, ctx: PositionContext, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,69 @@
+"""Cached decoding computes what a full forward pass computes, for every encoding."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from conftest import tiny_model, tokens
+
+
+def decode_in_chunks(model, ids, chunks):
+    """Logits of `ids` fed through a cache in consecutive chunks of the given sizes."""
+    cache, outputs, start = DynamicCache(config=model.config), [], 0
+    for size in chunks:
+        out = model(ids[:, start:start + size], past_key_values=cache, use_cache=True)
+        cache, start = out.past_key_values, start + size
+        outputs.append(out.logits)
+    return torch.cat(outputs, dim=1)
+
+
+def test_cache_parity(pe_type):
+    model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3)
+    ids = tokens(2, 18)
+    full = model(ids, use_cache=False).logits
+    torch.testing.assert_close(decode_in_chunks(model, ids, [1] * 18), full, atol=1e-10, rtol=0)
+    torch.testing.assert_close(decode_in_chunks(model, ids, [7, 1, 1, 5, 4]), full, atol=1e-10, rtol=0)
+
+
+def test_tape_cache_holds_keys_and_the_value_stream():
+    model = tiny_model("tape", num_hidden_layers=3)
+    out = model(tokens(1, 9), use_cache=True)
+    d = model.config.head_dim
+    widths = [(layer.keys.shape[-1], layer.values.shape[-1]) for layer in out.past_key_values.layers]
+    assert widths == [(d, 2 * d), (d, 2 * d), (d, d)]  # [V | E] except in the last layer, whose E is discarded
+
+
+def test_generate_with_and_without_cache(pe_type):
+    model = tiny_model(pe_type)
+    ids = tokens(2, 6)
+    with_cache = model.generate(ids, max_new_tokens=12, do_sample=False, use_cache=True)
+    without = model.generate(ids, max_new_tokens=12, do_sample=False, use_cache=False)
+    assert torch.equal(with_cache, without)
+
+
+def test_left_padded_batch_equals_each_sequence_alone(pe_type):
+    model = tiny_model(pe_type, dtype=torch.float64)
+    long, short = tokens(1, 12, seed=1), tokens(1, 7, seed=2)
+    pad = 5
+    batch = torch.cat([long, torch.cat([torch.zeros(1, pad, dtype=torch.long), short], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    logits = model(batch, attention_mask=mask).logits
+    torch.testing.assert_close(logits[0], model(long).logits[0], atol=1e-10, rtol=0)
+    torch.testing.assert_close(logits[1, pad:], model(short).logits[0], atol=1e-10, rtol=0)
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    alone = model.generate(short, max_new_tokens=6, do_sample=False)
+    assert torch.equal(generated[1, pad:], alone[0])
+
+
+@pytest.mark.parametrize("pe_type", ["alibi", "t5", "fire"])
+def test_relative_bias_reads_cached_key_positions(pe_type):
+    """Custom positions (not 0..T-1) survive caching: the bias uses each key's own stored position."""
+    model = tiny_model(pe_type, dtype=torch.float64)
+    ids = tokens(1, 10)
+    positions = torch.tensor([[0, 1, 2, 10, 11, 12, 30, 31, 32, 33]])
+    full = model(ids, position_ids=positions, use_cache=False).logits
+    cache = DynamicCache(config=model.config)
+    first = model(ids[:, :6], position_ids=positions[:, :6], past_key_values=cache, use_cache=True)
+    rest = model(ids[:, 6:], position_ids=positions[:, 6:], past_key_values=first.past_key_values, use_cache=True)
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], dim=1), full, atol=1e-10, rtol=0)

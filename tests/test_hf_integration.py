@@ -1,0 +1,59 @@
+"""Auto classes, safetensors round trips and TAPE's own parameters."""
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+import tapelm
+from tapelm import TapeForCausalLM, TapeModel
+
+from conftest import tiny_config, tiny_model, tokens
+
+
+def test_save_load_round_trip_through_auto_classes(pe_type, tmp_path):
+    model = tiny_model(pe_type)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    assert AutoConfig.from_pretrained(tmp_path).pe_type == pe_type
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, TapeForCausalLM)
+    ids = tokens(2, 16)
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert isinstance(AutoModel.from_pretrained(tmp_path), TapeModel)
+
+
+def test_tied_embeddings_round_trip(tmp_path):
+    model = tiny_model("tape", tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = tokens(1, 10)
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_tape_parameters_are_exactly_what_tape_adds():
+    config = tiny_config("tape", num_hidden_layers=3)
+    tape, rope = TapeForCausalLM(config), TapeForCausalLM(tiny_config("rope", num_hidden_layers=3))
+    heads, kv, hidden, size = (config.num_attention_heads, config.num_key_value_heads, config.hidden_size,
+                               config.tape_position_size)
+    per_layer = kv * heads + hidden * size + size * kv + kv * size  # W_att, W_x, W_up, W_down
+    added = sum(p.numel() for p in tape.tape_parameters())
+    assert added == per_layer * (config.num_hidden_layers - 1)  # the last layer's E is discarded
+    assert added == tape.num_parameters() - rope.num_parameters()
+    tape_ids = {id(p) for p in tape.tape_parameters()}
+    rope_names = {n for n, _ in rope.named_parameters()}
+    assert {n for n, p in tape.named_parameters() if id(p) not in tape_ids} == rope_names
+    assert list(rope.tape_parameters()) == []
+
+
+def test_fresh_tape_zero_inits_survive_post_init():
+    model = TapeForCausalLM(tiny_config("tape"))
+    layer = model.model.layers[0].positional
+    assert torch.count_nonzero(layer.attn_mix) == 0 and torch.count_nonzero(layer.mix_up) == 0
+    assert layer.mix_down.std() > 0 and layer.gate.weight.std() > 0
+
+
+def test_package_registers_auto_classes():
+    config = AutoConfig.for_model("tape", vocab_size=32, hidden_size=16, intermediate_size=32,
+                                  num_hidden_layers=1, num_attention_heads=2)
+    assert isinstance(AutoModelForCausalLM.from_config(config), TapeForCausalLM)
+    assert tapelm.__version__

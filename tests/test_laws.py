@@ -1,0 +1,155 @@
+"""The symmetry laws of shared/TAPE.md §3, in float64 with random non-zero TAPE weights over several layers."""
+
+import functools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tapelm import PE_TYPES
+from tapelm.positional import PositionContext
+
+from conftest import tiny_model, tokens
+from test_equivalence import use_general_path
+
+LAYERS = 3
+
+
+@functools.lru_cache(maxsize=None)
+def shared_model(pe_type: str, **overrides):
+    """A float64 model reused across hypothesis examples (tests must not modify it)."""
+    return tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=LAYERS, **overrides)
+
+
+def run_with_states(model, ids, position_ids=None, transform_initial=None):
+    """Logits and the positional state leaving every layer (the last layer's is returned unchanged)."""
+    states = []
+    hooks = [layer.register_forward_hook(lambda mod, args, out: states.append(out[1]))
+             for layer in model.model.layers]
+    encoding = model.model.positional
+    original = encoding.initial_state
+    if transform_initial is not None:
+        encoding.initial_state = lambda ctx, dtype: transform_initial(original(ctx, dtype))
+    try:
+        logits = model(ids, position_ids=position_ids).logits
+    finally:
+        encoding.initial_state = original
+        for hook in hooks:
+            hook.remove()
+    return logits, states
+
+
+def random_orthogonal(blocks: int, size: int, seed: int) -> torch.Tensor:
+    """One O(size) matrix per block, reflections included."""
+    generator = torch.Generator().manual_seed(seed)
+    q, r = torch.linalg.qr(torch.randn(blocks, size, size, generator=generator, dtype=torch.float64))
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[..., None, :]
+    q[0, :, 0] *= -1  # make sure the first block is a reflection
+    return q
+
+
+def right_multiply(state: torch.Tensor, q: torch.Tensor, block_l: int, block_r: int) -> torch.Tensor:
+    blocks = q.shape[0]
+    e = state.unflatten(-1, (blocks, block_l, block_r))
+    return (e @ q).flatten(-3)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(tape_block=(2, 2)), dict(tape_block=(2, 4)), dict(tape_block=(4, 4)),
+    dict(tape_block=(2, 2), num_key_value_heads=4, tape_attn_mixing="per_head"),
+])
+def test_orthogonal_invariance_and_equivariance(overrides):
+    """E -> EQ leaves token outputs unchanged and every layer's E update maps to (update) Q."""
+    model = use_general_path(tiny_model("tape", dtype=torch.float64, num_hidden_layers=LAYERS, **overrides))
+    block_l, block_r = model.config.tape_block
+    q = random_orthogonal(model.config.head_dim // block_l, block_r, seed=3)
+    ids = tokens(2, 20)
+    logits, states = run_with_states(model, ids)
+    logits_q, states_q = run_with_states(model, ids, transform_initial=lambda e: right_multiply(e, q, block_l,
+                                                                                                 block_r))
+    torch.testing.assert_close(logits_q, logits, atol=1e-10, rtol=0)
+    for state, state_q in zip(states[:-1], states_q[:-1]):
+        torch.testing.assert_close(state_q, right_multiply(state, q, block_l, block_r), atol=1e-10, rtol=0)
+    assert not torch.allclose(states[0], states[-1])  # the updates did act
+
+
+def test_rotation_invariance_of_compact_state():
+    """The compact state represents each block as a scaled rotation; a rotation Q keeps that form."""
+    model = tiny_model("tape", dtype=torch.float64, num_hidden_layers=LAYERS)
+    half = model.config.head_dim // 2
+    angle = torch.linspace(0.3, 2.9, half, dtype=torch.float64)
+
+    def rotate_state(e):
+        re, im = e[..., :half], e[..., half:]
+        # [[a, b], [-b, a]] @ Rot(phi) is again of that form
+        return torch.cat([re * angle.cos() + im * angle.sin(), im * angle.cos() - re * angle.sin()], dim=-1)
+
+    ids = tokens(2, 20)
+    logits, _ = run_with_states(model, ids)
+    logits_q, _ = run_with_states(model, ids, transform_initial=rotate_state)
+    torch.testing.assert_close(logits_q, logits, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("pe_type, overrides", [
+    ("tape", {}), ("tape", dict(tape_block=(2, 4))), ("tape", dict(tape_equivariant=False)), ("rope", {}),
+    ("alibi", {}), ("t5", {}), ("fire", {}), ("xpos", {}), ("learned", {}), ("sinusoidal", {}), ("nope", {}),
+])
+def test_permutation_equivariance_in_encoder_mode(pe_type, overrides):
+    """Permuting tokens together with their positions permutes the outputs (bidirectional attention)."""
+    model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=LAYERS, causal=False, **overrides)
+    ids = tokens(2, 16)
+    positions = torch.arange(16).expand(2, -1)
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(5))
+    logits = model(ids, position_ids=positions).logits
+    logits_p = model(ids[:, perm], position_ids=positions[:, perm]).logits
+    torch.testing.assert_close(logits_p, logits[:, perm], atol=1e-10, rtol=0)
+
+
+SHIFT_INVARIANT = ["tape", "rope", "randpe", "xpos", "alibi", "t5", "nope", "cope"]
+
+
+@pytest.mark.parametrize("pe_type", SHIFT_INVARIANT)
+@settings(max_examples=8, deadline=None)
+@given(shift=st.integers(1, 3000))
+def test_global_shift_invariance(pe_type, shift):
+    """Adding k to every position changes nothing under the causal mask."""
+    model = shared_model(pe_type, max_position_embeddings=4096)
+    ids = tokens(2, 16)
+    positions = torch.arange(16).expand(2, -1)
+    torch.testing.assert_close(model(ids, position_ids=positions + shift).logits,
+                               model(ids, position_ids=positions).logits, atol=1e-9, rtol=0)
+
+
+def test_shift_changes_absolute_encodings():
+    """The shift law is not vacuous: an absolute encoding does see the shift."""
+    model = tiny_model("sinusoidal", dtype=torch.float64)
+    ids, positions = tokens(1, 16), torch.arange(16)[None]
+    assert not torch.allclose(model(ids, position_ids=positions + 7).logits, model(ids, position_ids=positions).logits)
+
+
+@pytest.mark.parametrize("pe_type", PE_TYPES)
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(0, 19), new_token=st.integers(0, 60))
+def test_causality(pe_type, n, new_token):
+    """Changing token n leaves every output before n untouched."""
+    model = shared_model(pe_type)
+    ids = tokens(2, 20)
+    changed = ids.clone()
+    changed[:, n] = new_token
+    torch.testing.assert_close(model(changed).logits[:, :n], model(ids).logits[:, :n], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("block", [(2, 2), (2, 4), (4, 4), (4, 8)])
+def test_initial_state_is_relative(block):
+    """E0_i E0_j^T depends only on j - i, and with R = L it is RoPE's rotation by (j - i) theta."""
+    model = tiny_model("tape", tape_block=block, head_dim=16, hidden_size=64)
+    encoding = use_general_path(model).model.positional
+    ctx = PositionContext(query_positions=torch.arange(40)[None])
+    encoding.prepare(ctx, torch.float32)
+    blocks = 16 // block[0]
+    e = ctx.tables["e0"][0].double().unflatten(-1, (blocks, *block))  # (N, M, L, R)
+    gram = torch.einsum("imlr,jmkr->mijlk", e, e)  # per block: E_i E_j^T
+    torch.testing.assert_close(gram[:, 5:30, 7:32], gram[:, 0:25, 2:27], atol=2e-5, rtol=0)
+    torch.testing.assert_close(gram[:, 10, 10], torch.eye(block[0], dtype=torch.float64).expand(blocks, -1, -1),
+                               atol=1e-6, rtol=0)
