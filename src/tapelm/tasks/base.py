@@ -1,0 +1,209 @@
+"""The task interface: batches, collation, seeding, teacher-forced scoring and evaluation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+import torch
+
+from .options import check_int
+from .tokenization import Tokenizer
+
+IGNORE_INDEX = -100
+# Addition problems and pass keys whose hash is divisible by this are reserved for evaluation.
+HOLDOUT_EVERY = 10
+
+Condition = dict[str, Any]
+LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """LongTensors of shape (batch, seq), left-padded.
+
+    `labels` equals `input_ids` where the loss applies and IGNORE_INDEX elsewhere; it is not shifted
+    (the model predicts labels[:, t] from positions < t). `attention_mask` is 1 on real tokens.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    attention_mask: torch.Tensor
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.input_ids.to(device), self.labels.to(device), self.attention_mask.to(device))
+
+
+class Example(NamedTuple):
+    """One unpadded sequence: token ids and, per token, whether the loss applies."""
+
+    ids: list[int]
+    targets: list[bool]
+
+    @classmethod
+    def from_segments(cls, tokenizer: Tokenizer, segments: Iterable[tuple[str, bool]]) -> Example:
+        """Encode (text, is_target) pieces in order and concatenate them."""
+        ids: list[int] = []
+        targets: list[bool] = []
+        for text, is_target in segments:
+            piece = tokenizer.encode(text)
+            ids += piece
+            targets += [is_target] * len(piece)
+        return cls(ids, targets)
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> Batch:
+    """Left-pad `examples` to a common length."""
+    lengths = np.array([len(example.ids) for example in examples])
+    width = int(lengths.max())
+    ids = np.full((len(examples), width), pad_id, dtype=np.int64)
+    targets = np.zeros((len(examples), width), dtype=bool)
+    for row, example in enumerate(examples):
+        ids[row, width - lengths[row] :] = example.ids
+        targets[row, width - lengths[row] :] = example.targets
+    attention_mask = np.arange(width)[None, :] >= (width - lengths)[:, None]
+    return Batch(
+        torch.from_numpy(ids),
+        torch.from_numpy(np.where(targets, ids, IGNORE_INDEX)),
+        torch.from_numpy(attention_mask.astype(np.int64)),
+    )
+
+
+def _target_hits(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hits, is_target), both (batch, seq - 1): argmax(logits[:, t-1]) == labels[:, t], and labels[:, t] applies."""
+    labels = batch.labels.to(logits.device)[:, 1:]
+    is_target = labels != IGNORE_INDEX
+    hits = (logits[:, :-1].argmax(dim=-1) == labels) & is_target
+    return hits, is_target
+
+
+def exact_match_per_example(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """BoolTensor (batch,): every labelled token is the argmax of the previous position's logits.
+
+    Under teacher forcing this equals exact match of greedy decoding.
+    """
+    hits, is_target = _target_hits(logits, batch)
+    return (hits == is_target).all(dim=1).cpu()
+
+
+def target_accuracy_per_example(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """FloatTensor (batch,): the fraction of labelled tokens predicted correctly (1.0 when there are none)."""
+    hits, is_target = _target_hits(logits, batch)
+    counts = is_target.sum(dim=1)
+    return torch.where(counts > 0, hits.sum(dim=1) / counts.clamp(min=1), 1.0).float().cpu()
+
+
+SCORERS = {"exact_match": exact_match_per_example, "accuracy": target_accuracy_per_example}
+
+
+def eval_rng(seed: int, condition: Condition) -> np.random.Generator:
+    """The generator of one evaluation condition: depends on the seed and on every condition field."""
+    digest = zlib.crc32(json.dumps(condition, sort_keys=True).encode())
+    return np.random.default_rng([seed, digest])
+
+
+def held_out(key: str) -> bool:
+    """Whether the problem named `key` is reserved for evaluation (a fixed hash, about 1 in HOLDOUT_EVERY)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % HOLDOUT_EVERY == 0
+
+
+def check_eval_sizes(n: int, batch_size: int) -> None:
+    """Validate the `n` and `batch_size` arguments of eval_batches."""
+    check_int("n", n, 1, 10**9)
+    check_int("batch_size", batch_size, 1, 10**9)
+
+
+class Task(ABC):
+    """A task: a tokenizer, a seeded training stream and seeded evaluation conditions.
+
+    Every condition has a "length" field: the longest sequence (in tokens) it produces.
+    """
+
+    name: ClassVar[str]
+    metric_name: ClassVar[str]
+    tokenizer: Tokenizer
+    train_length: int  # longest training sequence, in tokens
+
+    @abstractmethod
+    def train_batch(self, rng: np.random.Generator, batch_size: int) -> Batch:
+        """A training batch drawn from `rng`."""
+
+    @abstractmethod
+    def eval_conditions(self) -> list[Condition]:
+        """The evaluation grid, e.g. one condition per (len_a, len_b) cell or per (length, depth)."""
+
+    @abstractmethod
+    def eval_batches(self, condition: Condition, seed: int, n: int, batch_size: int) -> Iterator[Batch]:
+        """The evaluation data of one condition, the same for the same (condition, seed)."""
+
+    @abstractmethod
+    def evaluate_condition(
+        self, logits_fn: LogitsFn, condition: Condition, seed: int, n: int, batch_size: int
+    ) -> tuple[float, int]:
+        """(metric value, number of examples or tokens it averages over) for one condition."""
+
+    @property
+    def max_eval_length(self) -> int:
+        """The longest sequence any evaluation condition produces (for sizing position tables)."""
+        return max(condition["length"] for condition in self.eval_conditions())
+
+
+class SyntheticTask(Task):
+    """A task whose examples are generated one at a time; scored per example by `metric_name`."""
+
+    metric_name: ClassVar[str] = "exact_match"
+
+    @abstractmethod
+    def train_example(self, rng: np.random.Generator) -> Example:
+        """One training example."""
+
+    @abstractmethod
+    def eval_example(self, rng: np.random.Generator, condition: Condition) -> Example:
+        """One evaluation example of `condition`."""
+
+    def train_batch(self, rng: np.random.Generator, batch_size: int) -> Batch:
+        check_int("batch_size", batch_size, 1, 10**9)
+        return collate([self.train_example(rng) for _ in range(batch_size)], self.tokenizer.pad_id)
+
+    def eval_batches(self, condition: Condition, seed: int, n: int, batch_size: int) -> Iterator[Batch]:
+        check_eval_sizes(n, batch_size)
+        rng = eval_rng(seed, condition)
+        for start in range(0, n, batch_size):
+            size = min(batch_size, n - start)
+            yield collate([self.eval_example(rng, condition) for _ in range(size)], self.tokenizer.pad_id)
+
+    def score(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Per-example correctness in [0, 1]: exact match, or the fraction of targets right for "accuracy"."""
+        return SCORERS[self.metric_name](logits, batch)
+
+    @torch.no_grad()
+    def evaluate_condition(
+        self, logits_fn: LogitsFn, condition: Condition, seed: int, n: int, batch_size: int
+    ) -> tuple[float, int]:
+        scores = [
+            self.score(logits_fn(batch.input_ids, batch.attention_mask), batch)
+            for batch in self.eval_batches(condition, seed, n, batch_size)
+        ]
+        return torch.cat(scores).float().mean().item(), n
+
+
+def evaluate_task(
+    task: Task, logits_fn: LogitsFn, seed: int = 0, n_per_condition: int = 100, batch_size: int = 32
+) -> dict[str, Any]:
+    """Run every condition of `task`; `logits_fn(input_ids, attention_mask)` returns (batch, seq, vocab) logits.
+
+    Returns {"task", "metric", "conditions": [{**condition, "value", "n"}], "mean"}. Put the model in eval mode first.
+    """
+    conditions = []
+    for condition in task.eval_conditions():
+        value, n = task.evaluate_condition(logits_fn, condition, seed, n_per_condition, batch_size)
+        conditions.append({**condition, "value": value, "n": n})
+    mean = float(np.mean([row["value"] for row in conditions]))
+    return {"task": task.name, "metric": task.metric_name, "conditions": conditions, "mean": mean}

@@ -1,0 +1,67 @@
+"""Counting, after CoPE's `x ++;` programs (Golovneva et al. 2024).
+
+A program is `<bos>` then num_statements statements over num_variables variables (a, b, c, ...), all
+starting at 0. A statement is an increment `a++;` or, with probability p_print, a print `print a=3;`
+whose value is the variable's current count in decimal; the last statement is always a print. The loss
+and the exact-match metric cover every printed value and its ";". Example: `<bos>a++;b++;a++;print a=2;`
+(tokens: <bos> a ++ ; b ++ ; a ++ ; "print " a = 2 ;). Training draws num_statements uniformly from
+1..num_statements; conditions multiply it.
+"""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+
+from .base import Condition, Example, SyntheticTask
+from .options import check_float, check_int, check_multipliers
+from .tokenization import BOS, SymbolTokenizer
+
+PRINT = "print "
+
+
+def sequence_length(num_statements: int) -> int:
+    """An upper bound: every statement a print (4 tokens plus the digits of a count below num_statements)."""
+    return 1 + num_statements * (4 + len(str(num_statements)))
+
+
+class CountingTask(SyntheticTask):
+    name = "counting"
+
+    def __init__(
+        self,
+        num_statements: int = 32,
+        num_variables: int = 3,
+        p_print: float = 0.2,
+        eval_multipliers: tuple[int, ...] = (1, 2, 4),
+    ) -> None:
+        self.num_statements = check_int("num_statements", num_statements, 1, 10**5)
+        self.variables = string.ascii_lowercase[: check_int("num_variables", num_variables, 1, 10)]
+        self.p_print = check_float("p_print", p_print, 0.0, 1.0)
+        self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
+        self.tokenizer = SymbolTokenizer([*self.variables, "++", ";", PRINT, "=", *string.digits])
+        self.train_length = sequence_length(self.num_statements)
+
+    def eval_conditions(self) -> list[Condition]:
+        counts = [self.num_statements * multiplier for multiplier in self.eval_multipliers]
+        return [{"num_statements": n, "length": sequence_length(n)} for n in counts]
+
+    def train_example(self, rng: np.random.Generator) -> Example:
+        return self._example(rng, int(rng.integers(1, self.num_statements + 1)))
+
+    def eval_example(self, rng: np.random.Generator, condition: Condition) -> Example:
+        return self._example(rng, condition["num_statements"])
+
+    def _example(self, rng: np.random.Generator, num_statements: int) -> Example:
+        counts = dict.fromkeys(self.variables, 0)
+        prints = rng.random(num_statements) < self.p_print
+        prints[-1] = True
+        segments = [(BOS, False)]
+        for variable, is_print in zip(rng.choice(list(self.variables), size=num_statements), prints):
+            if is_print:
+                segments += [(f"{PRINT}{variable}=", False), (f"{counts[variable]};", True)]
+            else:
+                counts[variable] += 1
+                segments.append((f"{variable}++;", False))
+        return Example.from_segments(self.tokenizer, segments)

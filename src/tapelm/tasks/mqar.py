@@ -1,0 +1,60 @@
+"""Multi-query associative recall (Arora et al., Zoology).
+
+`<bos> k v k v ... k v  k v k v ...`: num_pairs distinct keys each bound to a value, then every key again
+in a random order, each followed by its value. Keys ("k0", "k1", ...) and values ("v0", ...) are disjoint
+vocabularies. The loss and the metric ("accuracy": the fraction of queries answered) cover the values
+in the query half. Training draws num_pairs uniformly from 1..num_pairs; conditions multiply it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Condition, Example, SyntheticTask
+from .options import check_int, check_multipliers
+from .tokenization import BOS, SymbolTokenizer
+
+
+def sequence_length(num_pairs: int) -> int:
+    return 1 + 4 * num_pairs
+
+
+class MQARTask(SyntheticTask):
+    name = "mqar"
+    metric_name = "accuracy"
+
+    def __init__(
+        self,
+        num_pairs: int = 8,
+        num_keys: int = 64,
+        num_values: int = 64,
+        eval_multipliers: tuple[int, ...] = (1, 2, 4),
+    ) -> None:
+        self.num_pairs = check_int("num_pairs", num_pairs, 1, 4096)
+        self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
+        most_pairs = self.num_pairs * self.eval_multipliers[-1]
+        self.num_keys = check_int("num_keys", num_keys, most_pairs, 100_000)
+        self.num_values = check_int("num_values", num_values, 2, 100_000)
+        self.tokenizer = SymbolTokenizer(
+            [f"k{i}" for i in range(self.num_keys)] + [f"v{i}" for i in range(self.num_values)]
+        )
+        self.train_length = sequence_length(self.num_pairs)
+
+    def eval_conditions(self) -> list[Condition]:
+        pairs = [self.num_pairs * multiplier for multiplier in self.eval_multipliers]
+        return [{"num_pairs": p, "length": sequence_length(p)} for p in pairs]
+
+    def train_example(self, rng: np.random.Generator) -> Example:
+        return self._example(rng, int(rng.integers(1, self.num_pairs + 1)))
+
+    def eval_example(self, rng: np.random.Generator, condition: Condition) -> Example:
+        return self._example(rng, condition["num_pairs"])
+
+    def _example(self, rng: np.random.Generator, num_pairs: int) -> Example:
+        keys = rng.choice(self.num_keys, size=num_pairs, replace=False)
+        values = rng.integers(0, self.num_values, size=num_pairs)
+        context = "".join(f"k{k}v{v}" for k, v in zip(keys, values))
+        segments = [(BOS + context, False)]
+        for query in rng.permutation(num_pairs):
+            segments += [(f"k{keys[query]}", False), (f"v{values[query]}", True)]
+        return Example.from_segments(self.tokenizer, segments)

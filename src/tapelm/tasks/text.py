@@ -1,0 +1,179 @@
+"""Language modelling on real text, evaluated by sliding-window perplexity at growing lengths.
+
+Corpus: the `corpus` file, directory (every UTF-8 file under it, recursively, skipping hidden and
+__pycache__ folders) or glob; by default the *.py files of this Python's standard library, without
+site-packages and test folders. Files are read sorted by path; files that are not UTF-8 are skipped.
+Split: file i (sorted) is held out for validation when i % VAL_EVERY == 0; a one-file corpus holds out
+its last 1/VAL_EVERY instead. The tokenizer ("byte", or "bpe" trained on the training split only) and
+the token streams are cached in memory per corpus.
+
+Training batches are uniform random windows of train_length tokens of the training stream, every token
+labelled. A condition's perplexity scores n * train_length held-out tokens (from an offset fixed by the
+seed, the same for every length) with windows of the condition's length moved by `stride` (default half
+the length): each window labels only the tokens the previous one did not, so every token but the first
+of the span is scored exactly once, always with at least length - stride tokens of context once past
+the start.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import sysconfig
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import IGNORE_INDEX, Batch, Condition, Example, LogitsFn, Task, check_eval_sizes, collate
+from .options import check_choice, check_int, check_multipliers
+from .tokenization import BPETokenizer, ByteTokenizer, Tokenizer
+
+VAL_EVERY = 20
+STDLIB_EXCLUDED = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+TOKENIZERS = ("byte", "bpe")
+
+
+def corpus_files(corpus: str | None) -> tuple[Path, ...]:
+    """The sorted files of `corpus` (see the module docstring)."""
+    if corpus is None:
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = (p for p in root.rglob("*.py") if not STDLIB_EXCLUDED & set(p.relative_to(root).parts[:-1]))
+    elif any(char in corpus for char in "*?["):
+        files = (Path(p) for p in glob.glob(corpus, recursive=True))
+    elif not Path(corpus).exists():
+        raise ValueError(f"corpus path '{corpus}' does not exist; pass a file, a directory or a glob")
+    elif Path(corpus).is_file():
+        files = iter([Path(corpus)])
+    else:
+        root = Path(corpus)
+        files = (p for p in root.rglob("*") if not _hidden(p.relative_to(root)))
+    found = tuple(sorted(p for p in files if p.is_file()))
+    if not found:
+        raise ValueError(f"corpus path '{corpus}' does not exist or holds no files")
+    return found
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") or part == "__pycache__" for part in relative.parts)
+
+
+def _read_texts(files: tuple[Path, ...]) -> list[str]:
+    texts = []
+    for path in files:
+        try:
+            texts.append(path.read_text("utf-8"))
+        except UnicodeDecodeError:
+            continue
+    return texts
+
+
+def split_texts(texts: list[str]) -> tuple[list[str], list[str]]:
+    """(train, validation) texts; see the module docstring."""
+    if len(texts) == 1:
+        cut = len(texts[0]) - len(texts[0]) // VAL_EVERY
+        return [texts[0][:cut]], [texts[0][cut:]]
+    return [t for i, t in enumerate(texts) if i % VAL_EVERY], texts[::VAL_EVERY]
+
+
+def _stream(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
+    return np.concatenate([np.asarray(tokenizer.encode(text), dtype=np.int64) for text in texts])
+
+
+@lru_cache(maxsize=4)
+def _load(files: tuple[Path, ...], tokenizer: str, bpe_vocab_size: int) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+    """(tokenizer, training stream, validation stream) for one corpus and tokenizer choice."""
+    texts = _read_texts(files)
+    if not texts:
+        raise ValueError(f"corpus holds no UTF-8 text files (first file: '{files[0]}')")
+    train, validation = split_texts(texts)
+    encoder = BPETokenizer(train, bpe_vocab_size) if tokenizer == "bpe" else ByteTokenizer()
+    return encoder, _stream(encoder, train), _stream(encoder, validation)
+
+
+def sliding_windows(total: int, length: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, first_scored) windows over `total` tokens: tokens first_scored..end-1 are scored in
+    window begin..end-1. Windows have min(length, total) tokens; every token but the first is scored once."""
+    if not 1 <= stride < length:
+        raise ValueError(f"stride={stride} is not allowed; it must be in [1, {length - 1}] for length {length}")
+    windows, end, first = [], min(length, total), 1
+    while True:
+        windows.append((max(0, end - length), end, first))
+        if end >= total:
+            return windows
+        first, end = end, min(end + stride, total)
+
+
+class TextTask(Task):
+    name = "text"
+    metric_name = "perplexity"
+
+    def __init__(
+        self,
+        corpus: str | None = None,
+        train_length: int = 256,
+        tokenizer: str = "byte",
+        bpe_vocab_size: int = 1024,
+        eval_multipliers: tuple[int, ...] = (1, 2, 4, 8),
+        stride: int | None = None,
+    ) -> None:
+        self.train_length = check_int("train_length", train_length, 2, 10**6)
+        check_choice("tokenizer", tokenizer, TOKENIZERS)
+        vocab = check_int("bpe_vocab_size", bpe_vocab_size, 257, 65536) if tokenizer == "bpe" else 0
+        self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
+        self.stride = None if stride is None else check_int("stride", stride, 1, self.train_length - 1)
+        self.tokenizer, self.train_stream, self.validation_stream = _load(corpus_files(corpus), tokenizer, vocab)
+        if len(self.train_stream) < self.train_length or len(self.validation_stream) < 2:
+            raise ValueError(
+                f"corpus '{corpus or 'standard library'}' is too small: {len(self.train_stream)} training tokens "
+                f"(train_length={self.train_length}) and {len(self.validation_stream)} validation tokens"
+            )
+
+    def eval_conditions(self) -> list[Condition]:
+        return [{"length": self.train_length * multiplier} for multiplier in self.eval_multipliers]
+
+    def train_batch(self, rng: np.random.Generator, batch_size: int) -> Batch:
+        check_int("batch_size", batch_size, 1, 10**9)
+        starts = rng.integers(0, len(self.train_stream) - self.train_length + 1, size=batch_size)
+        ids = torch.from_numpy(np.stack([self.train_stream[s : s + self.train_length] for s in starts]))
+        return Batch(ids, ids.clone(), torch.ones_like(ids))
+
+    def eval_batches(self, condition: Condition, seed: int, n: int, batch_size: int) -> Iterator[Batch]:
+        check_eval_sizes(n, batch_size)
+        span = self._eval_span(seed, n)
+        length = condition["length"]
+        if len(span) < length:
+            raise ValueError(
+                f"n={n} gives {len(span)} held-out tokens, fewer than the eval length {length}; raise n "
+                "or use a larger corpus"
+            )
+        windows = sliding_windows(len(span), length, self.stride or length // 2)
+        examples = [
+            Example(span[begin:end].tolist(), [i >= first for i in range(begin, end)]) for begin, end, first in windows
+        ]
+        for start in range(0, len(examples), batch_size):
+            yield collate(examples[start : start + batch_size], self.tokenizer.pad_id)
+
+    def _eval_span(self, seed: int, n: int) -> np.ndarray:
+        """n * train_length held-out tokens (fewer if the held-out stream is shorter), placed by `seed`."""
+        size = min(n * self.train_length, len(self.validation_stream))
+        offset = int(np.random.default_rng(seed).integers(0, len(self.validation_stream) - size + 1))
+        return self.validation_stream[offset : offset + size]
+
+    @torch.no_grad()
+    def evaluate_condition(
+        self, logits_fn: LogitsFn, condition: Condition, seed: int, n: int, batch_size: int
+    ) -> tuple[float, int]:
+        """(perplexity, number of scored tokens)."""
+        total_nll, count = 0.0, 0
+        for batch in self.eval_batches(condition, seed, n, batch_size):
+            logits = logits_fn(batch.input_ids, batch.attention_mask)[:, :-1].float()
+            labels = batch.labels.to(logits.device)[:, 1:]
+            scored = labels != IGNORE_INDEX
+            log_probs = torch.log_softmax(logits, dim=-1)
+            nll = -log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            total_nll += nll[scored].double().sum().item()
+            count += int(scored.sum())
+        return math.exp(total_nll / count), count
