@@ -35,6 +35,8 @@ class TapeConfig(PreTrainedConfig):
     - `tape_update`: which sublayers update the positional features ("none" freezes them at RoPE's).
     - `tape_equivariant`: False is the ablation that also mixes across blocks and the l/r axes.
     - `causal`: False gives a bidirectional encoder.
+
+    `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
     """
 
     model_type = "tape"
@@ -58,6 +60,7 @@ class TapeConfig(PreTrainedConfig):
     tie_word_embeddings: bool = False
     rope_parameters: RopeParameters | dict | None = None
     attention_bias: bool = False
+    qkv_bias: bool = False
     mlp_bias: bool = False
     pe_type: str = "tape"
     tape_block: tuple[int, int] | list[int] = (2, 2)

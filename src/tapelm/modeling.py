@@ -27,11 +27,12 @@ class TapeAttention(nn.Module):
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
         self.config = config
-        bias = config.attention_bias
+        bias = config.attention_bias or config.qkv_bias
         self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size,
+                                bias=config.attention_bias)
 
     def forward(self, hidden, positional: LayerPositional, state, ctx: PositionContext, mask: AttentionMask,
                 cache: Cache | None):
