@@ -36,7 +36,8 @@ class TapeAttention(nn.Module):
 
     def forward(self, hidden, positional: LayerPositional, state, ctx: PositionContext, mask: AttentionMask,
                 cache: Cache | None):
-        """Returns the sublayer output (B, N, C) and the attention output of the positional value stream."""
+        """Returns the sublayer output (B, N, C) and, when the positional state joined the value stream, the whole
+        attention output (B, H, N, head_dim + F) whose first head_dim features are V's."""
         batch, length, _ = hidden.shape
         shape = (batch, length, -1, self.head_dim)
         q = self.q_proj(hidden).view(shape).transpose(1, 2)
@@ -50,8 +51,8 @@ class TapeAttention(nn.Module):
         bias = _sum_optional(ctx.bias, positional.logit_bias(q, k, mask.valid, ctx))
         out = attend(q, k, stream, mask, bias, positional.logit_scale(self.head_dim),
                      eager=self.config._attn_implementation == "eager")
-        out_v, mixed = out[..., : self.head_dim], (out[..., self.head_dim:] if extra is not None else None)
-        return self.o_proj(out_v.transpose(1, 2).reshape(batch, length, -1)), mixed
+        out_v = out[..., : self.head_dim].transpose(1, 2).reshape(batch, length, -1)
+        return self.o_proj(out_v), (out if extra is not None else None)
 
 
 def _sum_optional(a, b):
@@ -72,10 +73,10 @@ class TapeDecoderLayer(GradientCheckpointingLayer):
         self.positional = positional
 
     def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, past_key_values=None):
-        attn_out, mixed = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
-                                         past_key_values)
+        attn_out, attended = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
+                                            past_key_values)
         hidden = hidden + attn_out
-        state = self.positional.after_attention(state, mixed)
+        state = self.positional.after_attention(state, attended)
         mlp_out = self.mlp(self.post_attention_layernorm(hidden))
         hidden = hidden + mlp_out
         return hidden, self.positional.after_mlp(state, mlp_out)

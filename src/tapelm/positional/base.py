@@ -57,8 +57,9 @@ class LayerPositional(nn.Module):
         """A tensor (B, Hkv, N, F) that the attention probabilities should mix alongside V, or None."""
         return None
 
-    def after_attention(self, state, mixed: torch.Tensor | None):
-        """The state after the attention sublayer; `mixed` (B, H, N, F) is the attention output of value_extra."""
+    def after_attention(self, state, attended: torch.Tensor | None):
+        """The state after the attention sublayer. `attended` (B, H, N, head_dim + F) is the attention output of the
+        whole value stream [V | value_extra] (None when value_extra gave nothing)."""
         return state
 
     def after_mlp(self, state, mlp_out: torch.Tensor):

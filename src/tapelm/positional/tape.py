@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import LayerPositional, PositionalEncoding, PositionContext
-from .rotary import TapeRotaryEmbedding, group_queries, rotate
+from .rotary import TapeRotaryEmbedding, group_queries
 
 
 def uses_compact_state(config) -> bool:
@@ -51,6 +51,14 @@ def initial_blocks(angles: torch.Tensor, block_l: int, block_r: int, scale: floa
     e[..., j + pairs, j] = -sin
     e[..., j + pairs, j + pairs] = cos
     return torch.cat(e.unbind(-4), dim=-1)  # (..., M, L, G*L) with R = G*L
+
+
+def rotate_by_state(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """Multiply each rotate-half pair (x_i, x_{i+d/2}) by the complex number (a_i, b_i) of the compact state
+    [a | b]: RoPE when a = cos, b = sin. Works on halves, so autograd keeps only x and the state."""
+    x1, x2 = x.chunk(2, dim=-1)
+    a, b = state.chunk(2, dim=-1)
+    return torch.cat([x1 * a - x2 * b, x2 * a + x1 * b], dim=-1)
 
 
 class TapeEncoding(PositionalEncoding):
@@ -138,11 +146,8 @@ class TapeLayer(LayerPositional):
 
     def transform_qk(self, q, k, state, ctx: PositionContext):
         if self.compact:
-            half = self.head_dim // 2
-            re, im = state[..., :half], state[..., half:]
-            cos, sin = torch.cat([re, re], dim=-1), torch.cat([im, im], dim=-1)
-            q = rotate(group_queries(q, self.kv_heads), cos[:, :, None], sin[:, :, None]).flatten(1, 2)
-            return q, rotate(k, cos, sin)
+            q = rotate_by_state(group_queries(q, self.kv_heads), state[:, :, None]).flatten(1, 2)
+            return q, rotate_by_state(k, state)
         return self._transform_blocks(q, state, grouped=True), self._transform_blocks(k, state, grouped=False)
 
     def _transform_blocks(self, x: torch.Tensor, state: torch.Tensor, grouped: bool) -> torch.Tensor:
@@ -158,21 +163,29 @@ class TapeLayer(LayerPositional):
     def value_extra(self, state):
         return state if self.attention_update else None
 
-    def after_attention(self, state, mixed):
+    def after_attention(self, state, attended):
         if not self.attention_update:
             return state
+        # Mix heads on the whole (contiguous) output, then drop V's part: autograd keeps the attention output it
+        # already holds instead of a copy of the E slice; the V part costs a few extra multiply-adds.
         if self.per_head:
-            weighted = mixed * self.attn_gain.to(mixed.dtype)[:, None, None]
+            weighted = attended * self.attn_gain.to(attended.dtype)[:, None, None]
             delta = group_queries(weighted, self.kv_heads).sum(2)
         else:
-            delta = torch.einsum("gh,bhnf->bgnf", self.attn_mix.to(mixed.dtype), mixed)
+            batch, heads, length, width = attended.shape
+            weight = self.attn_mix.to(attended.dtype).expand(batch, -1, -1)
+            mixed = torch.bmm(weight, attended.reshape(batch, heads, -1))
+            delta = mixed.view(batch, self.kv_heads, length, width)
+        delta = delta[..., self.head_dim:]
         return state + (delta @ self.attn_dense if self.dense else delta)
 
     def after_mlp(self, state, mlp_out):
         if not self.mlp_update:
             return state
         z = F.silu(self.gate(mlp_out))
-        # W_down diag(z) W_up is one Hkv x Hkv map per token: cheaper than materialising W_up E.
-        mix = torch.einsum("gi,bni,ih->bngh", self.mix_down, z, self.mix_up)
-        delta = torch.einsum("bngh,bhnf->bgnf", mix, state)
+        # W_down diag(z) W_up is one Hkv x Hkv map per token (cheaper than materialising W_up E), computed as z @ K with K[i, (g, h)] = W_down[g, i] W_up[i, h]: autograd keeps only z
+        pairs = (self.mix_down.t()[:, :, None] * self.mix_up[:, None, :]).flatten(1).to(z.dtype)
+        mix = (z @ pairs).unflatten(-1, (self.kv_heads, self.kv_heads))
+        # a broadcast product summed over source heads: no permuted copy of the state is kept for backward
+        delta = (mix.permute(0, 2, 3, 1)[..., None] * state[:, None]).sum(2)
         return state + (delta @ self.mlp_dense if self.dense else delta)
