@@ -194,6 +194,38 @@ class SyntheticTask(Task):
         return torch.cat(scores).float().mean().item(), n
 
 
+
+class ScaledTask(SyntheticTask):
+    """A task whose examples grow with one integer size: training draws the size uniformly from
+    min_train_size..train_size, condition k evaluates at train_size x eval_multipliers[k]."""
+
+    size_name: ClassVar[str]
+    min_train_size: int = 1
+    eval_multipliers: tuple[int, ...]
+
+    @property
+    @abstractmethod
+    def train_size(self) -> int:
+        """The largest size seen in training."""
+
+    @abstractmethod
+    def sequence_length(self, size: int) -> int:
+        """Tokens in an example of this size."""
+
+    @abstractmethod
+    def example(self, rng: np.random.Generator, size: int) -> Example:
+        """One example of this size."""
+
+    def eval_conditions(self) -> list[Condition]:
+        sizes = [self.train_size * multiplier for multiplier in self.eval_multipliers]
+        return [{self.size_name: size, "length": self.sequence_length(size)} for size in sizes]
+
+    def train_example(self, rng: np.random.Generator) -> Example:
+        return self.example(rng, int(rng.integers(self.min_train_size, self.train_size + 1)))
+
+    def eval_example(self, rng: np.random.Generator, condition: Condition) -> Example:
+        return self.example(rng, condition[self.size_name])
+
 def evaluate_task(
     task: Task, logits_fn: LogitsFn, seed: int = 0, n_per_condition: int = 100, batch_size: int = 32
 ) -> dict[str, Any]:

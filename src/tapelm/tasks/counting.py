@@ -14,20 +14,16 @@ import string
 
 import numpy as np
 
-from .base import Condition, Example, SyntheticTask
+from .base import Example, ScaledTask
 from .options import check_float, check_int, check_multipliers
 from .tokenization import BOS, SymbolTokenizer
 
 PRINT = "print "
 
 
-def sequence_length(num_statements: int) -> int:
-    """An upper bound: every statement a print (4 tokens plus the digits of a count below num_statements)."""
-    return 1 + num_statements * (4 + len(str(num_statements)))
-
-
-class CountingTask(SyntheticTask):
+class CountingTask(ScaledTask):
     name = "counting"
+    size_name = "num_statements"
 
     def __init__(
         self,
@@ -41,19 +37,17 @@ class CountingTask(SyntheticTask):
         self.p_print = check_float("p_print", p_print, 0.0, 1.0)
         self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
         self.tokenizer = SymbolTokenizer([*self.variables, "++", ";", PRINT, "=", *string.digits])
-        self.train_length = sequence_length(self.num_statements)
+        self.train_length = self.sequence_length(self.num_statements)
 
-    def eval_conditions(self) -> list[Condition]:
-        counts = [self.num_statements * multiplier for multiplier in self.eval_multipliers]
-        return [{"num_statements": n, "length": sequence_length(n)} for n in counts]
+    @property
+    def train_size(self) -> int:
+        return self.num_statements
 
-    def train_example(self, rng: np.random.Generator) -> Example:
-        return self._example(rng, int(rng.integers(1, self.num_statements + 1)))
+    def sequence_length(self, size: int) -> int:
+        """An upper bound: every statement a print (4 tokens plus the digits of a count below size)."""
+        return 1 + size * (4 + len(str(size)))
 
-    def eval_example(self, rng: np.random.Generator, condition: Condition) -> Example:
-        return self._example(rng, condition["num_statements"])
-
-    def _example(self, rng: np.random.Generator, num_statements: int) -> Example:
+    def example(self, rng: np.random.Generator, num_statements: int) -> Example:
         counts = dict.fromkeys(self.variables, 0)
         prints = rng.random(num_statements) < self.p_print
         prints[-1] = True

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Condition, Example, SyntheticTask
+from .base import Example, ScaledTask
 from .options import check_int, check_multipliers
 from .tokenization import BOS, SymbolTokenizer
 
 
-def sequence_length(num_pairs: int) -> int:
-    return 1 + 4 * num_pairs
-
-
-class MQARTask(SyntheticTask):
+class MQARTask(ScaledTask):
     name = "mqar"
+    size_name = "num_pairs"
     metric_name = "accuracy"
 
     def __init__(
@@ -38,19 +35,16 @@ class MQARTask(SyntheticTask):
         self.tokenizer = SymbolTokenizer(
             [f"k{i}" for i in range(self.num_keys)] + [f"v{i}" for i in range(self.num_values)]
         )
-        self.train_length = sequence_length(self.num_pairs)
+        self.train_length = self.sequence_length(self.num_pairs)
 
-    def eval_conditions(self) -> list[Condition]:
-        pairs = [self.num_pairs * multiplier for multiplier in self.eval_multipliers]
-        return [{"num_pairs": p, "length": sequence_length(p)} for p in pairs]
+    @property
+    def train_size(self) -> int:
+        return self.num_pairs
 
-    def train_example(self, rng: np.random.Generator) -> Example:
-        return self._example(rng, int(rng.integers(1, self.num_pairs + 1)))
+    def sequence_length(self, size: int) -> int:
+        return 1 + 4 * size
 
-    def eval_example(self, rng: np.random.Generator, condition: Condition) -> Example:
-        return self._example(rng, condition["num_pairs"])
-
-    def _example(self, rng: np.random.Generator, num_pairs: int) -> Example:
+    def example(self, rng: np.random.Generator, num_pairs: int) -> Example:
         keys = rng.choice(self.num_keys, size=num_pairs, replace=False)
         values = rng.integers(0, self.num_values, size=num_pairs)
         context = "".join(f"k{k}v{v}" for k, v in zip(keys, values))

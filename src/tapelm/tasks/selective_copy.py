@@ -11,19 +11,16 @@ import string
 
 import numpy as np
 
-from .base import Condition, Example, SyntheticTask
+from .base import Example, ScaledTask
 from .options import check_int, check_multipliers
 from .tokenization import BOS, EOS, SymbolTokenizer
 
 NOISE, SEPARATOR = ".", "|"
 
 
-def sequence_length(region_length: int, num_tokens: int) -> int:
-    return 1 + region_length + 1 + num_tokens + 1
-
-
-class SelectiveCopyTask(SyntheticTask):
+class SelectiveCopyTask(ScaledTask):
     name = "selective_copy"
+    size_name = "region_length"
 
     def __init__(
         self,
@@ -37,19 +34,20 @@ class SelectiveCopyTask(SyntheticTask):
         self.alphabet = string.ascii_lowercase[: check_int("alphabet_size", alphabet_size, 2, 26)]
         self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
         self.tokenizer = SymbolTokenizer([*self.alphabet, NOISE, SEPARATOR])
-        self.train_length = sequence_length(self.region_length, self.num_tokens)
+        self.train_length = self.sequence_length(self.region_length)
 
-    def eval_conditions(self) -> list[Condition]:
-        regions = [self.region_length * multiplier for multiplier in self.eval_multipliers]
-        return [{"region_length": r, "length": sequence_length(r, self.num_tokens)} for r in regions]
+    @property
+    def min_train_size(self) -> int:
+        return self.num_tokens
 
-    def train_example(self, rng: np.random.Generator) -> Example:
-        return self._example(rng, int(rng.integers(self.num_tokens, self.region_length + 1)))
+    @property
+    def train_size(self) -> int:
+        return self.region_length
 
-    def eval_example(self, rng: np.random.Generator, condition: Condition) -> Example:
-        return self._example(rng, condition["region_length"])
+    def sequence_length(self, size: int) -> int:
+        return 1 + size + 1 + self.num_tokens + 1
 
-    def _example(self, rng: np.random.Generator, region_length: int) -> Example:
+    def example(self, rng: np.random.Generator, region_length: int) -> Example:
         data = rng.choice(list(self.alphabet), size=self.num_tokens)
         region = np.full(region_length, NOISE)
         region[np.sort(rng.choice(region_length, size=self.num_tokens, replace=False))] = data
