@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_argument("--out", default="bench-results", help="folder for the JSON and PNG (default: %(default)s)")
     speed.add_argument("--no-progress", action="store_true", help="no progress bar")
     speed.set_defaults(handler=_bench_speed)
+
+    from .runs_cli import add_commands as add_run_commands
+
+    add_run_commands(commands)  # train, eval, compare, report
     return parser
 
 

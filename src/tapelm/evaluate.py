@@ -1,0 +1,158 @@
+"""Task evaluation over lengths: run every evaluation condition of a task on a model, summarise by length, and
+`tapelm eval RUN_DIR` (JSON + PNG: a heatmap for addition, the metric against length for the other tasks)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .tasks import Task
+
+EVAL_SEED = 1234  # one fixed test set for every training seed: the spread across seeds is the training's
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric != "perplexity"
+
+
+def in_distribution(task: Task, condition: dict[str, Any]) -> bool:
+    """Whether a condition lies within the training lengths (addition: both operands within max_train_digits)."""
+    if task.name == "addition":
+        return max(condition["len_a"], condition["len_b"]) <= task.max_train_digits
+    return condition["length"] <= task.train_length
+
+
+def length_key(task: Task, condition: dict[str, Any]) -> int:
+    """The x value of the metric-against-length curve (addition: the longer operand's digit count)."""
+    if task.name == "addition":
+        return max(condition["len_a"], condition["len_b"])
+    return condition["length"]
+
+
+def length_label(task: Task) -> str:
+    if task.name == "addition":
+        return "digits of the longer operand"
+    if task.name == "text" or getattr(task.tokenizer, "vocab_size", 0) != 257:
+        return "evaluation length (tokens)"
+    return "evaluation length (bytes)"
+
+
+def training_edge(task: Task) -> float:
+    """The last in-distribution x value (drawn as a line on the curves)."""
+    return task.max_train_digits if task.name == "addition" else task.train_length
+
+
+def _mean(values: list[float], metric: str) -> float:
+    if not values:
+        return float("nan")
+    if metric == "perplexity":  # average log-perplexity, reported as a perplexity
+        return float(math.exp(np.mean(np.log(values))))
+    return float(np.mean(values))
+
+
+def summarize(task: Task, conditions: list[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """Headline numbers: the mean over all conditions ('all', the paper's heatmap average for addition), over the
+    in-distribution ones and over the longer ones, and the metric per length (mean over other condition fields)."""
+    inside = [c["value"] for c in conditions if in_distribution(task, c)]
+    outside = [c["value"] for c in conditions if not in_distribution(task, c)]
+    groups: dict[int, list[float]] = defaultdict(list)
+    for c in conditions:
+        groups[length_key(task, c)].append(c["value"])
+    return {
+        "all": _mean([c["value"] for c in conditions], metric),
+        "in_distribution": _mean(inside, metric),
+        "longer": _mean(outside, metric),
+        "by_length": {str(k): _mean(v, metric) for k, v in sorted(groups.items())},
+    }
+
+
+@torch.no_grad()
+def evaluate_model(model: torch.nn.Module, task: Task, n: int, batch_size: int, seed: int = EVAL_SEED,
+                   progress: bool = True) -> dict[str, Any]:
+    """Every condition of `task` on `model` (put in eval mode here): {"task", "metric", "conditions", "mean",
+    "summary", "seed", "n"}; the same data as `tasks.evaluate_task` with the same seed, plus a progress bar."""
+    model.eval()
+    device = next(model.parameters()).device
+
+    def logits_fn(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
+        return out.logits.float()
+
+    conditions = []
+    for condition in tqdm(task.eval_conditions(), desc=f"eval {task.name}", disable=not progress,
+                          dynamic_ncols=True):
+        value, count = task.evaluate_condition(logits_fn, condition, seed, n, batch_size)
+        conditions.append({**condition, "value": value, "n": count})
+    mean = float(np.mean([row["value"] for row in conditions]))
+    return {"task": task.name, "metric": task.metric_name, "seed": seed, "n": n, "conditions": conditions,
+            "mean": mean, "summary": summarize(task, conditions, task.metric_name),
+            "x_label": length_label(task), "training_edge": training_edge(task)}
+
+
+def plot_evaluation(evaluation: dict[str, Any], path: Path, title: str) -> Path:
+    """A heatmap (addition) or a metric-against-length curve of one evaluation."""
+    from .report.plots import curves, heatmap
+
+    if evaluation["task"] == "addition":
+        heatmap(evaluation["conditions"], path, title, edge=evaluation["training_edge"])
+    else:
+        by_length = evaluation["summary"]["by_length"]
+        xs = [float(x) for x in by_length]
+        curves({title: (xs, list(by_length.values()), None)}, path, title, evaluation["x_label"],
+               evaluation["metric"], edge=evaluation["training_edge"])
+    return path
+
+
+def evaluate_run(run_dir: str | Path, n: int | None = None, batch_size: int | None = None,
+                 seed: int = EVAL_SEED, progress: bool = True) -> dict[str, Any]:
+    """`tapelm eval RUN_DIR`: evaluate the run's final model; writes eval.json and eval.png in the run directory."""
+    from .runs import load_run
+
+    run = load_run(run_dir)
+    model = run.load_model()
+    n = n or run.preset.eval_n
+    batch_size = batch_size or run.preset.eval_batch_size
+    evaluation = evaluate_model(model, run.task, n, batch_size, seed, progress)
+    run_dir = Path(run_dir)
+    _write_json(run_dir / "eval.json", evaluation)
+    plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
+    return evaluation
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=1))
+    temporary.replace(path)
+
+
+def add_commands(commands) -> None:
+    """Register `tapelm eval` on the `tapelm` sub-command parser."""
+    parser = commands.add_parser("eval", help="evaluate a trained run over lengths (JSON + PNG in the run dir)")
+    parser.add_argument("run_dir", help="a run directory written by `tapelm train` or `tapelm compare`")
+    parser.add_argument("--n", type=int, help="examples per condition (default: the preset's)")
+    parser.add_argument("--batch-size", type=int, help="evaluation batch size (default: the preset's)")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED, help="evaluation data seed (default: %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_eval_command)
+
+
+def _eval_command(args) -> None:
+    from .runs import print_evaluation
+
+    for name in ("n", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={value} is not allowed; it must be a positive integer")
+    evaluation = evaluate_run(args.run_dir, args.n, args.batch_size, args.seed, progress=not args.no_progress)
+    print_evaluation(evaluation)
+    print(f"wrote {Path(args.run_dir) / 'eval.json'} and {Path(args.run_dir) / 'eval.png'}")
+
+
+__all__ = ["evaluate_model", "evaluate_run", "summarize", "in_distribution", "EVAL_SEED", "plot_evaluation"]

@@ -1,0 +1,106 @@
+"""Presets: model size, task options, training budget and evaluation size per (preset, task).
+
+`cpu-small` (the default) is sized so that one run (training and evaluation) takes about 3-4 minutes on 2 CPU
+cores; `paper` uses the sizes TAPE.md §7 states (12 layers, hidden 768, 12 heads, TAPE position size 48, batch 512,
+10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. A task without its own
+entry uses the preset's "*" entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .train import TrainSettings
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The TapeConfig sizes a preset fixes; everything positional comes from `pe_type` and the task."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 344
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    tape_position_size: int | None = None
+
+    def as_config_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(vars(self))
+        if kwargs["tape_position_size"] is None:
+            del kwargs["tape_position_size"]
+        return kwargs
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One task's recipe within a preset."""
+
+    model: ModelSize
+    task_options: dict[str, Any] = field(default_factory=dict)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    eval_n: int = 100  # examples per condition (text: train_length-token spans of held-out text)
+    eval_batch_size: int = 32
+
+
+_SMALL = ModelSize(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=4)
+_PAPER = ModelSize(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                   num_key_value_heads=12, tape_position_size=48)
+
+PRESETS: dict[str, dict[str, Preset]] = {
+    "cpu-small": {
+        "addition": Preset(
+            _SMALL, {"max_train_digits": 8, "eval_max_digits": 16},
+            TrainSettings(steps=1000, lr=1e-3, warmup=50, schedule="cosine", batch_size=64, log_every=10),
+            eval_n=20, eval_batch_size=256),
+        "passkey": Preset(
+            _SMALL, {"train_length": 256, "eval_multipliers": (1, 2, 4)},
+            TrainSettings(steps=500, lr=1e-3, warmup=50, schedule="cosine", batch_size=16, log_every=10),
+            eval_n=20, eval_batch_size=20),
+        "text": Preset(
+            _SMALL, {"train_length": 128, "eval_multipliers": (1, 2, 4, 8)},
+            TrainSettings(steps=600, lr=1e-3, warmup=50, schedule="cosine", batch_size=32, log_every=10),
+            eval_n=64, eval_batch_size=16),
+        "*": Preset(
+            _SMALL, {},
+            TrainSettings(steps=600, lr=1e-3, warmup=50, schedule="cosine", batch_size=32, log_every=10),
+            eval_n=20, eval_batch_size=32),
+    },
+    "paper": {
+        "addition": Preset(
+            _PAPER, {"max_train_digits": 40, "eval_max_digits": 80},
+            TrainSettings(steps=10000, lr=1e-4, warmup=500, schedule="cosine", batch_size=64, grad_accum=8,
+                          mixed_precision="bf16", eval_every=1000, checkpoint_every=500, log_every=20),
+            eval_n=100, eval_batch_size=100),
+        "text": Preset(
+            _PAPER, {"train_length": 1024, "tokenizer": "bpe", "bpe_vocab_size": 32000,
+                     "eval_multipliers": (1, 2, 4, 8)},
+            TrainSettings(steps=10000, lr=1e-4, warmup=500, schedule="cosine", batch_size=64, grad_accum=8,
+                          mixed_precision="bf16", eval_every=1000, checkpoint_every=500, log_every=20),
+            eval_n=256, eval_batch_size=8),
+        "*": Preset(
+            _PAPER, {},
+            TrainSettings(steps=10000, lr=1e-4, warmup=500, schedule="cosine", batch_size=64, grad_accum=8,
+                          mixed_precision="bf16", eval_every=1000, checkpoint_every=500, log_every=20),
+            eval_n=100, eval_batch_size=16),
+    },
+}
+
+DEFAULT_PRESET = "cpu-small"
+
+
+def get_preset(name: str, task: str) -> Preset:
+    """The recipe of `task` in preset `name` (the preset's default entry for tasks it does not name)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset '{name}'; choose one of: {', '.join(PRESETS)}")
+    entries = PRESETS[name]
+    return entries.get(task, entries["*"])
+
+
+def with_train(preset: Preset, **changes: Any) -> Preset:
+    """A copy with some training settings changed (validated by TrainSettings)."""
+    return replace(preset, train=replace(preset.train, **changes))
+
+
+__all__ = ["ModelSize", "Preset", "PRESETS", "DEFAULT_PRESET", "get_preset", "with_train"]

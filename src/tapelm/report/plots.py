@@ -1,0 +1,108 @@
+"""Figures: an addition heatmap (exact match per operand-length cell) and metric-against-length curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def heatmap_grid(conditions: list[dict[str, Any]]) -> np.ndarray:
+    """(max len_a, max len_b) array of the conditions' values (NaN where a cell is missing)."""
+    size_a = max(c["len_a"] for c in conditions)
+    size_b = max(c["len_b"] for c in conditions)
+    grid = np.full((size_a, size_b), np.nan)
+    for c in conditions:
+        grid[c["len_a"] - 1, c["len_b"] - 1] = c["value"]
+    return grid
+
+
+def draw_heatmap(axis, grid: np.ndarray, title: str, edge: float | None = None):
+    image = axis.imshow(grid * 100, origin="lower", vmin=0, vmax=100, cmap="viridis",
+                        extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5))
+    if edge is not None:
+        axis.plot([0.5, edge + 0.5, edge + 0.5], [edge + 0.5, edge + 0.5, 0.5], color="white", linewidth=1.2,
+                  linestyle="--")
+    axis.set_xlabel("digits of b")
+    axis.set_ylabel("digits of a")
+    axis.set_title(f"{title}\nmean {np.nanmean(grid) * 100:.1f}%", fontsize=9)
+    return image
+
+
+def heatmap(conditions: list[dict[str, Any]], path: Path, title: str, edge: float | None = None) -> Path:
+    """One heatmap of exact match (%) per (len_a, len_b) cell; the dashed box is the training range."""
+    plt = _pyplot()
+    fig, axis = plt.subplots(figsize=(5, 4.3))
+    image = draw_heatmap(axis, heatmap_grid(conditions), title, edge)
+    fig.colorbar(image, ax=axis, label="exact match (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def heatmaps(grids: dict[str, np.ndarray], path: Path, title: str, edge: float | None = None) -> Path:
+    """Heatmaps side by side, one per encoding (each the mean over seeds)."""
+    plt = _pyplot()
+    count = len(grids)
+    columns = min(count, 4)
+    rows = -(-count // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.4 * rows), squeeze=False)
+    image = None
+    for axis, (name, grid) in zip(axes.flat, grids.items()):
+        image = draw_heatmap(axis, grid, name, edge)
+    for axis in list(axes.flat)[count:]:
+        axis.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), label="exact match (%)", shrink=0.8)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def curves(series: dict[str, tuple[list[float], list[float], list[float] | None]], path: Path, title: str,
+           x_label: str, metric: str, edge: float | None = None) -> Path:
+    """Metric against length, one line per series (x, mean, std or None); the dotted line is the training edge."""
+    plt = _pyplot()
+    fig, axis = plt.subplots(figsize=(6.4, 4.2))
+    for name, (xs, means, stds) in series.items():
+        xs, means = np.asarray(xs, float), np.asarray(means, float)
+        shown = means * 100 if metric != "perplexity" else means
+        line, = axis.plot(xs, shown, marker="o", markersize=3, label=name)
+        if stds is not None:
+            spread = np.asarray(stds, float) * (100 if metric != "perplexity" else 1)
+            axis.fill_between(xs, shown - spread, shown + spread, color=line.get_color(), alpha=0.15)
+    if edge is not None:
+        axis.axvline(edge, color="grey", linestyle=":", linewidth=1)
+    if metric == "perplexity":
+        axis.set_yscale("log")
+        axis.set_ylabel("perplexity (log scale, lower is better)")
+    else:
+        axis.set_ylabel(f"{metric.replace('_', ' ')} (%)")
+        axis.set_ylim(-2, 102)
+    if x_label.startswith("evaluation length"):  # lengths grow by multipliers
+        axis.set_xscale("log", base=2)
+    axis.set_xlabel(x_label)
+    axis.set_title(title, fontsize=10)
+    if len(series) > 1:
+        axis.legend(fontsize=8, ncols=2)
+    axis.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["heatmap", "heatmaps", "heatmap_grid", "curves"]

@@ -1,0 +1,172 @@
+"""The report section of `tapelm compare` results: one subsection per comparison found under ROOT/compare, with its
+settings, the exact commands, the table, the figures and a reading generated from the numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from . import ReportContext, register_section
+
+TASK_ORDER = ("addition", "passkey", "text")
+PAPER_ADDITION = {"rope": 26.32, "randpe": 26.56, "nope": 22.45, "fire": 26.98, "tape": 32.82}
+LEARNED_FLOOR = 0.5  # an encoding under this in-distribution accuracy did not learn the task at this budget
+
+
+def _comparisons(root: Path) -> list[Path]:
+    found = [p.parent for p in sorted((root / "compare").glob("*/*/comparison.json"))]
+    rank = {task: i for i, task in enumerate(TASK_ORDER)}
+    return sorted(found, key=lambda p: (rank.get(p.parent.name, len(rank)), p.parent.name, p.name))
+
+
+def build(context: ReportContext) -> str | None:
+    from ..compare import aggregate, load_results, write_figures
+
+    parts = []
+    for directory in _comparisons(context.root):
+        summary = aggregate(directory, write=False)
+        if not summary["rows"]:
+            continue
+        results = load_results(directory)
+        prefix = f"{summary['task']}-{summary['settings_hash']}-"
+        context.figures.mkdir(parents=True, exist_ok=True)
+        for stale in context.figures.glob(prefix + "*"):
+            stale.unlink()
+        figures = write_figures(summary, results, context.figures, prefix=prefix)
+        (context.figures / f"{prefix}summary.json").write_text(json.dumps(
+            {k: v for k, v in summary.items() if k != "table"}, indent=1))
+        parts.append(_subsection(summary, results, figures, context))
+    if not parts:
+        return None
+    return INTRO + "\n\n" + "\n\n".join(parts)
+
+
+INTRO = (
+    "Models that differ only in their positional encoding, trained with identical budgets (same data stream per "
+    "seed, same steps, batch, learning-rate schedule) and evaluated on the same held-out test data (evaluation "
+    "seed fixed, so the spread across seeds is the training's). Every number below is read from the cached "
+    "`result.json` / `eval.json` of `tapelm compare`; the figures and per-comparison `*-summary.json` files are in "
+    "`docs/figures/`. *In-distribution* means lengths seen in training (addition: both operands within the "
+    "training digits), *longer* the rest; *all* is the mean over every evaluation condition (for addition the "
+    "paper's heatmap average). Perplexities are averaged as log-perplexities.")
+
+
+def _settings_line(summary: dict[str, Any], results: dict) -> str:
+    record = summary["record"]
+    first = next(iter(next(iter(results.values())).values()))
+    model = first["identity"]["model"]
+    train = record["train"]
+    env = first.get("environment", {})
+    seconds = [r.get("session_seconds") for by_seed in results.values() for r in by_seed.values()
+               if r.get("session_seconds")]
+    timing = ""
+    if seconds:
+        timing = (f" Wall time per run (train + eval, this machine, shared with other jobs): "
+                  f"{min(seconds) / 60:.1f}–{max(seconds) / 60:.1f} min.")
+    return (
+        f"Preset `{record['preset']}` (settings hash `{record['settings_hash']}`): {model['num_hidden_layers']} "
+        f"layers, hidden {model['hidden_size']}, {model['num_attention_heads']} heads, MLP "
+        f"{model['intermediate_size']}{' (baselines widened to TAPE’s parameter count)' if record['match_params'] else ''}; "
+        f"task options `{json.dumps(record['task_options'])}`; {train['steps']} steps × batch {train['batch_size']}"
+        f"{' × ' + str(train['grad_accum']) if train['grad_accum'] > 1 else ''}, AdamW lr {train['lr']} "
+        f"({train['warmup']} warm-up steps, {train['schedule']}), clip {train['clip']}, weight decay "
+        f"{train['weight_decay']}; evaluation {record['eval']['n']} examples per condition"
+        f"{' (spans of train_length tokens)' if summary['task'] == 'text' else ''}. "
+        f"Commit `{env.get('commit', '?')[:10]}`, torch {env.get('torch', '?')}, {env.get('cpu', '?')}."
+        + timing)
+
+
+def _subsection(summary: dict[str, Any], results: dict, figures: list[str], context: ReportContext) -> str:
+    task = summary["task"]
+    record = summary["record"]
+    lines = [f"### {task} — {', '.join(summary['rows'])}", "", _settings_line(summary, results), "",
+             "Commands (run from the repository root; results are cached in `runs/`, so rerunning continues):", "",
+             "```bash"]
+    lines += record["commands"] + ["tapelm report", "```", "", summary["table"], ""]
+    if summary["missing"]:
+        lines += [f"Not finished (no cached result yet): {', '.join(summary['missing'])}.", ""]
+    for figure in figures:
+        lines += [f"![{figure}]({context.figures_link}/{figure})", ""]
+    lines += ["**Reading.**", ""] + [f"- {sentence}" for sentence in reading(summary)]
+    return "\n".join(lines)
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def _value(stats: dict[str, float], metric: str) -> str:
+    if metric == "perplexity":
+        return f"{stats['mean']:.3f}"
+    return _pct(stats["mean"])
+
+
+def reading(summary: dict[str, Any]) -> list[str]:
+    """Sentences computed from the numbers: who learned the task, TAPE against each baseline on the longer
+    lengths (a difference counts only when it exceeds the seed spread), and what this scale cannot show."""
+    rows, metric, task = summary["rows"], summary["metric"], summary["task"]
+    higher = metric != "perplexity"
+    out = []
+    seeds = sorted({s for row in rows.values() for s in row["seeds"]})
+    if higher:
+        unlearned = [pe for pe, row in rows.items() if row["in_distribution"]["mean"] < LEARNED_FLOOR]
+        learned = [pe for pe in rows if pe not in unlearned]
+        if unlearned:
+            out.append(f"Below {_pct(LEARNED_FLOOR)} in-distribution (the task is not learned at this budget, so "
+                       f"their length generalisation says little): {', '.join(unlearned)}.")
+        if learned:
+            out.append(f"Learned in distribution (≥ {_pct(LEARNED_FLOOR)}): " + ", ".join(
+                f"{pe} {_value(rows[pe]['in_distribution'], metric)}" for pe in learned) + ".")
+    else:
+        best = min(rows, key=lambda pe: rows[pe]["in_distribution"]["mean"])
+        out.append(f"Lowest in-distribution perplexity: {best} ({_value(rows[best]['in_distribution'], metric)}).")
+    ranked = sorted(rows, key=lambda pe: rows[pe]["longer"]["mean"], reverse=higher)
+    out.append("Longer than training, best first: " + ", ".join(
+        f"{pe} {_value(rows[pe]['longer'], metric)}" for pe in ranked) + ".")
+    if "tape" in rows:
+        tape = rows["tape"]["longer"]
+        better, worse, tied = [], [], []
+        for pe, row in rows.items():
+            if pe == "tape":
+                continue
+            other = row["longer"]
+            diff = tape["mean"] - other["mean"]
+            if metric == "perplexity":
+                diff = -math.log(tape["mean"] / other["mean"])
+            spread = math.hypot(tape["std"], other["std"])
+            n = min(tape["n"], other["n"])
+            if n < 2:
+                tied.append(f"{pe} (one seed only)")
+            elif abs(diff) <= 2 * spread:
+                tied.append(pe)
+            elif diff > 0:
+                better.append(pe)
+            else:
+                worse.append(pe)
+        if better:
+            out.append(f"TAPE is ahead on the longer lengths of {', '.join(better)} by more than twice the "
+                       "combined seed spread.")
+        if worse:
+            out.append(f"TAPE is behind {', '.join(worse)} on the longer lengths by more than twice the combined "
+                       "seed spread.")
+        if tied:
+            out.append(f"No difference beyond seed noise (within twice the combined std, or too few seeds) between "
+                       f"TAPE and: {', '.join(tied)}.")
+    if task == "addition":
+        shown = ", ".join(f"{pe} {v}" for pe, v in PAPER_ADDITION.items() if pe in rows)
+        if shown:
+            out.append(f"For scale: the paper's heatmap averages (train ≤ 40 digits, test ≤ 80, a much larger model "
+                       f"trained far longer) are {shown} (%). These runs are not a replication of that setting.")
+    out.append(
+        f"What this does not show: the models are tiny and briefly trained ({len(seeds)} seed(s), a few minutes of "
+        "CPU each), so differences in length generalisation here are weak evidence about the encodings at the "
+        "paper's scale; a null result here is not evidence that TAPE does not help there. The test sets are small "
+        "(see the settings line), so per-cell values in the figures are noisy.")
+    return out
+
+
+register_section("task-comparison", "Task comparisons (`tapelm compare`)", build)
+
+__all__ = ["build", "reading"]

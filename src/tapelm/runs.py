@@ -1,0 +1,413 @@
+"""Task runs: a model built from a task and a preset, trained by `tapelm.train.train` on the task's seeded batches,
+then evaluated over lengths. `tapelm train` is this module's command.
+
+A run directory holds, besides what `train` writes: run.json (the run's identity: task, options, encoding, seed,
+preset, model config, settings and their hash), eval.json / eval.png and result.json (written last: the run is done).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import PE_TYPES, TapeConfig, TapeForCausalLM
+from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
+from .tasks import TASKS, Task, get_task
+from .train import CheckpointError, TrainSettings, check_run_dir, train
+
+RUN_FILE = "run.json"
+RESULT_FILE = "result.json"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What identifies a run: task (+ options over the preset's), encoding, seed, preset and overrides."""
+
+    task: str
+    pe: str
+    seed: int = 0
+    preset: str = DEFAULT_PRESET
+    task_options: dict[str, Any] = field(default_factory=dict)
+    model_options: dict[str, Any] = field(default_factory=dict)
+    train_options: dict[str, Any] = field(default_factory=dict)
+    eval_n: int | None = None
+    eval_batch_size: int | None = None
+    match_params: bool = False
+
+
+@dataclass
+class ResolvedRun:
+    """A spec made concrete and validated: the task object, model config, training settings, identity and hash."""
+
+    spec: RunSpec
+    preset: Preset
+    task: Task
+    task_options: dict[str, Any]
+    config: TapeConfig
+    settings: TrainSettings
+    identity: dict[str, Any]
+    settings_hash: str
+    parameters: int
+
+    def build_model(self) -> TapeForCausalLM:
+        torch.manual_seed(self.spec.seed)
+        return TapeForCausalLM(self.config)
+
+    def load_model(self, run_dir: Path | None = None) -> TapeForCausalLM:
+        directory = Path(run_dir or self.run_dir) / "model"
+        if not (directory / "config.json").is_file():
+            raise ValueError(f"run '{directory.parent}' has no trained model yet (no {directory}/config.json); "
+                             "finish it with `tapelm train ... --resume`")
+        return TapeForCausalLM.from_pretrained(str(directory))
+
+    run_dir: Path | None = None
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=list))
+
+
+def _hash(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def model_config(task: Task, pe: str, preset: Preset, options: dict[str, Any]) -> TapeConfig:
+    """The model of a run: the preset's sizes, the task's vocabulary and position tables covering the longest
+    evaluation length (learned positions beyond the training lengths stay untrained: the honest baseline), RandPE
+    positions drawn from [0, longest evaluation length)."""
+    if pe not in PE_TYPES:
+        raise ValueError(f"unknown encoding '{pe}'; choose from: {', '.join(PE_TYPES)}")
+    longest = max(task.max_eval_length, task.train_length)
+    kwargs: dict[str, Any] = dict(vocab_size=task.tokenizer.vocab_size, pad_token_id=task.tokenizer.pad_id,
+                                  max_position_embeddings=longest, randpe_max_position=longest, pe_type=pe)
+    kwargs.update(preset.model.as_config_kwargs())
+    kwargs.update(options)
+    return TapeConfig(**kwargs)
+
+
+def count_parameters(config: TapeConfig) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in TapeForCausalLM(config).parameters())
+
+
+def matched_intermediate(config: TapeConfig, target: int) -> int:
+    """The smallest intermediate_size at which `config`'s model has at least `target` parameters."""
+    base = count_parameters(config)
+    per_unit = 3 * config.hidden_size * config.num_hidden_layers  # gate, up and down projections
+    extra = max(0, -(-(target - base) // per_unit))
+    return config.intermediate_size + extra
+
+
+def resolve(spec: RunSpec) -> ResolvedRun:
+    """Validate everything about a run before any work or any write; ValueError naming the problem."""
+    if spec.task not in TASKS:
+        raise ValueError(f"unknown task '{spec.task}'; choose one of: {', '.join(TASKS)}")
+    if spec.pe not in PE_TYPES:
+        raise ValueError(f"unknown encoding '{spec.pe}'; choose from: {', '.join(PE_TYPES)}")
+    if spec.preset not in PRESETS:
+        raise ValueError(f"unknown preset '{spec.preset}'; choose one of: {', '.join(PRESETS)}")
+    if not isinstance(spec.seed, int) or spec.seed < 0:
+        raise ValueError(f"seed={spec.seed!r} is not allowed; it must be a non-negative integer")
+    preset = get_preset(spec.preset, spec.task)
+    task_options = {**preset.task_options, **spec.task_options}
+    task = get_task(spec.task, **task_options)
+    settings = TrainSettings.from_dict({**preset.train.to_dict(), **spec.train_options, "seed": spec.seed})
+    for name in ("eval_n", "eval_batch_size"):
+        value = getattr(spec, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
+    if spec.eval_n is not None or spec.eval_batch_size is not None:
+        preset = replace(preset, eval_n=spec.eval_n or preset.eval_n,
+                         eval_batch_size=spec.eval_batch_size or preset.eval_batch_size)
+    model_options = dict(spec.model_options)
+    try:
+        config = model_config(task, spec.pe, preset, model_options)
+        if spec.match_params and spec.pe != "tape":
+            tape = model_config(task, "tape", preset, model_options)
+            model_options["intermediate_size"] = matched_intermediate(config, count_parameters(tape))
+            config = model_config(task, spec.pe, preset, model_options)
+    except TypeError as error:
+        raise ValueError(f"bad model option: {error}") from None
+    identity = _jsonable({
+        "task": spec.task, "task_options": task_options, "pe": spec.pe, "seed": spec.seed, "preset": spec.preset,
+        "model": {k: v for k, v in config.to_dict().items() if k not in ("transformers_version",)},
+        "train": settings.to_dict(), "eval": {"n": preset.eval_n, "batch_size": preset.eval_batch_size},
+        "match_params": spec.match_params,
+    })
+    shared = {k: v for k, v in identity.items() if k not in ("pe", "seed", "model")}
+    shared["train"] = {k: v for k, v in identity["train"].items() if k != "seed"}
+    shared["model_options"] = _jsonable(spec.model_options)
+    return ResolvedRun(spec=spec, preset=preset, task=task, task_options=task_options, config=config,
+                       settings=settings, identity=identity, settings_hash=_hash(shared),
+                       parameters=count_parameters(config))
+
+
+def _check_identity(run: ResolvedRun, run_dir: Path) -> None:
+    path = run_dir / RUN_FILE
+    if not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text())["identity"]
+    except (json.JSONDecodeError, KeyError):
+        raise CheckpointError(f"run directory '{run_dir}' has an unreadable {RUN_FILE}") from None
+    if saved != run.identity:
+        changed = sorted(k for k in set(saved) | set(run.identity) if saved.get(k) != run.identity.get(k))
+        raise CheckpointError(f"run directory '{run_dir}' belongs to another configuration (different "
+                              f"{', '.join(changed)}); choose another run directory")
+
+
+def batch_stream(task: Task, seed: int, batch_size: int):
+    """index -> one training micro-batch as model keyword arguments; a pure function of (seed, index)."""
+
+    def make(index: int) -> dict[str, torch.Tensor]:
+        batch = task.train_batch(np.random.default_rng([seed, index]), batch_size)
+        return {"input_ids": batch.input_ids, "labels": batch.labels, "attention_mask": batch.attention_mask}
+
+    return make
+
+
+def _environment() -> dict[str, Any]:
+    from .speed import environment
+
+    return environment()
+
+
+def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = False, progress: bool = True,
+             stop_after: int | None = None, command: str | None = None) -> dict[str, Any] | None:
+    """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
+    stopped early by `stop_after`. With resume, a finished run returns its cached result."""
+    run = spec if isinstance(spec, ResolvedRun) else resolve(spec)
+    run_dir = Path(run_dir)
+    _check_identity(run, run_dir)
+    if resume and (run_dir / RESULT_FILE).exists():
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    check_run_dir(run_dir, run.settings, resume)  # raises before anything is written
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / RUN_FILE).exists():
+            _write_json(run_dir / RUN_FILE, {"identity": run.identity, "settings_hash": run.settings_hash,
+                                             "parameters": run.parameters,
+                                             "command": command or shlex.join(
+                                                 ["tapelm", "train", "--task", run.spec.task, "--pe", run.spec.pe,
+                                                  "--seed", str(run.spec.seed), *option_flags(run.spec)])})
+    state.wait_for_everyone()
+    model = run.build_model()
+    stream = batch_stream(run.task, run.spec.seed, run.settings.batch_size)
+    evaluate_fn = None
+    if run.settings.eval_every:
+        evaluate_fn = _quick_evaluation(run)
+    started = time.time()
+    trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
+                    progress=progress, stop_after=stop_after)
+    if trained.start_step + len(trained.losses) < run.settings.steps:
+        return None
+    if not state.is_main_process:
+        return None
+    from .evaluate import evaluate_model, plot_evaluation
+
+    eval_started = time.time()
+    evaluation = evaluate_model(model if state.num_processes == 1 else run.load_model(run_dir), run.task,
+                                run.preset.eval_n, run.preset.eval_batch_size, progress=progress)
+    _write_json(run_dir / "eval.json", evaluation)
+    plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    losses = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
+    result = {
+        "identity": run.identity, "settings_hash": run.settings_hash, "parameters": run.parameters,
+        "task": run.spec.task, "pe": run.spec.pe, "seed": run.spec.seed, "preset": run.spec.preset,
+        "metric": evaluation["metric"], "summary": evaluation["summary"], "mean": evaluation["mean"],
+        "first_loss": losses[0][1] if losses else None, "final_loss": losses[-1][1] if losses else None,
+        "train_seconds_this_session": trained.seconds, "eval_seconds": time.time() - eval_started,
+        "session_seconds": time.time() - started, "world_size": trained.world_size,
+        "tokens_this_session": trained.tokens, "environment": _environment(),
+    }
+    _write_json(run_dir / RESULT_FILE, result)
+    return result
+
+
+def _quick_evaluation(run: ResolvedRun):
+    """In-training evaluation: the in-distribution conditions only, few examples (the full grid runs at the end)."""
+    from .evaluate import in_distribution
+
+    conditions = [c for c in run.task.eval_conditions() if in_distribution(run.task, c)]
+    n = max(1, min(run.preset.eval_n, 16))
+
+    def evaluate(model, step):
+        device = next(model.parameters()).device
+
+        def logits_fn(ids, mask):
+            return model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
+
+        values = [run.task.evaluate_condition(logits_fn, c, 4321, n, run.preset.eval_batch_size)[0]
+                  for c in conditions]
+        return {f"in_distribution_{run.task.metric_name}": float(np.mean(values))}
+
+    return evaluate
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=1))
+    temporary.replace(path)
+
+
+def load_run(run_dir: str | Path) -> ResolvedRun:
+    """The resolved run recorded in `run_dir/run.json`."""
+    run_dir = Path(run_dir)
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise ValueError(f"'{run_dir}' is not a tapelm run directory (no {RUN_FILE})")
+    try:
+        identity = json.loads(path.read_text())["identity"]
+    except (json.JSONDecodeError, KeyError):
+        raise ValueError(f"'{path}' is unreadable") from None
+    preset = get_preset(identity["preset"], identity["task"])
+    run = resolve(RunSpec(task=identity["task"], pe=identity["pe"], seed=identity["seed"],
+                          preset=identity["preset"], task_options=identity["task_options"],
+                          train_options=identity["train"], eval_n=identity["eval"]["n"],
+                          eval_batch_size=identity["eval"]["batch_size"]))
+    run.config = TapeConfig.from_dict(identity["model"])
+    run.preset = replace(preset, eval_n=identity["eval"]["n"], eval_batch_size=identity["eval"]["batch_size"])
+    run.run_dir = run_dir
+    return run
+
+
+def print_evaluation(evaluation: dict[str, Any]) -> None:
+    summary = evaluation["summary"]
+    print(f"{evaluation['task']}: {evaluation['metric']} in-distribution {summary['in_distribution']:.4f}, "
+          f"longer {summary['longer']:.4f}, all {summary['all']:.4f}")
+    print("by length (" + evaluation["x_label"] + "): "
+          + ", ".join(f"{k}: {v:.3f}" for k, v in summary["by_length"].items()))
+
+
+# ------------------------------------------------------------------------------------------------- command line
+
+
+def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
+    """KEY=VALUE pairs; VALUE is read as JSON when it parses (numbers, true/false, lists), a comma list of numbers
+    as a list, else as a string."""
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} {pair!r} is not allowed; write KEY=VALUE")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            parts = text.split(",")
+            try:
+                value = [json.loads(p) for p in parts] if len(parts) > 1 else text
+            except json.JSONDecodeError:
+                value = text
+        options[key.replace("-", "_")] = value
+    return options
+
+
+TRAIN_FLAGS = {  # command-line flag -> TrainSettings field
+    "steps": int, "lr": float, "warmup": int, "schedule": str, "batch_size": int, "grad_accum": int,
+    "clip": float, "mixed_precision": str, "eval_every": int, "checkpoint_every": int, "keep_last": int,
+    "log_every": int, "weight_decay": float,
+}
+
+
+def add_run_arguments(parser) -> None:
+    """The options shared by `tapelm train` and `tapelm compare`."""
+    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} "
+                                                                 "(default: %(default)s)")
+    parser.add_argument("--task-option", action="append", metavar="KEY=VALUE",
+                        help="a task option over the preset's, e.g. max_train_digits=10 (repeatable)")
+    parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
+                        help="a TapeConfig field over the preset's, e.g. num_hidden_layers=6 (repeatable)")
+    for name, kind in TRAIN_FLAGS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                            help=f"training setting {name} (default: the preset's)")
+    parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
+    parser.add_argument("--eval-n", type=int, help="examples per evaluation condition (default: the preset's)")
+    parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size (default: the preset's)")
+    parser.add_argument("--match-params", action="store_true",
+                        help="widen a baseline's MLP to TAPE's parameter count")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 is much faster on a "
+                                                    "busy machine for the cpu-small models)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def apply_threads(args) -> None:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
+        torch.set_num_threads(args.threads)
+
+
+def train_options(args) -> dict[str, Any]:
+    options = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name) is not None}
+    if args.grad_checkpointing:
+        options["grad_checkpointing"] = True
+    return options
+
+
+def spec_from_args(args, pe: str, seed: int) -> RunSpec:
+    return RunSpec(task=args.task, pe=pe, seed=seed, preset=args.preset,
+                   task_options=parse_options(args.task_option, "--task-option"),
+                   model_options=parse_options(args.model_option, "--model-option"),
+                   train_options=train_options(args), eval_n=args.eval_n, eval_batch_size=args.eval_batch_size,
+                   match_params=args.match_params)
+
+
+def option_flags(spec: RunSpec) -> list[str]:
+    """The command-line flags that reproduce `spec`'s preset, options and overrides (not task, encoding, seed)."""
+    flags = [] if spec.preset == DEFAULT_PRESET else ["--preset", spec.preset]
+    for flag, options in (("--task-option", spec.task_options), ("--model-option", spec.model_options)):
+        for key, value in options.items():
+            text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else (
+                json.dumps(value) if isinstance(value, bool) or value is None else str(value))
+            flags += [flag, f"{key}={text}"]
+    for key, value in spec.train_options.items():
+        if key == "grad_checkpointing":
+            flags += ["--grad-checkpointing"] if value else []
+        elif key != "seed":
+            flags += [f"--{key.replace('_', '-')}", str(value)]
+    for key in ("eval_n", "eval_batch_size"):
+        if getattr(spec, key) is not None:
+            flags += [f"--{key.replace('_', '-')}", str(getattr(spec, key))]
+    return flags + (["--match-params"] if spec.match_params else [])
+
+
+def add_commands(commands) -> None:
+    """Register `tapelm train` on the `tapelm` sub-command parser."""
+    parser = commands.add_parser("train", help="train one model on a task, then evaluate it over lengths")
+    parser.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
+    parser.add_argument("--pe", required=True, help=f"positional encoding, one of: {', '.join(PE_TYPES)}")
+    parser.add_argument("--seed", type=int, default=0, help="training seed (default: %(default)s)")
+    parser.add_argument("--out", help="run directory (default: runs/train/TASK-PE-seedSEED)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    add_run_arguments(parser)
+    parser.set_defaults(handler=_train_command)
+
+
+def _train_command(args) -> None:
+    spec = spec_from_args(args, args.pe, args.seed)
+    run = resolve(spec)
+    apply_threads(args)
+    out = Path(args.out or f"runs/train/{spec.task}-{spec.pe}-seed{spec.seed}")
+    result = run_task(run, out, resume=args.resume, progress=not args.no_progress)
+    if result is not None:
+        summary = result["summary"]
+        print(f"{spec.task} / {spec.pe} / seed {spec.seed}: loss {result['first_loss']:.3f} -> "
+              f"{result['final_loss']:.3f}; {result['metric']} in-distribution {summary['in_distribution']:.4f}, "
+              f"longer {summary['longer']:.4f}, all {summary['all']:.4f}")
+        print(f"wrote {out}/result.json, {out}/eval.json and {out}/eval.png")
+
+
+__all__ = ["RunSpec", "ResolvedRun", "resolve", "run_task", "load_run", "batch_stream", "model_config",
+           "matched_intermediate", "count_parameters", "parse_options"]

@@ -1,0 +1,492 @@
+"""A generic training loop on accelerate: AdamW, warm-up then cosine or constant, clipping, accumulation, mixed
+precision, gradient checkpointing, periodic evaluation, JSONL metrics, atomic checkpoints and exact resume.
+
+It knows nothing about tasks. Give it a model whose forward returns an object with `.loss`, a batch stream and
+settings:
+
+    from tapelm.train import TrainSettings, train
+    settings = TrainSettings(steps=500, lr=1e-3, warmup=50, schedule="cosine", checkpoint_every=100)
+    result = train(model, batch_stream, settings, "runs/my-run", evaluate_fn=None, resume=False)
+
+`batch_stream(index) -> dict` returns the keyword arguments of one micro-batch for `model(**batch)` (e.g.
+input_ids, labels, attention_mask). It must be a pure function of `index`: the loop asks process `rank` of
+`world_size` for index `micro * world_size + rank`, where `micro` counts this process's micro-batches from 0 over the
+whole run, so every process draws different batches and a resumed run draws exactly the batches an uninterrupted one
+would. The data position saved in a checkpoint is `micro`.
+
+Same command on one CPU, or under `accelerate launch` / `torchrun` (DDP; FSDP / DeepSpeed via an accelerate config).
+Run directory layout (written by the main process only):
+
+    settings.json          TrainSettings of the run (a resume with other settings is refused)
+    metrics.jsonl          one JSON object per logged step / evaluation (truncated to the checkpoint on resume)
+    checkpoints/step-N/    accelerate state (model.safetensors, optimizer, scheduler, RNG per rank) + manifest.json
+    model/                 the final model (`save_pretrained` when the model has it, else model.safetensors)
+    tensorboard/           when the `tensorboard` package is installed
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+SCHEDULES = ("constant", "cosine")
+MIXED_PRECISION = ("no", "bf16", "fp16")
+CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
+MANIFEST = "manifest.json"
+
+BatchStream = Callable[[int], Mapping[str, torch.Tensor]]
+EvaluateFn = Callable[[torch.nn.Module, int], Mapping[str, Any]]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or run directory that cannot be used (corrupt, incomplete, or another configuration's)."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything the loop needs besides the model and the data. Steps count optimizer updates.
+
+    lr: peak learning rate of AdamW; warmup: linear warm-up steps from 0; schedule: "cosine" (decays to
+    min_lr_ratio * lr at the last step) or "constant"; batch_size: micro-batch size per process (informational for
+    the loop, used by stream builders); grad_accum: micro-batches per update; clip: max global gradient norm (0 = no
+    clipping); mixed_precision: "no" | "bf16" | "fp16"; grad_checkpointing: recompute activations in backward;
+    eval_every / checkpoint_every: in steps (0 = only at the end / never during the run); keep_last: checkpoints
+    kept; log_every: steps between metric lines; seed: seeds torch, numpy and random before the model's forward passes.
+    """
+
+    steps: int = 1000
+    lr: float = 1e-3
+    warmup: int = 100
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    batch_size: int = 32
+    grad_accum: int = 1
+    clip: float = 1.0
+    mixed_precision: str = "no"
+    grad_checkpointing: bool = False
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    keep_last: int = 2
+    log_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(self.betas))
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "keep_last"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("warmup", "eval_every", "checkpoint_every", "seed"):
+            _check_int(name, getattr(self, name), 0)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} is not allowed; choose one of: {', '.join(SCHEDULES)}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision={self.mixed_precision!r} is not allowed; "
+                             f"choose one of: {', '.join(MIXED_PRECISION)}")
+        for name, low, high in (("lr", 0.0, 10.0), ("min_lr_ratio", 0.0, 1.0), ("weight_decay", 0.0, 10.0),
+                                ("clip", 0.0, 1e9)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(f"{name}={value!r} is not allowed; it must be a number in [{low}, {high}]")
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr!r} is not allowed; it must be positive")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas={self.betas!r} is not allowed; it must be two numbers in [0, 1)")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["betas"] = list(self.betas)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown training setting '{unknown[0]}'; choose from: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}={value!r} is not allowed; it must be an integer >= {low}")
+
+
+@dataclass
+class TrainResult:
+    """What a finished `train` call returns. `losses` are this run's per-step mean training losses (all processes
+    averaged), indexed from the first step trained by this call (`start_step` + 1)."""
+
+    run_dir: Path
+    steps: int
+    start_step: int
+    losses: list[float] = field(default_factory=list)
+    final_loss: float = float("nan")
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    world_size: int = 1
+    tokens: int = 0
+
+
+def learning_rate_lambda(settings: TrainSettings) -> Callable[[int], float]:
+    """The multiplier of the peak learning rate after `step` updates: linear warm-up, then constant or cosine."""
+
+    def factor(step: int) -> float:
+        if step < settings.warmup:
+            return (step + 1) / (settings.warmup + 1)
+        if settings.schedule == "constant":
+            return 1.0
+        span = max(1, settings.steps - settings.warmup)
+        progress = min(1.0, (step - settings.warmup) / span)
+        return settings.min_lr_ratio + (1 - settings.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+# ---------------------------------------------------------------------------------------------------- checkpoints
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path, step: int, extra: Mapping[str, Any]) -> None:
+    """Record every file of a checkpoint with its size and hash; written last, so its presence means complete."""
+    files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    payload = {"step": step, "files": files, **extra}
+    temporary = directory / (MANIFEST + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=1))
+    os.replace(temporary, directory / MANIFEST)
+
+
+def verify_checkpoint(directory: Path) -> dict[str, Any]:
+    """The manifest of a complete, intact checkpoint; CheckpointError naming the problem otherwise."""
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"checkpoint '{directory}' is incomplete: it has no {MANIFEST}")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+        int(manifest["step"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise CheckpointError(f"checkpoint '{directory}' is corrupt: {MANIFEST} is unreadable") from None
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint '{directory}' is incomplete: {name} is missing")
+        if path.stat().st_size != expected["bytes"] or _sha256(path) != expected["sha256"]:
+            raise CheckpointError(f"checkpoint '{directory}' is corrupt: {name} does not match its recorded "
+                                  f"size and hash")
+    return manifest
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of finished checkpoint folders, oldest first. Temporary folders of an interrupted write
+    (`.step-N.tmp*`) never match."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := CHECKPOINT_PATTERN.match(p.name))]
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """The newest finished checkpoint, verified; CheckpointError if it is corrupt or incomplete."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None
+    step, path = found[-1]
+    verify_checkpoint(path)
+    return step, path
+
+
+def _save_checkpoint(accelerator, run_dir: Path, step: int, micro: int, keep_last: int) -> Path:
+    """accelerate's save_state into a temporary folder, a manifest, then one atomic rename."""
+    root = run_dir / CHECKPOINT_DIR
+    final = root / f"step-{step:08d}"
+    temporary = root / f".step-{step:08d}.tmp"
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        if temporary.exists():
+            shutil.rmtree(temporary)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(temporary), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        write_manifest(temporary, step, {"data_position": micro, "world_size": accelerator.num_processes})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(temporary, final)
+        for _, old in list_checkpoints(run_dir)[:-keep_last]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+
+
+def _atomic_json(path: Path, payload: Any) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=2))
+    os.replace(temporary, path)
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines logged after `step` (an interrupted run logged past its last checkpoint)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the kill
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    _atomic_text(path, "".join(line + "\n" for line in kept))
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def _tensorboard(run_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(run_dir / "tensorboard"))
+
+
+def check_run_dir(run_dir: Path, settings: TrainSettings, resume: bool) -> tuple[int, Path] | None:
+    """Validate `run_dir` for a new run or a resume before anything is written; the checkpoint to resume from.
+
+    Raises CheckpointError when the folder holds a run with other settings, a run without `resume`, or a corrupt
+    newest checkpoint."""
+    run_dir = Path(run_dir)
+    saved = run_dir / "settings.json"
+    if saved.exists():
+        try:
+            previous = json.loads(saved.read_text())
+        except json.JSONDecodeError:
+            raise CheckpointError(f"run directory '{run_dir}' has an unreadable settings.json") from None
+        if previous != settings.to_dict():
+            changed = sorted(k for k in set(previous) | set(settings.to_dict())
+                             if previous.get(k) != settings.to_dict().get(k))
+            raise CheckpointError(f"run directory '{run_dir}' belongs to another configuration (different "
+                                  f"{', '.join(changed)}); choose another run directory")
+        if not resume:
+            raise CheckpointError(f"run directory '{run_dir}' already holds a run; pass --resume to continue it "
+                                  "or choose another run directory")
+    elif list_checkpoints(run_dir):
+        raise CheckpointError(f"run directory '{run_dir}' holds checkpoints but no settings.json; it is not a "
+                              "tapelm run to resume")
+    return latest_checkpoint(run_dir) if resume else None
+
+
+def _model_save(accelerator, model, directory: Path) -> None:
+    unwrapped = accelerator.unwrap_model(model)
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        temporary = directory.with_name("." + directory.name + ".tmp")
+        if temporary.exists():
+            shutil.rmtree(temporary)
+        if hasattr(unwrapped, "save_pretrained"):
+            from transformers.utils import logging as hf_logging
+
+            shown = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # one shard: its bar is noise in the run's output
+            try:
+                unwrapped.save_pretrained(str(temporary), state_dict=state, safe_serialization=True)
+            finally:
+                if shown:
+                    hf_logging.enable_progress_bar()
+        else:
+            from safetensors.torch import save_file
+
+            temporary.mkdir(parents=True)
+            save_file({k: v.contiguous() for k, v in state.items()}, str(temporary / "model.safetensors"))
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(temporary, directory)
+    accelerator.wait_for_everyone()
+
+
+def train(
+    model: torch.nn.Module,
+    batch_stream: BatchStream,
+    settings: TrainSettings,
+    run_dir: str | os.PathLike,
+    evaluate_fn: EvaluateFn | None = None,
+    resume: bool = False,
+    parameters: list[torch.nn.Parameter] | None = None,
+    progress: bool = True,
+    accelerator=None,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train `model` for `settings.steps` optimizer updates and save it to `run_dir/model`.
+
+    batch_stream: index -> keyword arguments of `model` for one micro-batch (see the module docstring).
+    evaluate_fn(model, step) -> JSON-able dict: called on every process with the unwrapped model in eval mode every
+    `eval_every` steps and after the last step; the main process's result is logged.
+    resume: continue from the newest checkpoint in `run_dir` (a fresh start when there is none).
+    parameters: the parameters to optimise (default: every parameter with requires_grad).
+    accelerator: an `accelerate.Accelerator` to use (default: a new one from the settings and the launch environment).
+    stop_after: stop (as if killed) after this many steps, leaving the checkpoints; for tests and time budgets.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    run_dir = Path(run_dir)
+    checkpoint = check_run_dir(run_dir, settings, resume)
+    if accelerator is None:
+        accelerator = Accelerator(mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False)
+    set_seed(settings.seed)
+    if settings.grad_checkpointing:
+        if not hasattr(model, "gradient_checkpointing_enable"):
+            raise ValueError("grad_checkpointing=True needs a model with gradient_checkpointing_enable()")
+        model.gradient_checkpointing_enable()
+    params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
+    if not params:
+        raise ValueError("there is no trainable parameter")
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=settings.betas)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_lambda(settings))
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+
+    start_step, micro = 0, 0
+    if checkpoint is not None:
+        start_step, path = checkpoint
+        manifest = verify_checkpoint(path)
+        if manifest.get("world_size", 1) != accelerator.num_processes:
+            raise CheckpointError(f"checkpoint '{path}' was written by {manifest.get('world_size')} processes; "
+                                  f"resume it with the same number (now {accelerator.num_processes})")
+        accelerator.load_state(str(path))
+        micro = int(manifest["data_position"])
+    metrics_path = run_dir / "metrics.jsonl"
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_json(run_dir / "settings.json", settings.to_dict())
+        if resume:
+            _truncate_metrics(metrics_path, start_step)
+        elif metrics_path.exists():
+            metrics_path.unlink()
+    accelerator.wait_for_everyone()
+    writer = _tensorboard(run_dir) if accelerator.is_main_process else None
+
+    result = TrainResult(run_dir=run_dir, steps=settings.steps, start_step=start_step,
+                         world_size=accelerator.num_processes)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    bar = tqdm(total=settings.steps, initial=start_step, desc=f"train {run_dir.name}", unit="step",
+               disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
+    started = time.perf_counter()
+    window_tokens, window_start = 0, time.perf_counter()
+    last_step = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    model.train()
+    step = start_step
+    try:
+        for step in range(start_step + 1, last_step + 1):
+            step_loss = torch.zeros((), device=accelerator.device)
+            step_tokens = 0
+            for accum in range(settings.grad_accum):
+                batch = {k: v.to(accelerator.device) for k, v in batch_stream(micro * world + rank).items()}
+                micro += 1
+                sync = accum == settings.grad_accum - 1
+                context = contextlib.nullcontext() if sync else accelerator.no_sync(model)
+                with context:
+                    loss = model(**batch).loss
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"training loss is {loss.item()} at step {step}; "
+                                                 "lower the learning rate or enable clipping")
+                    accelerator.backward(loss / settings.grad_accum)
+                step_loss += loss.detach() / settings.grad_accum
+                mask = batch.get("attention_mask")
+                step_tokens += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+            grad_norm = None
+            if settings.clip > 0:
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), settings.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            mean_loss = accelerator.reduce(step_loss, reduction="mean").item()
+            result.losses.append(mean_loss)
+            tokens = step_tokens * world
+            result.tokens += tokens
+            window_tokens += tokens
+            if step % settings.log_every == 0 or step == last_step:
+                now = time.perf_counter()
+                rate = window_tokens / max(now - window_start, 1e-9)
+                window_tokens, window_start = 0, now
+                record = {"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0],
+                          "grad_norm": None if grad_norm is None else float(grad_norm),
+                          "tokens_per_s": rate, "elapsed_s": now - started}
+                if accelerator.is_main_process:
+                    with metrics_path.open("a") as handle:
+                        handle.write(json.dumps(record) + "\n")
+                    if writer is not None:
+                        for key in ("loss", "lr", "tokens_per_s"):
+                            writer.add_scalar(f"train/{key}", record[key], step)
+                bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
+            bar.update(1)
+            if evaluate_fn is not None and ((settings.eval_every and step % settings.eval_every == 0)
+                                            or step == settings.steps):
+                _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, result)
+            if settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.steps:
+                _save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+    result.seconds = time.perf_counter() - started
+    result.final_loss = result.losses[-1] if result.losses else float("nan")
+    if step >= settings.steps:
+        _save_checkpoint(accelerator, run_dir, settings.steps, micro, settings.keep_last)
+        _model_save(accelerator, model, run_dir / "model")
+    return result
+
+
+def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, result) -> None:
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.eval()
+    with torch.no_grad():
+        values = dict(evaluate_fn(unwrapped, step))
+    unwrapped.train()
+    if accelerator.is_main_process:
+        record = {"step": step, "eval": values}
+        with metrics_path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if writer is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    writer.add_scalar(f"eval/{key}", value, step)
+    result.evaluations.append({"step": step, **values})
+    accelerator.wait_for_everyone()
+
+
+__all__ = ["TrainSettings", "TrainResult", "train", "CheckpointError", "latest_checkpoint", "list_checkpoints",
+           "verify_checkpoint", "check_run_dir", "learning_rate_lambda", "SCHEDULES", "MIXED_PRECISION"]

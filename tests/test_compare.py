@@ -1,0 +1,102 @@
+"""`tapelm compare` caching and aggregation, and `tapelm report` built from the cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tapelm.cli import main
+from tapelm.compare import aggregate, compare, format_table
+from tapelm.report import build_report, splice
+from tapelm.runs import RunSpec
+
+TINY = ["--steps", "6", "--batch-size", "8", "--warmup", "1", "--eval-n", "2", "--no-progress",
+        "--task-option", "max_train_digits=2", "--task-option", "eval_max_digits=3",
+        "--model-option", "hidden_size=32", "--model-option", "intermediate_size=48",
+        "--model-option", "num_hidden_layers=1", "--model-option", "num_attention_heads=4"]
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(root), *TINY]) == 0
+    return root
+
+
+def comparison(root: Path) -> Path:
+    (directory,) = list((root / "compare" / "addition").iterdir())
+    return directory
+
+
+def test_compare_caches_each_encoding_and_seed(compared, capsys) -> None:
+    directory = comparison(compared)
+    results = sorted(p.relative_to(directory).as_posix() for p in directory.glob("*/seed*/result.json"))
+    assert results == ["rope/seed0/result.json", "rope/seed1/result.json", "tape/seed0/result.json",
+                       "tape/seed1/result.json"]
+    stamps = {p: p.stat().st_mtime_ns for p in directory.glob("*/seed*/result.json")}
+    capsys.readouterr()
+    # Rerunning, and adding an encoding, trains only what is missing.
+    assert main(["compare", "addition", "--pe", "tape", "rope", "nope", "--seeds", "0", "--root", str(compared),
+                 *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("cached") == 2 and "nope / seed 0: running" in printed
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    record = json.loads((directory / "comparison.json").read_text())
+    assert record["pes"] == ["tape", "rope", "nope"] and record["seeds"] == [0, 1] and len(record["commands"]) == 2
+    assert (directory / "addition-heatmaps.png").is_file() and (directory / "addition-by-length.png").is_file()
+    assert "| tape |" in printed and "figure:" in printed
+
+
+def test_mean_and_std_across_seeds(compared) -> None:
+    summary = aggregate(comparison(compared), write=False)
+    tape = summary["rows"]["tape"]
+    values = []
+    for seed in (0, 1):
+        result = json.loads((comparison(compared) / "tape" / f"seed{seed}" / "result.json").read_text())
+        values.append(result["summary"]["all"])
+    assert tape["all"]["mean"] == pytest.approx(sum(values) / 2)
+    assert tape["all"]["std"] == pytest.approx(abs(values[0] - values[1]) / 2**0.5)
+    assert tape["seeds"] == [0, 1] and summary["rows"]["nope"]["seeds"] == [0]
+    assert summary["missing"] == ["nope/seed1"]
+
+
+def test_format_table_on_hand_made_numbers() -> None:
+    stat = lambda mean, std, n=2: {"mean": mean, "std": std, "n": n}  # noqa: E731
+    row = {"seeds": [0, 1], "parameters": 1_234_000, "all": stat(0.5, 0.1), "in_distribution": stat(0.9, 0.05),
+           "longer": stat(0.25, 0.0), "by_length": {"1": stat(1.0, 0.0)}, "final_loss": stat(0.1234, 0.0)}
+    table = format_table({"task": "addition", "metric": "exact_match", "rows": {"tape": row}})
+    assert "| tape | 1.234M | 0,1 | 90.0 ± 5.0 | 25.0 ± 0.0 | 50.0 ± 10.0 | 0.123 |" in table
+
+
+def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_path) -> None:
+    out = tmp_path / "docs" / "RESULTS.md"
+    out.parent.mkdir()
+    out.write_text("# Results\n\nIntro by a person.\n\n## Fine-tuning\n\nWritten by another tool.\n")
+    assert build_report(compared, out) == ["task-comparison"]
+    text = out.read_text()
+    assert "Intro by a person." in text and "Written by another tool." in text
+    assert "<!-- tapelm-report:begin task-comparison -->" in text
+    assert "tapelm compare addition --pe tape rope --seeds 0 1" in text and "| tape |" in text
+    figures = sorted(p.name for p in (tmp_path / "docs" / "figures").iterdir())
+    assert any(name.endswith("addition-heatmaps.png") for name in figures)
+    assert all(f"figures/{name}" in text for name in figures if name.endswith(".png"))
+    first = text
+    assert build_report(compared, out) == ["task-comparison"]  # idempotent: the section is replaced, not added
+    assert out.read_text() == first
+
+
+def test_splice_replaces_only_its_block() -> None:
+    doc = "top\n<!-- tapelm-report:begin a -->\nold\n<!-- tapelm-report:end a -->\nbottom\n"
+    assert splice(doc, "a", "new") == "top\n<!-- tapelm-report:begin a -->\nnew\n<!-- tapelm-report:end a -->\nbottom\n"
+    assert splice("top\n", "b", "x").endswith("<!-- tapelm-report:begin b -->\nx\n<!-- tapelm-report:end b -->\n")
+
+
+def test_compare_rejects_bad_input_before_running(tmp_path) -> None:
+    base = RunSpec(task="addition", pe="tape")
+    with pytest.raises(ValueError, match="unknown encoding 'rotary'"):
+        compare(base, ["tape", "rotary"], [0], root=tmp_path)
+    with pytest.raises(ValueError, match="seeds=\\[-1\\] is not allowed"):
+        compare(base, ["tape"], [-1], root=tmp_path)
+    assert list(tmp_path.iterdir()) == []

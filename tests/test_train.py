@@ -1,0 +1,249 @@
+"""The training loop: schedules, a smoke run whose loss falls, exact resume, atomic checkpoints, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tapelm.cli import build_parser, main
+from tapelm.runs import RunSpec, batch_stream, resolve, run_task, spec_from_args
+from tapelm.train import (
+    CheckpointError,
+    TrainSettings,
+    latest_checkpoint,
+    learning_rate_lambda,
+    list_checkpoints,
+    train,
+    verify_checkpoint,
+)
+
+TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2}
+TINY_TASK = {"max_train_digits": 3, "eval_max_digits": 4}
+
+
+def tiny_spec(pe: str = "tape", seed: int = 0, **train_options) -> RunSpec:
+    options = {"steps": 8, "batch_size": 8, "warmup": 2, "log_every": 1, "lr": 3e-3, **train_options}
+    return RunSpec(task="addition", pe=pe, seed=seed, task_options=TINY_TASK, model_options=TINY_MODEL,
+                   train_options=options, eval_n=4, eval_batch_size=64)
+
+
+def tiny_cli(out: Path, *extra: str) -> list[str]:
+    return ["train", "--task", "addition", "--pe", "rope", "--out", str(out), "--steps", "4", "--batch-size", "4",
+            "--warmup", "1", "--eval-n", "2", "--log-every", "1", "--no-progress",
+            *(f"--task-option={k}={v}" for k, v in TINY_TASK.items()),
+            *(f"--model-option={k}={v}" for k, v in TINY_MODEL.items()), *extra]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_settings_reject_bad_values_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="schedule='linear'.*constant, cosine"):
+        TrainSettings(schedule="linear")
+    with pytest.raises(ValueError, match="mixed_precision='fp8'"):
+        TrainSettings(mixed_precision="fp8")
+    with pytest.raises(ValueError, match="steps=0"):
+        TrainSettings(steps=0)
+    with pytest.raises(ValueError, match="unknown training setting 'epochs'"):
+        TrainSettings.from_dict({"epochs": 3})
+
+
+def test_warmup_then_cosine_or_constant() -> None:
+    cosine = learning_rate_lambda(TrainSettings(steps=100, warmup=10, schedule="cosine", min_lr_ratio=0.1))
+    constant = learning_rate_lambda(TrainSettings(steps=100, warmup=10, schedule="constant"))
+    warm = [cosine(s) for s in range(10)]
+    assert warm == sorted(warm) and warm[0] < 0.2 and warm[-1] < 1
+    assert cosine(10) == pytest.approx(1.0)
+    assert cosine(55) == pytest.approx(0.55)
+    assert cosine(100) == pytest.approx(0.1)
+    decay = [cosine(s) for s in range(10, 101)]
+    assert decay == sorted(decay, reverse=True)
+    assert all(constant(s) == 1.0 for s in range(10, 100))
+
+
+def test_smoke_training_loss_falls(tmp_path) -> None:
+    run = resolve(tiny_spec(steps=60, batch_size=16))
+    result = run_task(run, tmp_path / "run", progress=False)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if "loss" in line]
+    assert len(losses) == 60
+    assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:5]) / 5
+    assert result["final_loss"] == losses[-1]
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+    evaluation = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert len(evaluation["conditions"]) == 16 and (tmp_path / "run" / "eval.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("pe", ["randpe", "tape"])
+def test_resume_reproduces_the_uninterrupted_losses(tmp_path, pe) -> None:
+    """RandPE draws its positions from torch's RNG while training: equality needs the RNG state restored too."""
+    settings = dict(steps=9, checkpoint_every=3, keep_last=2, grad_accum=2)
+    run = resolve(tiny_spec(pe, **settings))
+
+    def fresh(directory, resume=False, stop_after=None):
+        return train(run.build_model(), batch_stream(run.task, 0, run.settings.batch_size), run.settings,
+                     directory, resume=resume, progress=False, stop_after=stop_after)
+
+    whole = fresh(tmp_path / "whole")
+    first = fresh(tmp_path / "cut", stop_after=5)  # "killed" after step 5: the last checkpoint is step 3
+    assert first.losses == whole.losses[:5]
+    assert [step for step, _ in list_checkpoints(tmp_path / "cut")] == [3]
+    resumed = fresh(tmp_path / "cut", resume=True)
+    assert resumed.start_step == 3
+    assert resumed.losses == whole.losses[3:]
+    for name in ("model.safetensors",):
+        assert (tmp_path / "cut" / "model" / name).read_bytes() == (tmp_path / "whole" / "model" / name).read_bytes()
+    logged = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, 10))  # lines logged after the checkpoint were dropped, none repeated
+    assert [step for step, _ in list_checkpoints(tmp_path / "cut")] == [6, 9]  # keep_last=2
+
+
+def test_each_checkpoint_is_complete_and_a_partial_one_is_never_picked(tmp_path) -> None:
+    run = resolve(tiny_spec(steps=4, checkpoint_every=2, keep_last=3))
+    train(run.build_model(), batch_stream(run.task, 0, 8), run.settings, tmp_path, progress=False)
+    step, path = latest_checkpoint(tmp_path)
+    assert step == 4
+    manifest = verify_checkpoint(path)
+    assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"} <= set(manifest["files"])
+    assert manifest["data_position"] == 4
+    # A write interrupted before its rename leaves a temporary folder: never a candidate.
+    partial = tmp_path / "checkpoints" / ".step-00000006.tmp"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    assert latest_checkpoint(tmp_path)[0] == 4
+    # A finished-looking folder without its manifest, or with a damaged file, is refused by name.
+    (partial).rename(tmp_path / "checkpoints" / "step-00000006")
+    with pytest.raises(CheckpointError, match="step-00000006' is incomplete: it has no manifest.json"):
+        latest_checkpoint(tmp_path)
+    (tmp_path / "checkpoints" / "step-00000006" / "model.safetensors").unlink()
+    (tmp_path / "checkpoints" / "step-00000006").rmdir()
+    data = bytearray((path / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (path / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="step-00000004' is corrupt: model.safetensors"):
+        latest_checkpoint(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_moment_leaves_a_resumable_run(tmp_path) -> None:
+    """SIGKILL a training process that checkpoints every step; the newest checkpoint verifies and the run resumes."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "tapelm.cli", *tiny_cli(out, "--checkpoint-every", "1", "--keep-last", "2")]
+    command[command.index("--steps") + 1] = "400"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list_checkpoints(out)) < 2:
+        time.sleep(0.2)
+    time.sleep(0.37)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    step, _ = latest_checkpoint(out)  # raises if the kill left a damaged newest checkpoint
+    assert 0 < step < 400
+    args = build_parser().parse_args(command[3:])
+    run = resolve(spec_from_args(args, args.pe, args.seed))
+    assert run_task(run, out, resume=True, progress=False, stop_after=step + 2) is None
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, step + 3))
+
+
+def test_run_dir_of_another_configuration_is_refused_untouched(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(tiny_cli(out)) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert main(tiny_cli(out, "--lr", "0.01", "--resume")) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "belongs to another configuration (different train)" in error
+    assert main(tiny_cli(out)) == 2  # same configuration without --resume
+    assert "already holds a run; pass --resume" in capsys.readouterr().err
+    assert snapshot(out) == before
+    assert main(tiny_cli(out, "--resume")) == 0  # a finished run: --resume returns its cached result
+    assert snapshot(out) == before
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(tiny_cli(out, "--checkpoint-every", "2")) == 0
+    (out / "result.json").unlink()  # pretend the run was interrupted after its last checkpoint
+    checkpoint = list_checkpoints(out)[-1][1]
+    (checkpoint / "optimizer.bin").write_bytes(b"garbage")
+    before = snapshot(out)
+    capsys.readouterr()
+    assert main(tiny_cli(out, "--resume", "--checkpoint-every", "2")) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "is corrupt: optimizer.bin" in error
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--task", "sorting", "--pe", "tape"], "unknown task 'sorting'; choose one of: addition"),
+    (["train", "--task", "addition", "--pe", "sine"], "unknown encoding 'sine'; choose from: tape, rope"),
+    (["train", "--task", "addition", "--pe", "tape", "--task-option", "max_train_digits=0"],
+     "max_train_digits=0 is not allowed; it must be an integer in [1, 100]"),
+    (["train", "--task", "passkey", "--pe", "tape", "--task-option", "train_length=100"],
+     "train_length=100 is not allowed"),
+    (["train", "--task", "text", "--pe", "tape", "--task-option", "corpus=/no/such/corpus"],
+     "corpus path '/no/such/corpus' does not exist"),
+    (["train", "--task", "addition", "--pe", "tape", "--preset", "huge"], "unknown preset 'huge'; choose one of"),
+    (["train", "--task", "addition", "--pe", "tape", "--schedule", "linear"], "schedule='linear' is not allowed"),
+    (["train", "--task", "addition", "--pe", "tape", "--model-option", "hidden_size=30"],
+     "hidden_size=30 must be divisible by num_attention_heads=4"),
+    (["compare", "addition", "--pe", "tape", "sine"], "unknown encoding 'sine'"),
+    (["eval", "/no/such/run"], "'/no/such/run' is not a tapelm run directory"),
+    (["report", "--root", "/no/such/root"], "results folder '/no/such/root' does not exist"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--no-progress"] if argv[0] in ("train", "compare") else argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and message in error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_command_writes_json_and_png(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(tiny_cli(out)) == 0
+    (out / "eval.json").unlink()
+    (out / "eval.png").unlink()
+    assert main(["eval", str(out), "--n", "3", "--no-progress"]) == 0
+    evaluation = json.loads((out / "eval.json").read_text())
+    assert evaluation["n"] == 3 and evaluation["metric"] == "exact_match"
+    assert {(c["len_a"], c["len_b"]) for c in evaluation["conditions"]} == {(a, b) for a in range(1, 5)
+                                                                               for b in range(1, 5)}
+    assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_position_tables_cover_the_longest_evaluation() -> None:
+    for pe in ("learned", "randpe"):
+        run = resolve(RunSpec(task="addition", pe=pe, task_options=TINY_TASK, model_options=TINY_MODEL))
+        assert run.config.max_position_embeddings >= run.task.max_eval_length
+        assert run.config.randpe_max_position >= run.task.max_eval_length
+
+
+def test_match_params_widens_the_baseline_mlp_to_tape() -> None:
+    tape = resolve(RunSpec(task="addition", pe="tape", task_options=TINY_TASK, model_options=TINY_MODEL))
+    plain = resolve(RunSpec(task="addition", pe="nope", task_options=TINY_TASK, model_options=TINY_MODEL))
+    matched = resolve(RunSpec(task="addition", pe="nope", task_options=TINY_TASK, model_options=TINY_MODEL,
+                              match_params=True))
+    assert plain.parameters < tape.parameters <= matched.parameters
+    assert matched.parameters - tape.parameters < 3 * 32 * 2  # within one MLP unit
+    assert matched.config.intermediate_size > plain.config.intermediate_size
+    assert matched.settings_hash != plain.settings_hash
+
+
+def test_the_data_stream_is_seeded_by_index_and_seed() -> None:
+    run = resolve(tiny_spec())
+    a, b = batch_stream(run.task, 0, 8), batch_stream(run.task, 1, 8)
+    assert torch.equal(a(5)["input_ids"], batch_stream(run.task, 0, 8)(5)["input_ids"])
+    assert not torch.equal(a(5)["input_ids"], a(6)["input_ids"])
+    assert not torch.equal(a(5)["input_ids"], b(5)["input_ids"])
