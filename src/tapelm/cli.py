@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .runs_cli import add_commands as add_run_commands
 
     add_run_commands(commands)  # train, eval, compare, report
+
+    from .convert import register_cli as add_retrofit_commands
+
+    add_retrofit_commands(commands)  # convert, finetune
     return parser
 
 

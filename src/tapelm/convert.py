@@ -1,0 +1,193 @@
+"""Pretrained Llama-family checkpoints -> `TapeForCausalLM`, exact at step 0 (shared/TAPE.md §6).
+
+`from_pretrained_llama` reads the sizes, RoPE (with its scaling), GQA, tied embeddings and biases of a transformers
+`LlamaForCausalLM`, `MistralForCausalLM` or `Qwen2ForCausalLM`, builds the matching `TapeConfig` (TAPE by default;
+`pe_type="rope"` gives the same model in tapelm's skeleton, which is what the fine-tuning baselines use), copies every
+weight, and leaves TAPE's own parameters at their initialisation (W_att = W_up = 0), so the converted model computes
+the source's logits.
+
+Sliding-window attention (Mistral, Qwen2 with `use_sliding_window`) is not part of tapelm's skeleton: such a model
+is converted with full causal attention and a warning naming `sliding_window`. The two agree exactly on sequences up
+to `sliding_window` tokens and differ beyond.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from .config import TapeConfig
+from .modeling import TapeForCausalLM
+
+logger = logging.getLogger(__name__)
+
+# model_type -> the transformers causal-LM class it must be (every one: rotate-half RoPE, SwiGLU MLP, RMSNorm).
+SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+CONVERTIBLE_PE_TYPES = ("tape", "rope")
+# Options a caller may not override: they are read from the source checkpoint.
+_COPIED_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+    "rope_parameters", "attention_bias", "qkv_bias", "mlp_bias", "bos_token_id", "eos_token_id", "pad_token_id", "causal",
+)
+
+
+def _supported() -> str:
+    return ", ".join(f"{cls} ({kind})" for kind, cls in SUPPORTED_ARCHITECTURES.items())
+
+
+def check_source(config: PretrainedConfig) -> None:
+    """Raise ValueError unless `config` is a RoPE model of a family tapelm converts exactly."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"cannot convert a {model_type!r} model ({', '.join(config.architectures or [])}); "
+                         f"supported: {_supported()}")
+    rope = getattr(config, "rope_parameters", None)
+    if not isinstance(rope, dict) or "rope_theta" not in rope:
+        raise ValueError(f"cannot convert a {model_type!r} model without RoPE (rope_parameters={rope!r}); "
+                         f"supported: RoPE models of {_supported()}")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"cannot convert partial rotary embeddings (partial_rotary_factor="
+                         f"{rope['partial_rotary_factor']}); tapelm rotates the whole head dimension")
+    if config.hidden_act != "silu":
+        raise ValueError(f"cannot convert hidden_act={config.hidden_act!r}; tapelm's MLP is SwiGLU (silu)")
+
+
+def _attention_biases(config: PretrainedConfig) -> dict:
+    """The TapeConfig bias fields for the source's attention projections."""
+    if config.model_type == "qwen2":  # q, k, v biased, o not
+        return {"attention_bias": False, "qkv_bias": True}
+    return {"attention_bias": bool(getattr(config, "attention_bias", False))}
+
+
+def _sliding_window(config: PretrainedConfig) -> int | None:
+    """The window of the source's sliding-window layers, or None when every layer attends fully."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None:
+        return None
+    if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
+        return None
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
+def tape_config_from(config: PretrainedConfig, pe_type: str = "tape", rope_overrides: dict | None = None,
+                     **options) -> TapeConfig:
+    """The `TapeConfig` of a Llama-family config: copied sizes/RoPE/ids, plus `pe_type`, TAPE options and changes to
+    `rope_parameters` (`rope_overrides`, merged into the copied ones)."""
+    check_source(config)
+    if pe_type not in CONVERTIBLE_PE_TYPES:
+        raise ValueError(f"pe_type={pe_type!r} cannot be converted exactly; choose one of: "
+                         f"{', '.join(CONVERTIBLE_PE_TYPES)}")
+    clash = sorted(set(options) & set(_COPIED_FIELDS))
+    if clash:
+        raise ValueError(f"{', '.join(clash)} come from the source checkpoint and cannot be overridden; "
+                         "pass TAPE options (tape_*) or rope_parameters via `rope_overrides` instead")
+    window = _sliding_window(config)
+    if window is not None and window < config.max_position_embeddings:
+        logger.warning("tapelm: the source uses sliding_window=%d; the converted model attends to the full causal "
+                       "context, so it matches the source exactly only on sequences of at most %d tokens",
+                       window, window)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    fields = dict(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads or config.num_attention_heads, head_dim=head_dim,
+        hidden_act=config.hidden_act, max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=bool(config.tie_word_embeddings),
+        rope_parameters={**config.rope_parameters, **(rope_overrides or {})}, mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
+        initializer_range=getattr(config, "initializer_range", 0.02), **_attention_biases(config),
+    )
+    return TapeConfig(**fields, pe_type=pe_type, **options)
+
+
+def from_pretrained_llama(model_or_path: PreTrainedModel | str | Path, pe_type: str = "tape",
+                          dtype: torch.dtype | None = None, rope_overrides: dict | None = None,
+                          **tape_options) -> TapeForCausalLM:
+    """Convert a Llama-family causal LM (a model object, a local checkpoint folder, a ``.gguf`` file or a registered
+    source name such as ``"smollm2-135m"``) to a `TapeForCausalLM` with every weight copied.
+
+    `pe_type`: "tape" (default) or "rope" (the same network in tapelm's skeleton). `tape_options` are TapeConfig's
+    TAPE fields (`tape_block`, `tape_position_size`, `tape_attn_mixing`, `tape_update`, ...). `rope_overrides` are
+    merged into the copied `rope_parameters` (e.g. ``{"rope_theta": 1e6}`` or a linear scaling); without them the
+    result's logits equal the source's. The result is in eval mode, in `dtype` (default: the source's)."""
+    source = _load_source(model_or_path)
+    config = tape_config_from(source.config, pe_type=pe_type, rope_overrides=rope_overrides, **tape_options)
+    source_dtype = next(source.parameters()).dtype
+    model = TapeForCausalLM(config)
+    copy_weights(source, model)
+    model.generation_config = source.generation_config
+    return model.to(dtype or source_dtype).eval()
+
+
+def copy_weights(source: torch.nn.Module, target: TapeForCausalLM) -> None:
+    """Load every source weight into `target`; only TAPE's own parameters may be left out. Raises ValueError naming
+    any other mismatch."""
+    missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
+    tape_ids = {id(p) for p in target.tape_parameters()}
+    tape_names = {name for name, p in target.named_parameters() if id(p) in tape_ids}
+    unexplained = sorted(set(missing) - tape_names)
+    if unexpected or unexplained:
+        raise ValueError(f"weights do not match: source weights with no place in the TAPE model: {unexpected}; "
+                         f"TAPE-model weights the source lacks: {unexplained}")
+
+
+def _load_source(model_or_path) -> PreTrainedModel:
+    if isinstance(model_or_path, PreTrainedModel):
+        check_source(model_or_path.config)
+        return model_or_path
+    from .sources import load_pretrained
+
+    return load_pretrained(str(model_or_path))[0]
+
+
+def convert(src: str | Path, dst: str | Path, pe_type: str = "tape", dtype: torch.dtype | None = None,
+            **tape_options) -> Path:
+    """Convert a checkpoint (folder, .gguf or registered name) and save model + tokenizer to `dst`."""
+    from .sources import load_pretrained
+
+    source, tokenizer = load_pretrained(str(src))
+    model = from_pretrained_llama(source, pe_type=pe_type, dtype=dtype, **tape_options)
+    return save(model, tokenizer, dst)
+
+
+def save(model: TapeForCausalLM, tokenizer: PreTrainedTokenizerBase | None, dst: str | Path) -> Path:
+    dst = Path(dst)
+    model.save_pretrained(dst)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(dst)
+    return dst
+
+
+def _cli_convert(args) -> None:
+    options = {}
+    if args.tape_block:
+        options["tape_block"] = tuple(args.tape_block)
+    if args.tape_attn_mixing:
+        options["tape_attn_mixing"] = args.tape_attn_mixing
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
+    print(convert(args.src, args.dst, pe_type=args.pe_type, dtype=dtype, **options))
+
+
+def register_cli(commands) -> None:
+    """Add `convert` and `finetune` to the `tapelm` command's subparsers."""
+    convert_parser = commands.add_parser(
+        "convert", help="convert a Llama/Mistral/Qwen2 checkpoint to TAPE (exact at step 0)",
+        description="Convert a Llama-family checkpoint to a TapeForCausalLM and save it with save_pretrained; "
+                    "load it back with AutoModelForCausalLM after `import tapelm`.")
+    convert_parser.add_argument("src", help="a registered source name (smollm2-135m), a checkpoint folder or a .gguf")
+    convert_parser.add_argument("dst", help="output folder")
+    convert_parser.add_argument("--pe-type", choices=CONVERTIBLE_PE_TYPES, default="tape")
+    convert_parser.add_argument("--tape-block", type=int, nargs=2, metavar=("L", "R"))
+    convert_parser.add_argument("--tape-attn-mixing", choices=("heads", "per_head"))
+    convert_parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the source's")
+    convert_parser.set_defaults(handler=_cli_convert)
+    from .finetune import register_cli as register_finetune
+
+    register_finetune(commands)
