@@ -102,6 +102,13 @@ def _stats(values: list[float]) -> dict[str, float]:
             "n": len(values)}
 
 
+def _summary_stats(summaries: list[dict[str, Any]], lengths: list[str]) -> dict[str, Any]:
+    return {"all": _stats([s["all"] for s in summaries]),
+            "in_distribution": _stats([s["in_distribution"] for s in summaries]),
+            "longer": _stats([s["longer"] for s in summaries]),
+            "by_length": {x: _stats([s["by_length"][x] for s in summaries]) for x in lengths}}
+
+
 def load_results(directory: Path) -> dict[str, dict[int, dict[str, Any]]]:
     """{pe: {seed: result + its evaluation}} of the finished runs in a comparison folder."""
     found: dict[str, dict[int, dict[str, Any]]] = {}
@@ -124,16 +131,13 @@ def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
         by_seed = results[pe]
         first = next(iter(by_seed.values()))
         lengths = list(first["summary"]["by_length"])
-        rows[pe] = {
-            "seeds": sorted(by_seed),
-            "parameters": first["parameters"],
-            "all": _stats([r["summary"]["all"] for r in by_seed.values()]),
-            "in_distribution": _stats([r["summary"]["in_distribution"] for r in by_seed.values()]),
-            "longer": _stats([r["summary"]["longer"] for r in by_seed.values()]),
-            "by_length": {x: _stats([r["summary"]["by_length"][x] for r in by_seed.values()]) for x in lengths},
-            "final_loss": _stats([r["final_loss"] for r in by_seed.values()]),
-            "seconds": _stats([r.get("session_seconds") for r in by_seed.values()]),
-        }
+        rows[pe] = {"seeds": sorted(by_seed), "parameters": first["parameters"],
+                    **_summary_stats([r["summary"] for r in by_seed.values()], lengths),
+                    "final_loss": _stats([r["final_loss"] for r in by_seed.values()]),
+                    "seconds": _stats([r.get("session_seconds") for r in by_seed.values()])}
+        if all(r.get("token_accuracy_summary") for r in by_seed.values()):
+            rows[pe]["token_accuracy"] = _summary_stats([r["token_accuracy_summary"] for r in by_seed.values()],
+                                                        lengths)
     metric = next(iter(results.values()))[next(iter(next(iter(results.values()))))]["metric"] if results else "?"
     evaluation = None
     if results:
@@ -170,6 +174,9 @@ def format_table(summary: dict[str, Any]) -> str:
     header = ["encoding", "params", "seeds", f"in-distribution{unit}", f"longer{unit}", f"all{unit}"]
     if per_length:
         header += [f"len {x}" for x in lengths]
+    tokens = all("token_accuracy" in row for row in rows.values()) and bool(rows)
+    if tokens:
+        header += ["token acc. in-distribution (%)", "token acc. longer (%)"]
     header += ["final train loss"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     for pe, row in rows.items():
@@ -177,12 +184,17 @@ def format_table(summary: dict[str, Any]) -> str:
                  _format(row["in_distribution"], metric), _format(row["longer"], metric), _format(row["all"], metric)]
         if per_length:
             cells += [_format(row["by_length"][x], metric) for x in lengths]
+        if tokens:
+            cells += [_format(row["token_accuracy"]["in_distribution"], "accuracy"),
+                      _format(row["token_accuracy"]["longer"], "accuracy")]
         loss = row["final_loss"]
         cells.append(f"{loss['mean']:.3f}" if loss["n"] else "–")
         lines.append("| " + " | ".join(cells) + " |")
     direction = "higher" if higher_is_better(metric) else "lower"
     lines.append("")
-    lines.append(f"{metric.replace('_', ' ')}, {direction} is better; mean ± std (sample std) across seeds.")
+    lines.append(f"{metric.replace('_', ' ')}, {direction} is better; mean ± std (sample std) across seeds."
+                 + (" Token accuracy: the share of answer tokens predicted right (teacher-forced), from the same "
+                    "logits." if tokens else ""))
     return "\n".join(lines)
 
 
@@ -193,23 +205,33 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
 
     task, metric = summary["task"], summary["metric"]
     names = []
+    tokens = all("token_accuracy" in row for row in summary["rows"].values())
     if task == "addition":
-        grids = {pe: np.mean([heatmap_grid(r["evaluation"]["conditions"]) for r in by_seed.values()], axis=0)
-                 for pe, by_seed in results.items() if pe in summary["rows"]}
-        grids = {pe: grids[pe] for pe in summary["rows"]}
-        name = f"{prefix}{task}-heatmaps.png"
-        heatmaps(grids, directory / name, f"{task}: exact match per operand-length cell (mean over seeds; dashed: "
-                                          "training range)", edge=summary["training_edge"])
+        variants = [("value", "exact match", "")] + ([("token_accuracy", "token accuracy", "-tokens")]
+                                                      if tokens else [])
+        for field, label, suffix in variants:
+            grids = {}
+            for pe in summary["rows"]:
+                cells = [[{**c, "value": c[field]} for c in r["evaluation"]["conditions"]]
+                         for r in results[pe].values()]
+                grids[pe] = np.mean([heatmap_grid(c) for c in cells], axis=0)
+            name = f"{prefix}{task}-heatmaps{suffix}.png"
+            heatmaps(grids, directory / name, f"{task}: {label} per operand-length cell (mean over seeds; dashed: "
+                                              "training range)", edge=summary["training_edge"], label=label)
+            names.append(name)
+    variants = [(lambda row: row, metric, "")]
+    if tokens:
+        variants.append((lambda row: row["token_accuracy"], "token_accuracy", "-tokens"))
+    for pick, label, suffix in variants:
+        series = {}
+        for pe, row in summary["rows"].items():
+            by_length = pick(row)["by_length"]
+            series[pe] = ([float(x) for x in by_length], [s["mean"] for s in by_length.values()],
+                          [s["std"] for s in by_length.values()])
+        name = f"{prefix}{task}-by-length{suffix}.png"
+        curves(series, directory / name, f"{task}: {label.replace('_', ' ')} against length (mean ± std over "
+                                         "seeds)", summary["x_label"], label, edge=summary["training_edge"])
         names.append(name)
-    series = {}
-    for pe, row in summary["rows"].items():
-        xs = [float(x) for x in row["by_length"]]
-        series[pe] = (xs, [s["mean"] for s in row["by_length"].values()],
-                      [s["std"] for s in row["by_length"].values()])
-    name = f"{prefix}{task}-by-length.png"
-    curves(series, directory / name, f"{task}: {metric.replace('_', ' ')} against length (mean ± std over seeds)",
-           summary["x_label"], metric, edge=summary["training_edge"])
-    names.append(name)
     return names
 
 

@@ -1,9 +1,10 @@
 """Presets: model size, task options, training budget and evaluation size per (preset, task).
 
-`cpu-small` (the default) is sized so that one run (training and evaluation) takes about 3-4 minutes on 2 CPU
-cores; `paper` uses the sizes TAPE.md §7 states (12 layers, hidden 768, 12 heads, TAPE position size 48, batch 512,
-10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. A task without its own
-entry uses the preset's "*" entry.
+`cpu-small` (the default) is sized so that one run (training and evaluation) takes one to two minutes on 2 idle
+CPU cores (about 0.8M parameters; several times longer on a shared machine), so that a comparison of many encodings
+and seeds fits in an hour. `paper` uses the sizes TAPE.md §7 states (12 layers, hidden 768, 12 heads, TAPE position
+size 48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. A task without
+its own entry uses the preset's "*" entry.
 """
 
 from __future__ import annotations
@@ -51,20 +52,20 @@ _PAPER = ModelSize(hidden_size=768, intermediate_size=2048, num_hidden_layers=12
 PRESETS: dict[str, dict[str, Preset]] = {
     "cpu-small": {
         "addition": Preset(
-            _SMALL, {"max_train_digits": 8, "eval_max_digits": 16},
-            TrainSettings(steps=1000, lr=1e-3, warmup=50, schedule="cosine", batch_size=64, log_every=10),
+            _SMALL, {"max_train_digits": 4, "eval_max_digits": 8},
+            TrainSettings(steps=600, lr=3e-3, warmup=50, schedule="cosine", batch_size=64, log_every=10),
             eval_n=20, eval_batch_size=256),
         "passkey": Preset(
             _SMALL, {"train_length": 256, "eval_multipliers": (1, 2, 4)},
-            TrainSettings(steps=500, lr=1e-3, warmup=50, schedule="cosine", batch_size=16, log_every=10),
-            eval_n=20, eval_batch_size=20),
+            TrainSettings(steps=300, lr=3e-3, warmup=30, schedule="cosine", batch_size=8, log_every=10),
+            eval_n=10, eval_batch_size=10),
         "text": Preset(
-            _SMALL, {"train_length": 128, "eval_multipliers": (1, 2, 4, 8)},
-            TrainSettings(steps=600, lr=1e-3, warmup=50, schedule="cosine", batch_size=32, log_every=10),
-            eval_n=64, eval_batch_size=16),
+            _SMALL, {"train_length": 64, "eval_multipliers": (1, 2, 4, 8)},
+            TrainSettings(steps=400, lr=3e-3, warmup=30, schedule="cosine", batch_size=16, log_every=10),
+            eval_n=32, eval_batch_size=16),
         "*": Preset(
             _SMALL, {},
-            TrainSettings(steps=600, lr=1e-3, warmup=50, schedule="cosine", batch_size=32, log_every=10),
+            TrainSettings(steps=400, lr=3e-3, warmup=30, schedule="cosine", batch_size=32, log_every=10),
             eval_n=20, eval_batch_size=32),
     },
     "paper": {

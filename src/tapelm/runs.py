@@ -227,6 +227,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         "identity": run.identity, "settings_hash": run.settings_hash, "parameters": run.parameters,
         "task": run.spec.task, "pe": run.spec.pe, "seed": run.spec.seed, "preset": run.spec.preset,
         "metric": evaluation["metric"], "summary": evaluation["summary"], "mean": evaluation["mean"],
+        "token_accuracy_summary": evaluation.get("token_accuracy_summary"),
         "first_loss": losses[0][1] if losses else None, "final_loss": losses[-1][1] if losses else None,
         "train_seconds_this_session": trained.seconds, "eval_seconds": time.time() - eval_started,
         "session_seconds": time.time() - started, "world_size": trained.world_size,

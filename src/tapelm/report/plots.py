@@ -27,7 +27,7 @@ def heatmap_grid(conditions: list[dict[str, Any]]) -> np.ndarray:
     return grid
 
 
-def draw_heatmap(axis, grid: np.ndarray, title: str, edge: float | None = None):
+def draw_heatmap(axis, grid: np.ndarray, title: str, edge: float | None = None, label: str = "exact match"):
     image = axis.imshow(grid * 100, origin="lower", vmin=0, vmax=100, cmap="viridis",
                         extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5))
     if edge is not None:
@@ -51,7 +51,8 @@ def heatmap(conditions: list[dict[str, Any]], path: Path, title: str, edge: floa
     return path
 
 
-def heatmaps(grids: dict[str, np.ndarray], path: Path, title: str, edge: float | None = None) -> Path:
+def heatmaps(grids: dict[str, np.ndarray], path: Path, title: str, edge: float | None = None,
+             label: str = "exact match") -> Path:
     """Heatmaps side by side, one per encoding (each the mean over seeds)."""
     plt = _pyplot()
     count = len(grids)
@@ -66,7 +67,7 @@ def heatmaps(grids: dict[str, np.ndarray], path: Path, title: str, edge: float |
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), label="exact match (%)", shrink=0.8)
+        fig.colorbar(image, ax=axes.ravel().tolist(), label=f"{label} (%)", shrink=0.8)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -1,0 +1,79 @@
+"""Two CPU processes under `accelerate launch --multi_gpu` (DDP over gloo): the world size is really 2, the ranks
+draw different batches, and the parameters stay identical across ranks after training."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+WORKER = textwrap.dedent("""
+    import hashlib, json, sys
+    from pathlib import Path
+    import torch
+    from accelerate import PartialState
+    from tapelm.runs import RunSpec, batch_stream, resolve
+    from tapelm.train import train
+
+    out = Path(sys.argv[1])
+    run = resolve(RunSpec(task="addition", pe="tape", task_options={"max_train_digits": 3, "eval_max_digits": 4},
+                          model_options={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                         "num_attention_heads": 4, "num_key_value_heads": 2},
+                          train_options={"steps": 4, "batch_size": 4, "warmup": 1, "log_every": 1, "lr": 1e-2,
+                                         "checkpoint_every": 2}))
+    model = run.build_model()
+    initial = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    stream = batch_stream(run.task, 0, 4)
+    asked, firsts = [], []
+    def recording(index):
+        batch = stream(index)
+        asked.append(index)
+        firsts.append(hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest())
+        return batch
+    result = train(model, recording, run.settings, out / "run", progress=False)
+    state = PartialState()
+    final = torch.cat([p.detach().flatten() for p in model.parameters()])
+    (out / f"rank{state.process_index}.json").write_text(json.dumps({
+        "rank": state.process_index, "world": state.num_processes, "distributed_type": str(state.distributed_type),
+        "asked": asked, "batches": firsts, "params": final.tolist(), "moved": float((final - initial).abs().max()),
+        "losses": result.losses}))
+""")
+
+
+def _launcher() -> list[str] | None:
+    accelerate = Path(sys.executable).with_name("accelerate")
+    if accelerate.exists():
+        return [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533"]
+    torchrun = shutil.which("torchrun")
+    return [torchrun, "--nproc_per_node", "2"] if torchrun else None
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_train_in_sync(tmp_path) -> None:
+    launcher = _launcher()
+    if launcher is None:
+        pytest.skip("neither accelerate nor torchrun is installed next to this Python")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*launcher, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
+    assert all("MULTI_CPU" in r["distributed_type"] for r in ranks)
+    assert ranks[0]["asked"] == [0, 2, 4, 6] and ranks[1]["asked"] == [1, 3, 5, 7]
+    assert not set(ranks[0]["batches"]) & set(ranks[1]["batches"])  # each rank saw different data
+    assert ranks[0]["moved"] > 1e-3  # training changed the weights ...
+    assert ranks[0]["params"] == ranks[1]["params"]  # ... identically on both ranks (gradients all-reduced)
+    assert ranks[0]["losses"] == ranks[1]["losses"]  # the logged loss is the mean over ranks
+    manifest = json.loads(next((tmp_path / "run" / "checkpoints").glob("step-*/manifest.json")).read_text())
+    assert manifest["world_size"] == 2
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(manifest["files"])
