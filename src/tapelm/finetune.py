@@ -1,0 +1,293 @@
+"""Parameter-efficient fine-tuning of a converted pretrained model: TAPE against LoRA, LongLoRA, theta scaling and
+position interpolation (shared/TAPE.md §6), every method in tapelm's one decoder skeleton with the same budget.
+
+Methods (trainable sets are chosen by module type, never by parameter-name substrings):
+
+- ``tape``: converted to TAPE (exact at step 0); trains TAPE's own parameters (`TapeForCausalLM.tape_parameters()`,
+  the `TapeLayer` modules) plus, by default, LoRA and the embeddings and norms, so that it differs from ``lora`` only
+  by TAPE (`--no-lora`, `--no-embeddings`, `--no-norms` switch these off).
+- ``lora``: RoPE; peft LoRA (rank 8, alpha 16) on q/k/v/o plus the embeddings and norms.
+- ``longlora``: ``lora`` plus shifted sparse attention (S²-Attn, `tapelm.longlora`) while training; full attention
+  when evaluating.
+- ``theta``: ``lora`` with the RoPE base raised to `theta` (default 1e6).
+- ``pi``: ``lora`` with linear position interpolation by target_length / pretrained_length.
+
+LoRA is merged into the weights after training, so the saved model is a plain `TapeForCausalLM` that
+`AutoModelForCausalLM.from_pretrained` loads (after ``import tapelm``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from .convert import from_pretrained_llama
+from .modeling import TapeAttention, TapeForCausalLM
+from .positional import TapeLayer
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("tape", "lora", "longlora", "theta", "pi")
+LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """One method's recipe. The budget fields (train_length, steps, batch_size, grad_accum, lr, warmup) must be the
+    same for every method compared."""
+
+    method: str
+    train_length: int = 128
+    steps: int = 60
+    batch_size: int = 1
+    grad_accum: int = 1
+    lr: float = 2e-4
+    warmup: int = 10
+    seed: int = 0
+    lora: bool = True
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    train_embeddings: bool = True
+    train_norms: bool = True
+    theta: float = 1e6
+    target_length: int | None = None
+    pretrained_length: int | None = None
+    s2_group_fraction: float = 0.25
+    train_tokens: int = 400_000
+    checkpoint_every: int = 30
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is not allowed; choose one of: {', '.join(METHODS)}")
+        if self.method != "tape" and not self.lora:
+            raise ValueError(f"method={self.method!r} always trains LoRA; lora=False is only for method 'tape'")
+        for name in ("train_length", "steps", "batch_size", "grad_accum", "lora_rank", "lora_alpha", "train_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
+        group = self.s2_group()
+        if self.method == "longlora" and (group < 2 or group % 2 or self.train_length % group):
+            raise ValueError(f"s2_group_fraction={self.s2_group_fraction} of train_length={self.train_length} must "
+                             "give an even group size that divides train_length")
+
+    def s2_group(self) -> int:
+        return int(self.train_length * self.s2_group_fraction)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pi_factor(settings: FinetuneSettings, pretrained_length: int) -> float:
+    """target_length / pretrained_length; ValueError when that is not > 1 (interpolation would change nothing)."""
+    pretrained = settings.pretrained_length or pretrained_length
+    if settings.target_length is None:
+        raise ValueError("method 'pi' needs target_length (the context to reach by interpolation)")
+    factor = settings.target_length / pretrained
+    if factor <= 1:
+        raise ValueError(f"target_length={settings.target_length} does not exceed the pretrained context "
+                         f"{pretrained}: linear interpolation would be the identity; pass pretrained_length to "
+                         "interpolate relative to a shorter nominal window")
+    return factor
+
+
+def build_model(source, settings: FinetuneSettings) -> TapeForCausalLM:
+    """The method's starting model: `source` (a Llama-family model, path or source name) converted to tapelm."""
+    if settings.method == "tape":
+        return from_pretrained_llama(source, pe_type="tape")
+    overrides = None
+    if settings.method == "theta":
+        overrides = {"rope_theta": float(settings.theta)}
+    elif settings.method == "pi":
+        if isinstance(source, (str, Path)):
+            from .sources import load_pretrained
+
+            source = load_pretrained(str(source))[0]
+        factor = pi_factor(settings, source.config.max_position_embeddings)
+        overrides = {"rope_type": "linear", "factor": factor}
+    return from_pretrained_llama(source, pe_type="rope", rope_overrides=overrides)
+
+
+def lora_target_names(model: nn.Module) -> list[str]:
+    """Full names of the q/k/v/o projections of every `TapeAttention` module."""
+    return [f"{name}.{proj}" for name, module in model.named_modules() if isinstance(module, TapeAttention)
+            for proj in LORA_PROJECTIONS]
+
+
+def _unique(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
+    seen, out = set(), []
+    for param in params:
+        if id(param) not in seen:
+            seen.add(id(param))
+            out.append(param)
+    return out
+
+
+def trainable_groups(model: nn.Module, settings: FinetuneSettings) -> dict[str, list[nn.Parameter]]:
+    """The parameters each part of the method trains, found by module type: "tape" (TapeLayer), "lora" (peft
+    LoraLayer adapters), "norms" (RMSNorm), "embeddings" (the input embedding; tied to lm_head when the model ties)."""
+    from peft.tuners.lora import LoraLayer
+
+    groups: dict[str, list[nn.Parameter]] = {}
+    modules = list(model.modules())
+    if settings.method == "tape":
+        groups["tape"] = _unique(p for m in modules if isinstance(m, TapeLayer) for p in m.parameters())
+    if settings.lora:
+        groups["lora"] = _unique(p for m in modules if isinstance(m, LoraLayer)
+                                 for adapters in (m.lora_A, m.lora_B) for p in adapters.parameters())
+    if settings.train_norms:
+        groups["norms"] = _unique(p for m in modules if isinstance(m, LlamaRMSNorm) for p in m.parameters())
+    if settings.train_embeddings:
+        groups["embeddings"] = [model.get_input_embeddings().weight]
+    return groups
+
+
+def prepare(model: TapeForCausalLM, settings: FinetuneSettings):
+    """Wrap `model` with LoRA when the method uses it, freeze everything else but the method's trainable set.
+
+    Returns (model to train, {group: parameters})."""
+    if settings.lora:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
+                            target_modules=lora_target_names(model), bias="none")
+        model = get_peft_model(model, config)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    groups = trainable_groups(model, settings)
+    for params in groups.values():
+        for param in params:
+            param.requires_grad_(True)
+    return model, groups
+
+
+def merge(model) -> TapeForCausalLM:
+    """The plain `TapeForCausalLM` with any LoRA adapter merged into its weights."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        model = model.merge_and_unload()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model.eval()
+
+
+@dataclass
+class FinetuneResult:
+    model: TapeForCausalLM
+    trainable: dict[str, int] = field(default_factory=dict)
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    seconds_per_step: float = 0.0
+
+
+def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path, resume: bool = True,
+             batch_stream=None, progress: bool = True, stop_after: int | None = None) -> FinetuneResult:
+    """Build the method's model from `source`, train it with `tapelm.train.train` on real text (or `batch_stream`),
+    merge LoRA and save the merged model and tokenizer to `run_dir/merged`. Resumes from `run_dir`'s checkpoints."""
+    from .train import TrainSettings, train
+
+    run_dir = Path(run_dir)
+    torch.manual_seed(settings.seed)
+    model = build_model(source, settings)
+    model, groups = prepare(model, settings)
+    params = _unique(p for group in groups.values() for p in group)
+    if batch_stream is None:
+        from .retrofit_data import TrainingText
+
+        batch_stream = TrainingText.build(tokenizer, settings.train_length, settings.train_tokens,
+                                          settings.batch_size, settings.seed)
+    train_settings = TrainSettings(steps=settings.steps, lr=settings.lr, warmup=settings.warmup, schedule="constant",
+                                   weight_decay=0.0, batch_size=settings.batch_size, grad_accum=settings.grad_accum,
+                                   clip=1.0, checkpoint_every=settings.checkpoint_every, keep_last=1,
+                                   log_every=5, seed=settings.seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "finetune.json").write_text(json.dumps(settings.to_dict(), indent=2))
+    has_run = (run_dir / "settings.json").exists()
+    context = _s2_context(settings)
+    with context:
+        outcome = train(model, batch_stream, train_settings, run_dir, resume=resume and has_run, parameters=params,
+                        progress=progress, stop_after=stop_after)
+    trained = outcome.steps - outcome.start_step if stop_after is None else len(outcome.losses)
+    result = FinetuneResult(merge(model), {k: sum(p.numel() for p in v) for k, v in groups.items()},
+                            outcome.losses, outcome.seconds, outcome.seconds / max(1, len(outcome.losses) or trained))
+    if stop_after is None or stop_after >= settings.steps:
+        result.model.save_pretrained(run_dir / "merged")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(run_dir / "merged")
+    return result
+
+
+def _s2_context(settings: FinetuneSettings):
+    import contextlib
+
+    if settings.method != "longlora":
+        return contextlib.nullcontext()
+    from .longlora import shifted_sparse_attention
+
+    return shifted_sparse_attention(settings.s2_group())
+
+
+# ------------------------------------------------------------------------------------------------------------ CLI
+
+
+def _settings_from_args(args, method: str) -> FinetuneSettings:
+    return FinetuneSettings(method=method, train_length=args.train_length, steps=args.steps, lr=args.lr,
+                            batch_size=args.batch_size, grad_accum=args.grad_accum, warmup=args.warmup,
+                            seed=args.seed, lora=not args.no_lora, train_embeddings=not args.no_embeddings,
+                            train_norms=not args.no_norms, theta=args.theta, target_length=args.target_length,
+                            pretrained_length=args.pretrained_length)
+
+
+def _cli_finetune(args: argparse.Namespace) -> None:
+    from .retrofit import RunPlan, run_all
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = list(METHODS) if args.method == "all" else [args.method]
+    plan = RunPlan(model=args.model, out=Path(args.out), results=Path(args.results) if args.results else None,
+                   settings={m: _settings_from_args(args, m) for m in methods},
+                   evaluate=not args.no_eval, baselines=args.method == "all", quick=args.quick)
+    run_all(plan, markdown=Path(args.markdown) if args.markdown else None)
+
+
+def register_cli(commands) -> None:
+    """Add the `finetune` subcommand to the `tapelm` command."""
+    parser = commands.add_parser(
+        "finetune", help="fine-tune a pretrained model with TAPE, LoRA, LongLoRA, theta scaling or PI, and evaluate",
+        description="Convert a pretrained Llama-family model, fine-tune it parameter-efficiently on real text "
+                    "(Python standard library + python3.11-doc), evaluate perplexity and passkey retrieval against "
+                    "length. `--method all` also evaluates the original and converted models and writes the results "
+                    "table. Resumable: rerun the same command after an interruption.")
+    parser.add_argument("--model", default="smollm2-135m", help="source name, checkpoint folder or .gguf "
+                                                                 "(default: %(default)s)")
+    parser.add_argument("--method", choices=[*METHODS, "all"], required=True)
+    parser.add_argument("--out", default="runs/finetune", help="run folder (default: %(default)s)")
+    parser.add_argument("--results", help="folder for the per-model result JSON files (default: OUT/results)")
+    parser.add_argument("--markdown", help="write/refresh the 'Pretrained model' section of this markdown file")
+    parser.add_argument("--train-length", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--theta", type=float, default=1e6, help="RoPE base for --method theta")
+    parser.add_argument("--target-length", type=int, default=512, help="context PI interpolates to (default: %(default)s)")
+    parser.add_argument("--pretrained-length", type=int, default=128,
+                        help="nominal pretrained window PI interpolates from (default: %(default)s = the training "
+                             "length: the real one, 8192 for SmolLM2, cannot be exceeded on a CPU)")
+    parser.add_argument("--no-lora", action="store_true", help="method tape: train TAPE without LoRA")
+    parser.add_argument("--no-embeddings", action="store_true", help="do not train the embeddings")
+    parser.add_argument("--no-norms", action="store_true", help="do not train the norms")
+    parser.add_argument("--no-eval", action="store_true", help="train only")
+    parser.add_argument("--quick", action="store_true", help="a tiny evaluation (smoke test of the pipeline)")
+    parser.add_argument("--threads", type=int, help="torch threads (1 is fastest on a CPU shared with other jobs)")
+    parser.set_defaults(handler=_cli_finetune)

@@ -1,0 +1,101 @@
+"""LongLoRA's shifted sparse attention (S²-Attn, Chen et al. 2023), for training only.
+
+The sequence is cut into groups of `group` tokens and every head attends causally within its group. The second half
+of the heads (the last H // 2) uses groups shifted by half a group, so information flows between neighbouring groups
+across layers. Unlike the reference implementation, which rolls the sequence so that the first half-group is
+appended to the last one (and, under a causal mask, lets those first tokens see the end of the sequence), the
+shifted heads here treat the first and last half-groups as two groups of their own: nothing ever sees the future.
+
+Each group is attended as its own batch row (the reshape that makes S²-Attn cheap). Evaluation uses full attention:
+`shifted_sparse_attention` patches the attention function of tapelm's decoder only inside its `with` block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .attention import AttentionMask
+
+
+def _grouped_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float) -> torch.Tensor:
+    """Causal attention within consecutive groups; q, k, v (B, h, n, d) with n a multiple of `group`."""
+    batch, heads, length, _ = q.shape
+    count = length // group
+
+    def split(x: torch.Tensor) -> torch.Tensor:
+        return x.view(batch, heads, count, group, x.shape[-1]).transpose(1, 2).reshape(batch * count, heads, group,
+                                                                                        x.shape[-1])
+
+    out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True, scale=scale)
+    return out.view(batch, count, heads, group, -1).transpose(1, 2).reshape(batch, heads, length, -1)
+
+
+def s2_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float) -> torch.Tensor:
+    """S²-Attn. q (B, H, N, d), k and v (B, Hkv, N, d) (GQA allowed); N must be a multiple of `group` (even)."""
+    batch, heads, length, _ = q.shape
+    if group % 2 or length % group:
+        raise ValueError(f"S²-Attn needs an even group size that divides the sequence length; got group={group}, "
+                         f"length={length}")
+    repeats = heads // k.shape[1]
+    k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    plain = heads - heads // 2
+    out_plain = _grouped_causal(q[:, :plain], k[:, :plain], v[:, :plain], group, scale)
+    if plain == heads:
+        return out_plain
+    qs, ks, vs = q[:, plain:], k[:, plain:], v[:, plain:]
+    half = group // 2
+    parts = []
+    if length > group:
+        parts.append(_grouped_causal(qs[:, :, half:-half], ks[:, :, half:-half], vs[:, :, half:-half], group, scale))
+    # The first and the last half-groups: two groups of their own, attended as one batch.
+    def edges(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[:, :, :half], x[:, :, -half:]], dim=0)
+
+    out_edges = F.scaled_dot_product_attention(edges(qs), edges(ks), edges(vs), is_causal=True, scale=scale)
+    first, last = out_edges[:batch], out_edges[batch:]
+    out_shifted = torch.cat([first, *parts, last], dim=2)
+    return torch.cat([out_plain, out_shifted], dim=1)
+
+
+def s2_reference_mask(heads: int, length: int, group: int) -> torch.Tensor:
+    """The boolean (1, H, N, N) mask S²-Attn amounts to: same (shifted) group and causal. For tests."""
+    position = torch.arange(length)
+    plain = heads - heads // 2
+    masks = []
+    for head in range(heads):
+        offset = 0 if head < plain else group // 2
+        block = (position + offset) // group
+        masks.append((block[:, None] == block[None, :]) & (position[None, :] <= position[:, None]))
+    return torch.stack(masks)[None]
+
+
+def make_attend(group: int):
+    """An `attend` replacement (see tapelm.attention.attend) computing S²-Attn for causal, unpadded, unbiased,
+    uncached training batches, and refusing anything else."""
+
+    def attend(q, k, v, mask: AttentionMask, bias, scale: float, eager: bool = False):
+        if bias is not None or mask.valid is not None or not mask.is_causal or q.shape[2] != k.shape[2]:
+            raise ValueError("S²-Attn (LongLoRA) needs causal, unpadded, uncached batches without a logit bias; "
+                             "it is for training a RoPE model only")
+        return s2_attention(q, k, v, group, scale)
+
+    return attend
+
+
+@contextlib.contextmanager
+def shifted_sparse_attention(group: int) -> Iterator[None]:
+    """Inside this block every tapelm decoder attention computes S²-Attn with groups of `group` tokens.
+
+    It replaces `tapelm.modeling.attend` (the function TapeAttention calls) and restores it on exit."""
+    from . import modeling
+
+    original = modeling.attend
+    modeling.attend = make_attend(group)
+    try:
+        yield
+    finally:
+        modeling.attend = original

@@ -1,0 +1,138 @@
+"""Fine-tuning a converted model: trainable sets by module type, S²-Attn, a falling loss, merged round trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import tapelm  # noqa: F401  (registers the Auto classes)
+from tapelm import TapeForCausalLM, modeling
+from tapelm.attention import AttentionMask, explicit_attention
+from tapelm.finetune import METHODS, FinetuneSettings, build_model, finetune, pi_factor, prepare
+from tapelm.longlora import make_attend, s2_attention, s2_reference_mask, shifted_sparse_attention
+
+HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB, INTER = 32, 4, 2, 2, 61, 48
+HEAD_DIM = HIDDEN // HEADS
+
+
+def tiny_llama(tied: bool = True) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
+                         tie_word_embeddings=tied)
+    return LlamaForCausalLM(config).eval()
+
+
+def settings(method: str, **overrides) -> FinetuneSettings:
+    options = dict(method=method, train_length=32, steps=12, lr=1e-2, warmup=0, target_length=256,
+                   pretrained_length=128, checkpoint_every=0)
+    options.update(overrides)
+    return FinetuneSettings(**options)
+
+
+# Expected trainable counts, from the sizes alone.
+LORA = LAYERS * 8 * (2 * (HIDDEN + HEADS * HEAD_DIM) + 2 * (HIDDEN + KV_HEADS * HEAD_DIM))  # r (in + out) per proj
+NORMS = (2 * LAYERS + 1) * HIDDEN
+EMBEDDINGS = VOCAB * HIDDEN
+POSITION = 4 * HEADS
+TAPE = (LAYERS - 1) * (KV_HEADS * HEADS + HIDDEN * POSITION + 2 * POSITION * KV_HEADS)  # last layer has none
+
+
+@pytest.mark.parametrize("method,overrides,expected", [
+    ("tape", {}, {"tape": TAPE, "lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+    ("tape", {"lora": False, "train_embeddings": False, "train_norms": False}, {"tape": TAPE}),
+    ("lora", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+    ("longlora", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+    ("theta", {"train_embeddings": False}, {"lora": LORA, "norms": NORMS}),
+    ("pi", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+])
+def test_trainable_parameters_per_method(method, overrides, expected):
+    config = settings(method, **overrides)
+    base = build_model(tiny_llama(), config)
+    tape_ids = {id(p) for p in base.tape_parameters()}
+    model, groups = prepare(base, config)
+    assert {k: sum(p.numel() for p in v) for k, v in groups.items()} == expected
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert sum(p.numel() for p in trainable) == sum(expected.values())
+    if "tape" in groups:
+        assert {id(p) for p in groups["tape"]} == tape_ids
+    else:
+        assert not tape_ids
+
+
+def test_methods_set_their_positions():
+    source = tiny_llama()
+    assert build_model(source, settings("tape")).config.pe_type == "tape"
+    assert build_model(source, settings("lora")).config.pe_type == "rope"
+    assert build_model(source, settings("theta", theta=1e6)).config.rope_parameters["rope_theta"] == 1e6
+    pi = build_model(source, settings("pi", target_length=512, pretrained_length=128)).config.rope_parameters
+    assert pi["rope_type"] == "linear" and pi["factor"] == 4.0
+    with pytest.raises(ValueError, match="would be the identity"):
+        pi_factor(settings("pi", target_length=64, pretrained_length=None), 128)
+    with pytest.raises(ValueError, match="method='x' is not allowed"):
+        FinetuneSettings(method="x")
+    with pytest.raises(ValueError, match="lora=False is only for method 'tape'"):
+        FinetuneSettings(method="lora", lora=False)
+
+
+@pytest.mark.parametrize("length,group", [(32, 8), (24, 8), (8, 8)])
+def test_s2_attention_is_grouped_causal_attention_with_half_the_heads_shifted(length, group):
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, length, 8, generator=generator, dtype=torch.float64)
+    k = torch.randn(2, 3, length, 8, generator=generator, dtype=torch.float64)
+    v = torch.randn(2, 3, length, 8, generator=generator, dtype=torch.float64)
+    expected = explicit_attention(q, k, v, s2_reference_mask(6, length, group), False, 0.3)
+    torch.testing.assert_close(s2_attention(q, k, v, group, 0.3), expected)
+    mask = s2_reference_mask(6, length, group)[0]
+    if length > group:  # unshifted heads never see the previous group; shifted heads straddle it
+        assert not mask[0, group, group - 1] and mask[-1, group, group - 1]
+    assert not (mask & ~torch.ones(length, length, dtype=torch.bool).tril()).any()
+
+
+def test_s2_attention_refuses_what_it_is_not_for_and_is_restored():
+    attend = make_attend(8)
+    q = torch.zeros(1, 2, 16, 4)
+    with pytest.raises(ValueError, match="S²-Attn"):
+        attend(q, q, q, AttentionMask(torch.ones(1, 1, 16, 16, dtype=torch.bool), False), None, 0.5)
+    original = modeling.attend
+    with shifted_sparse_attention(8):
+        assert modeling.attend is not original
+    assert modeling.attend is original
+
+
+def cycle_stream(length: int = 32):
+    pattern = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(3))
+
+    def stream(index: int) -> dict[str, torch.Tensor]:
+        ids = pattern.roll(index % 8).repeat(length // 8)[None]
+        return {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
+
+    return stream
+
+
+@pytest.mark.parametrize("method", ["tape", "longlora"])
+def test_finetune_lowers_the_loss_and_round_trips_merged(method, tmp_path: Path):
+    source = tiny_llama()
+    result = finetune(source, None, settings(method), tmp_path / method, batch_stream=cycle_stream(),
+                      progress=False)
+    assert result.losses[-1] < 0.5 * result.losses[0]
+    model = result.model
+    assert type(model) is TapeForCausalLM  # LoRA merged away
+    if method == "tape":
+        assert any(p.abs().sum() > 0 for name, p in model.named_parameters() if "mix_up" in name)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / method / "merged").eval()
+    tokens = cycle_stream()(0)["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits, atol=1e-5, rtol=0)
+        assert not torch.allclose(model(tokens).logits, source(tokens).logits, atol=1e-2)
+
+
+def test_every_method_trains(tmp_path: Path):
+    source = tiny_llama(tied=False)
+    for method in METHODS:
+        result = finetune(source, None, settings(method, steps=3), tmp_path / method, batch_stream=cycle_stream(),
+                          progress=False)
+        assert len(result.losses) == 3 and all(torch.isfinite(torch.tensor(result.losses)))
