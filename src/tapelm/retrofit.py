@@ -1,0 +1,242 @@
+"""The retrofit experiment (shared/TAPE.md §6 at CPU scale): original, converted and every fine-tuned model,
+evaluated alike, one JSON file per model, and the "Pretrained model" section of docs/RESULTS.md generated from them.
+
+Resumable: a model whose JSON exists is skipped; a fine-tuning run resumes from its last checkpoint.
+
+Plugging into `tapelm report`: call `results_section(results_dir)` for the markdown of the section (it starts with
+"## Pretrained model"), or `update_markdown(path, results_dir)`, which replaces the block between
+``<!-- pretrained-model:begin -->`` and ``<!-- pretrained-model:end -->`` (appending it when absent).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .finetune import METHODS, FinetuneSettings, finetune
+from .retrofit_data import CORPORA, held_out_documents
+from .retrofit_eval import evaluate_model
+
+BEGIN, END = "<!-- pretrained-model:begin -->", "<!-- pretrained-model:end -->"
+ORDER = ("original", *METHODS, "converted")
+COMMAND = ("tapelm finetune --model smollm2-135m --method all --threads 1 --out runs/retrofit "
+           "--results docs/results/pretrained --markdown docs/RESULTS.md")
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    lengths: tuple[int, ...] = (128, 256, 512, 1024)
+    passkey_lengths: tuple[int, ...] = (256, 512)
+    scored: int = 256
+    documents: int = 1
+    trials: int = 20
+    seed: int = 0
+
+    @classmethod
+    def quick(cls) -> EvalPlan:
+        return cls(lengths=(64, 128), passkey_lengths=(128,), scored=64, documents=1, trials=2)
+
+
+@dataclass
+class RunPlan:
+    model: str
+    out: Path
+    settings: dict[str, FinetuneSettings]
+    results: Path | None = None
+    evaluate: bool = True
+    baselines: bool = True
+    quick: bool = False
+    eval_plan: EvalPlan = field(default_factory=EvalPlan)
+
+    def results_dir(self) -> Path:
+        return self.results or self.out / "results"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return ""
+
+
+def _write(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+
+
+def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str, dict]:
+    """Evaluate the original and converted models (when `plan.baselines`) and fine-tune + evaluate every method of
+    `plan.settings`, skipping models whose result JSON exists. Returns {name: result}."""
+    from .convert import from_pretrained_llama
+    from .sources import load_pretrained
+
+    eval_plan = EvalPlan.quick() if plan.quick else plan.eval_plan
+    results_dir = plan.results_dir()
+    source, tokenizer = load_pretrained(plan.model)
+    source.eval()
+    documents, sample_prompt = None, None
+    if plan.evaluate:
+        need = max(eval_plan.lengths) + eval_plan.scored
+        documents = {c: [ids[:need] for _, ids in held_out_documents(tokenizer, c, need, eval_plan.documents)]
+                     for c in CORPORA}
+        sample_prompt = tokenizer.decode(documents["prose"][0][:48].tolist())
+    names = [n for n in ORDER if n in plan.settings or (plan.baselines and n in ("original", "converted"))]
+    done: dict[str, dict] = {}
+    for name in names:
+        path = results_dir / f"{name}.json"
+        if path.exists():
+            done[name] = json.loads(path.read_text())
+            log(f"{name}: done before ({path})")
+            continue
+        started = time.perf_counter()
+        record: dict = {"name": name, "model": plan.model, "commit": _commit(), "machine": platform.machine(),
+                        "torch": torch.__version__, "threads": torch.get_num_threads()}
+        log(f"{name}: start")
+        if name == "original":
+            model = source
+        elif name == "converted":
+            model = from_pretrained_llama(source, pe_type="tape")
+            record["max_abs_logit_diff_vs_original"] = _logit_diff(source, model, documents, tokenizer)
+        else:
+            settings = plan.settings[name]
+            try:
+                outcome = finetune(source, tokenizer, settings, plan.out / name, resume=True)
+            except Exception:  # one failing method must not stop an unattended run of the others
+                log(f"{name}: FAILED\n{traceback.format_exc()}")
+                continue
+            model = outcome.model
+            record.update(settings=settings.to_dict(), trainable=outcome.trainable,
+                          train={"steps_this_session": len(outcome.losses), "seconds": outcome.seconds,
+                                 "seconds_per_step": outcome.seconds_per_step,
+                                 "losses": outcome.losses, **_metrics(plan.out / name)})
+        if plan.evaluate:
+            record["eval_plan"] = eval_plan.__dict__
+            record["eval"] = evaluate_model(model, tokenizer, documents, list(eval_plan.lengths),
+                                            list(eval_plan.passkey_lengths), eval_plan.scored, eval_plan.trials,
+                                            eval_plan.seed, sample_prompt,
+                                            log=lambda line, n=name: log(f"{n}:{line}"))
+        record["seconds_total"] = time.perf_counter() - started
+        _write(path, record)
+        done[name] = record
+        log(f"{name}: done in {record['seconds_total']:.0f} s -> {path}")
+        if markdown is not None:
+            update_markdown(markdown, results_dir)
+    return done
+
+
+def _metrics(run_dir: Path) -> dict:
+    """Per-step losses logged by the training loop over the whole run (all sessions)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "loss" in r]
+    return {"logged": [{"step": r["step"], "loss": r["loss"], "elapsed_s": r.get("elapsed_s")} for r in rows]}
+
+
+@torch.no_grad()
+def _logit_diff(source, converted, documents, tokenizer) -> float | None:
+    if documents is None:
+        return None
+    ids = torch.from_numpy(documents["prose"][0][:512])[None]
+    return (source(input_ids=ids).logits - converted(input_ids=ids).logits).abs().max().item()
+
+
+# ------------------------------------------------------------------------------------------------------ the report
+
+
+def _load(results_dir: Path) -> dict[str, dict]:
+    return {name: json.loads((results_dir / f"{name}.json").read_text()) for name in ORDER
+            if (results_dir / f"{name}.json").exists()}
+
+
+def _fmt(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def results_section(results_dir: str | Path) -> str:
+    """The markdown of the "Pretrained model" section, from the result JSON files in `results_dir`."""
+    results_dir = Path(results_dir)
+    results = _load(results_dir)
+    lines = ["## Pretrained model: TAPE retrofitted into SmolLM2-135M", "",
+             f"Produced by `{COMMAND}` (resumable; one JSON per model in `{results_dir.as_posix()}`).", ""]
+    if not results:
+        return "\n".join(lines + ["No results yet.", ""])
+    any_eval = next((r for r in results.values() if "eval" in r), None)
+    if any_eval is not None:
+        plan = any_eval["eval_plan"]
+        lengths = [str(x) for x in plan["lengths"]]
+        keys = [str(x) for x in plan["passkey_lengths"]]
+        lines += ["### Perplexity against context length (lower is better)", "",
+                  f"Held-out files ({plan['documents']} per corpus, never trained on): the same "
+                  f"{plan['scored']} tokens per file, after its first {max(plan['lengths'])} tokens, scored with "
+                  "windows of each length (stride 256, or L/2 for L <= 256).", ""]
+        header = "| model | " + " | ".join(f"{c} {n}" for c in CORPORA for n in lengths) + " |"
+        lines += [header, "|" + "---|" * (1 + len(CORPORA) * len(lengths))]
+        for name, record in results.items():
+            if "eval" not in record:
+                continue
+            ppl = record["eval"]["perplexity"]
+            cells = [_fmt(ppl.get(c, {}).get(n, {}).get("perplexity"), ".3f") for c in CORPORA for n in lengths]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += ["", f"### Passkey retrieval accuracy against length ({plan['trials']} trials each, greedy)", "",
+                  "| model | " + " | ".join(f"{n} tokens" for n in keys) + " |",
+                  "|" + "---|" * (1 + len(keys))]
+        for name, record in results.items():
+            if "eval" not in record:
+                continue
+            passkey = record["eval"]["passkey"]
+            lines.append(f"| {name} | " + " | ".join(_fmt(passkey.get(n, {}).get("accuracy"), ".2f") for n in keys)
+                         + " |")
+    trained = {n: r for n, r in results.items() if "train" in r}
+    if trained:
+        lines += ["", "### Training", "", "| method | trainable parameters | steps | s/step | first loss | "
+                  "last loss (mean of last 10) |", "|---|---|---|---|---|---|"]
+        for name, record in trained.items():
+            groups = ", ".join(f"{k} {v:,}" for k, v in record["trainable"].items())
+            losses = [row["loss"] for row in record["train"].get("logged", [])] or record["train"]["losses"]
+            all_losses = record["train"]["losses"]
+            last = sum(all_losses[-10:]) / max(1, len(all_losses[-10:])) if all_losses else None
+            lines.append(f"| {name} | {groups} | {record['settings']['steps']} | "
+                         f"{record['train']['seconds_per_step']:.2f} | {_fmt(losses[0] if losses else None, '.3f')}"
+                         f" | {_fmt(last, '.3f')} |")
+    converted = results.get("converted", {}).get("max_abs_logit_diff_vs_original")
+    if converted is not None:
+        lines += ["", f"Converted (TAPE at step 0) vs original: max |Δ logit| = {converted:.2e} over 512 tokens."]
+    samples = [(n, r["eval"]["sample"]) for n, r in results.items() if "sample" in r.get("eval", {})]
+    if samples:
+        lines += ["", "### Generation sample (greedy, 40 tokens)", "", "Prompt: `" +
+                  samples[0][1]["prompt"].replace("`", "'").replace("\n", "⏎") + "`", ""]
+        for name, sample in samples:
+            lines.append(f"- **{name}**: `" + sample["continuation"].replace("`", "'").replace("\n", "⏎") + "`")
+    missing = [n for n in ORDER if n not in results]
+    if missing:
+        lines += ["", f"Missing from this run: {', '.join(missing)}."]
+    reading = results_dir / "reading.md"
+    if reading.exists():
+        lines += ["", reading.read_text().strip()]
+    return "\n".join(lines) + "\n"
+
+
+def update_markdown(path: str | Path, results_dir: str | Path) -> None:
+    """Replace (or append) the marked "Pretrained model" block of the markdown file `path`."""
+    path = Path(path)
+    text = path.read_text() if path.exists() else "# Results\n"
+    block = f"{BEGIN}\n{results_section(results_dir)}{END}"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
