@@ -221,6 +221,17 @@ def test_eval_command_writes_json_and_png(tmp_path, capsys) -> None:
     assert {(c["len_a"], c["len_b"]) for c in evaluation["conditions"]} == {(a, b) for a in range(1, 5)
                                                                                for b in range(1, 5)}
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
+    # The exact match equals the task's own scoring; token accuracy (same logits) is at least as high.
+    from tapelm.runs import load_run
+
+    run = load_run(out)
+    model = run.load_model().eval()
+    row = evaluation["conditions"][5]
+    condition = {k: row[k] for k in ("len_a", "len_b", "length")}
+    value, _ = run.task.evaluate_condition(
+        lambda ids, mask: model(input_ids=ids, attention_mask=mask, use_cache=False).logits, condition,
+        evaluation["seed"], 3, 64)
+    assert row["value"] == value and row["token_accuracy"] >= row["value"]
 
 
 def test_position_tables_cover_the_longest_evaluation() -> None:

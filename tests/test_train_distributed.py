@@ -43,6 +43,10 @@ WORKER = textwrap.dedent("""
         "rank": state.process_index, "world": state.num_processes, "distributed_type": str(state.distributed_type),
         "asked": asked, "batches": firsts, "params": final.tolist(), "moved": float((final - initial).abs().max()),
         "losses": result.losses}))
+    # The task path (`tapelm train`) in the same processes: one run, evaluated once, recorded as world size 2.
+    from tapelm.runs import run_task
+    cli = run_task(run, out / "task-run", progress=False)
+    (out / f"task{state.process_index}.json").write_text(json.dumps(cli and {"world": cli["world_size"]}))
 """)
 
 
@@ -74,6 +78,8 @@ def test_two_cpu_processes_train_in_sync(tmp_path) -> None:
     assert ranks[0]["moved"] > 1e-3  # training changed the weights ...
     assert ranks[0]["params"] == ranks[1]["params"]  # ... identically on both ranks (gradients all-reduced)
     assert ranks[0]["losses"] == ranks[1]["losses"]  # the logged loss is the mean over ranks
+    assert json.loads((tmp_path / "task0.json").read_text()) == {"world": 2}
+    assert json.loads((tmp_path / "task1.json").read_text()) is None  # only the main process evaluates
     manifest = json.loads(next((tmp_path / "run" / "checkpoints").glob("step-*/manifest.json")).read_text())
     assert manifest["world_size"] == 2
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(manifest["files"])

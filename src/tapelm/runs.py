@@ -21,7 +21,7 @@ import torch
 from . import PE_TYPES, TapeConfig, TapeForCausalLM
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task
-from .train import CheckpointError, TrainSettings, check_run_dir, train
+from .train import CheckpointError, TrainSettings, check_run_dir, make_accelerator, train
 
 RUN_FILE = "run.json"
 RESULT_FILE = "result.json"
@@ -190,9 +190,9 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if resume and (run_dir / RESULT_FILE).exists():
         return json.loads((run_dir / RESULT_FILE).read_text())
     check_run_dir(run_dir, run.settings, resume)  # raises before anything is written
-    from accelerate import PartialState
-
-    state = PartialState()
+    # The Accelerator comes first: a bare PartialState created before it would settle the process group on its own
+    # (on CPU without ACCELERATE_USE_CPU it silently becomes a single process); a broken group is refused here.
+    state = make_accelerator(run.settings)
     if state.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / RUN_FILE).exists():
@@ -209,7 +209,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         evaluate_fn = _quick_evaluation(run)
     started = time.time()
     trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
-                    progress=progress, stop_after=stop_after)
+                    progress=progress, stop_after=stop_after, accelerator=state)
     if trained.start_step + len(trained.losses) < run.settings.steps:
         return None
     if not state.is_main_process:
@@ -217,8 +217,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     from .evaluate import evaluate_model, plot_evaluation
 
     eval_started = time.time()
-    evaluation = evaluate_model(model if state.num_processes == 1 else run.load_model(run_dir), run.task,
-                                run.preset.eval_n, run.preset.eval_batch_size, progress=progress)
+    evaluation = evaluate_model(model, run.task, run.preset.eval_n, run.preset.eval_batch_size, progress=progress)
     _write_json(run_dir / "eval.json", evaluation)
     plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -334,6 +334,24 @@ def _model_save(accelerator, model, directory: Path) -> None:
     accelerator.wait_for_everyone()
 
 
+def make_accelerator(settings: TrainSettings):
+    """The Accelerator `train` uses by default (the launch environment decides DDP / FSDP / devices)."""
+    from accelerate import Accelerator
+
+    return check_world(Accelerator(mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False))
+
+
+def check_world(accelerator):
+    """ValueError when a launcher started several processes but they did not form one group (accelerate on CPU
+    without ACCELERATE_USE_CPU=1 silently runs each process alone)."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:
+        raise ValueError(f"the launcher started WORLD_SIZE={launched} processes but accelerate runs "
+                         f"{accelerator.num_processes}; on CPU set ACCELERATE_USE_CPU=1 (with accelerate launch "
+                         "--multi_gpu) so that the processes form one group")
+    return accelerator
+
+
 def train(
     model: torch.nn.Module,
     batch_stream: BatchStream,
@@ -356,13 +374,11 @@ def train(
     accelerator: an `accelerate.Accelerator` to use (default: a new one from the settings and the launch environment).
     stop_after: stop (as if killed) after this many steps, leaving the checkpoints; for tests and time budgets.
     """
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     run_dir = Path(run_dir)
     checkpoint = check_run_dir(run_dir, settings, resume)
-    if accelerator is None:
-        accelerator = Accelerator(mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False)
+    accelerator = check_world(accelerator or make_accelerator(settings))
     set_seed(settings.seed)
     if settings.grad_checkpointing:
         if not hasattr(model, "gradient_checkpointing_enable"):
@@ -488,5 +504,5 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, resul
     accelerator.wait_for_everyone()
 
 
-__all__ = ["TrainSettings", "TrainResult", "train", "CheckpointError", "latest_checkpoint", "list_checkpoints",
+__all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError", "latest_checkpoint", "list_checkpoints",
            "verify_checkpoint", "check_run_dir", "learning_rate_lambda", "SCHEDULES", "MIXED_PRECISION"]

@@ -103,57 +103,76 @@ def _value(stats: dict[str, float], metric: str) -> str:
     return _pct(stats["mean"])
 
 
+def _versus_tape(rows: dict[str, Any], metric: str, label: str) -> list[str]:
+    """TAPE against each baseline on the longer lengths: ahead / behind only beyond twice the combined seed std."""
+    if "tape" not in rows:
+        return []
+    tape = rows["tape"]["longer"]
+    better, worse, tied = [], [], []
+    for pe, row in rows.items():
+        if pe == "tape":
+            continue
+        other = row["longer"]
+        diff = tape["mean"] - other["mean"]
+        if metric == "perplexity":
+            diff = -math.log(tape["mean"] / other["mean"])
+        spread = math.hypot(tape["std"], other["std"])
+        if min(tape["n"], other["n"]) < 2:
+            tied.append(f"{pe} ({'ahead' if diff > 0 else 'behind' if diff < 0 else 'equal'} with one seed only)")
+        elif abs(diff) <= 2 * spread:
+            tied.append(pe)
+        elif diff > 0:
+            better.append(pe)
+        else:
+            worse.append(pe)
+    out = []
+    if better:
+        out.append(f"{label}: TAPE is ahead of {', '.join(better)} on the longer lengths by more than twice the "
+                   "combined seed spread.")
+    if worse:
+        out.append(f"{label}: TAPE is behind {', '.join(worse)} on the longer lengths by more than twice the "
+                   "combined seed spread.")
+    if tied:
+        out.append(f"{label}: no difference that survives the seed noise (within twice the combined std, or a single "
+                   f"seed) between TAPE and {', '.join(tied)}.")
+    return out
+
+
 def reading(summary: dict[str, Any]) -> list[str]:
-    """Sentences computed from the numbers: who learned the task, TAPE against each baseline on the longer
-    lengths (a difference counts only when it exceeds the seed spread), and what this scale cannot show."""
+    """Sentences computed from the numbers: who learned the task, the ranking on longer inputs, TAPE against each
+    baseline (a difference counts only when it exceeds the seed spread), and what this scale cannot show."""
     rows, metric, task = summary["rows"], summary["metric"], summary["task"]
     higher = metric != "perplexity"
+    tokens = {pe: row["token_accuracy"] for pe, row in rows.items() if "token_accuracy" in row}
     out = []
     seeds = sorted({s for row in rows.values() for s in row["seeds"]})
     if higher:
         unlearned = [pe for pe, row in rows.items() if row["in_distribution"]["mean"] < LEARNED_FLOOR]
         learned = [pe for pe in rows if pe not in unlearned]
-        if unlearned:
-            out.append(f"Below {_pct(LEARNED_FLOOR)} in-distribution (the task is not learned at this budget, so "
-                       f"their length generalisation says little): {', '.join(unlearned)}.")
         if learned:
-            out.append(f"Learned in distribution (≥ {_pct(LEARNED_FLOOR)}): " + ", ".join(
+            out.append(f"Learned in distribution (≥ {_pct(LEARNED_FLOOR)} {metric.replace('_', ' ')}): " + ", ".join(
                 f"{pe} {_value(rows[pe]['in_distribution'], metric)}" for pe in learned) + ".")
+        if unlearned:
+            out.append(f"Below {_pct(LEARNED_FLOOR)} {metric.replace('_', ' ')} in distribution, i.e. the task is not "
+                       f"learned at this budget and exact-match length generalisation cannot show: "
+                       f"{', '.join(unlearned)}.")
+        if tokens:
+            out.append("Token accuracy in distribution / on longer inputs (chance is about 10% per digit): " + ", ".join(
+                f"{pe} {_pct(t['in_distribution']['mean'])} / {_pct(t['longer']['mean'])}" for pe, t in tokens.items())
+                + ".")
     else:
         best = min(rows, key=lambda pe: rows[pe]["in_distribution"]["mean"])
         out.append(f"Lowest in-distribution perplexity: {best} ({_value(rows[best]['in_distribution'], metric)}).")
+        blown = [pe for pe, row in rows.items() if row["longer"]["mean"] > 1.5 * row["in_distribution"]["mean"]]
+        if blown:
+            out.append(f"Perplexity grows by more than 1.5x beyond the training length for: {', '.join(blown)} "
+                       "(they do not extrapolate); the others stay within 1.5x.")
     ranked = sorted(rows, key=lambda pe: rows[pe]["longer"]["mean"], reverse=higher)
-    out.append("Longer than training, best first: " + ", ".join(
+    out.append(f"Longer than training ({metric.replace('_', ' ')}), best first: " + ", ".join(
         f"{pe} {_value(rows[pe]['longer'], metric)}" for pe in ranked) + ".")
-    if "tape" in rows:
-        tape = rows["tape"]["longer"]
-        better, worse, tied = [], [], []
-        for pe, row in rows.items():
-            if pe == "tape":
-                continue
-            other = row["longer"]
-            diff = tape["mean"] - other["mean"]
-            if metric == "perplexity":
-                diff = -math.log(tape["mean"] / other["mean"])
-            spread = math.hypot(tape["std"], other["std"])
-            n = min(tape["n"], other["n"])
-            if n < 2:
-                tied.append(f"{pe} (one seed only)")
-            elif abs(diff) <= 2 * spread:
-                tied.append(pe)
-            elif diff > 0:
-                better.append(pe)
-            else:
-                worse.append(pe)
-        if better:
-            out.append(f"TAPE is ahead on the longer lengths of {', '.join(better)} by more than twice the "
-                       "combined seed spread.")
-        if worse:
-            out.append(f"TAPE is behind {', '.join(worse)} on the longer lengths by more than twice the combined "
-                       "seed spread.")
-        if tied:
-            out.append(f"No difference beyond seed noise (within twice the combined std, or too few seeds) between "
-                       f"TAPE and: {', '.join(tied)}.")
+    out += _versus_tape(rows, metric, metric.replace("_", " ").capitalize())
+    if tokens:
+        out += _versus_tape({pe: tokens[pe] for pe in tokens}, "accuracy", "Token accuracy")
     if task == "addition":
         shown = ", ".join(f"{pe} {v}" for pe, v in PAPER_ADDITION.items() if pe in rows)
         if shown:
