@@ -4,7 +4,9 @@
 CPU cores (about 0.8M parameters; several times longer on a shared machine), so that a comparison of many encodings
 and seeds fits in an hour. `paper` uses the sizes TAPE.md §7 states (12 layers, hidden 768, 12 heads, TAPE position
 size 48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. A task without
-its own entry uses the preset's "*" entry.
+its own entry uses the preset's "*" entry. cpu-small runs torch on one thread unless --threads says otherwise:
+models this small gain nothing from intra-op threads, and on a shared 2-core machine two threads measured 7x
+slower per step (1.84 s against 0.25 s).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Preset:
     train: TrainSettings = field(default_factory=TrainSettings)
     eval_n: int = 100  # examples per condition (text: train_length-token spans of held-out text)
     eval_batch_size: int = 32
+    threads: int | None = None  # torch CPU threads when --threads is not given (not part of a run's identity)
 
 
 _SMALL = ModelSize(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
@@ -54,19 +57,19 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "addition": Preset(
             _SMALL, {"max_train_digits": 4, "eval_max_digits": 8},
             TrainSettings(steps=600, lr=3e-3, warmup=50, schedule="cosine", batch_size=64, log_every=10),
-            eval_n=20, eval_batch_size=256),
+            eval_n=20, eval_batch_size=256, threads=1),
         "passkey": Preset(
             _SMALL, {"train_length": 256, "eval_multipliers": (1, 2, 4)},
             TrainSettings(steps=300, lr=3e-3, warmup=30, schedule="cosine", batch_size=8, log_every=10),
-            eval_n=10, eval_batch_size=10),
+            eval_n=10, eval_batch_size=10, threads=1),
         "text": Preset(
             _SMALL, {"train_length": 64, "eval_multipliers": (1, 2, 4, 8)},
             TrainSettings(steps=400, lr=3e-3, warmup=30, schedule="cosine", batch_size=16, log_every=10),
-            eval_n=32, eval_batch_size=16),
+            eval_n=32, eval_batch_size=16, threads=1),
         "*": Preset(
             _SMALL, {},
             TrainSettings(steps=400, lr=3e-3, warmup=30, schedule="cosine", batch_size=32, log_every=10),
-            eval_n=20, eval_batch_size=32),
+            eval_n=20, eval_batch_size=32, threads=1),
     },
     "paper": {
         "addition": Preset(

@@ -337,16 +337,20 @@ def add_run_arguments(parser) -> None:
     parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size (default: the preset's)")
     parser.add_argument("--match-params", action="store_true",
                         help="widen a baseline's MLP to TAPE's parameter count")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 is much faster on a "
-                                                    "busy machine for the cpu-small models)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: the preset's; cpu-small uses 1, "
+                                                    "which is much faster for its tiny models on a busy machine)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def apply_threads(args) -> None:
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
-        torch.set_num_threads(args.threads)
+    """--threads, else the preset's thread count (cpu-small: 1), else torch's default."""
+    threads = args.threads
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads={threads} is not allowed; it must be a positive integer")
+    if threads is None and args.preset in PRESETS:
+        threads = get_preset(args.preset, args.task).threads
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def train_options(args) -> dict[str, Any]:

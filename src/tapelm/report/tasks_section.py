@@ -30,12 +30,12 @@ def build(context: ReportContext) -> str | None:
         if not summary["rows"]:
             continue
         results = load_results(directory)
-        prefix = f"{summary['task']}-{summary['settings_hash']}-"
+        prefix = f"{summary['settings_hash']}-"
         context.figures.mkdir(parents=True, exist_ok=True)
         for stale in context.figures.glob(prefix + "*"):
             stale.unlink()
         figures = write_figures(summary, results, context.figures, prefix=prefix)
-        (context.figures / f"{prefix}summary.json").write_text(json.dumps(
+        (context.figures / f"{prefix}{summary['task']}-summary.json").write_text(json.dumps(
             {k: v for k, v in summary.items() if k != "table"}, indent=1))
         parts.append(_subsection(summary, results, figures, context))
     if not parts:
