@@ -10,8 +10,14 @@ from . import PE_TYPES
 
 
 def _bench_speed(args: argparse.Namespace) -> None:
+    import torch
+
     from .speed import run
 
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
+        torch.set_num_threads(args.threads)
     sizes = ["quick"] if args.quick else args.sizes
     run(sizes, args.pe or list(PE_TYPES), Path(args.out), progress=not args.no_progress)
 
@@ -31,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_argument("--pe", nargs="+", choices=PE_TYPES, metavar="PE",
                        help=f"encodings (default: all of {', '.join(PE_TYPES)}); RoPE is always included")
     speed.add_argument("--out", default="bench-results", help="folder for the JSON and PNG (default: %(default)s)")
+    speed.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     speed.add_argument("--no-progress", action="store_true", help="no progress bar")
     speed.set_defaults(handler=_bench_speed)
 

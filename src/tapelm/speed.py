@@ -9,6 +9,7 @@ differs between encodings), and the cache after prefill for decoding.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -185,7 +186,7 @@ def environment() -> dict:
     return {"commit": commit, "tapelm": __version__, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": sys.version.split()[0],
             "machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def plot(report: dict, path: Path) -> None:
