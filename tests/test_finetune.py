@@ -136,3 +136,41 @@ def test_every_method_trains(tmp_path: Path):
         result = finetune(source, None, settings(method, steps=3), tmp_path / method, batch_stream=cycle_stream(),
                           progress=False)
         assert len(result.losses) == 3 and all(torch.isfinite(torch.tensor(result.losses)))
+
+
+def fake_result(name: str, ppl: float, trained: bool) -> dict:
+    record = {"name": name, "eval_plan": {"lengths": [128, 256], "passkey_lengths": [256], "scored": 256,
+                                          "documents": 1, "trials": 20},
+              "eval": {"perplexity": {c: {"128": {"perplexity": ppl}, "256": {"perplexity": ppl - 1}}
+                                      for c in ("code", "prose")},
+                       "passkey": {"256": {"accuracy": 0.95}}}}
+    if trained:
+        record.update(settings=FinetuneSettings(method=name).to_dict() | {"target_length": 512,
+                                                                          "pretrained_length": 128},
+                      trainable={"lora": 10}, train={"seconds_per_step": 2.0, "losses": [3.0, 2.0]})
+    return record
+
+
+def test_results_section_is_spliced_into_the_report_and_rebuilt_in_place(tmp_path: Path):
+    import json
+
+    from tapelm.report import build_report
+    from tapelm.retrofit import register_report_section, update_markdown
+
+    results = tmp_path / "docs" / "results" / "pretrained"
+    results.mkdir(parents=True)
+    for name, ppl, trained in (("original", 5.0, False), ("tape", 4.5, True)):
+        (results / f"{name}.json").write_text(json.dumps(fake_result(name, ppl, trained)))
+    markdown = tmp_path / "docs" / "RESULTS.md"
+    markdown.write_text("# Results\n\nkept text\n")
+    update_markdown(markdown, results)
+    first = markdown.read_text()
+    assert "kept text" in first and "| tape | 4.500 | 3.500 | 4.500 | 3.500 |" in first
+    assert "| original | 0.95 |" in first and "Missing from this run: lora, longlora, theta, pi, converted." in first
+    assert "identical for every method" in first
+    update_markdown(markdown, results)
+    assert markdown.read_text() == first
+    register_report_section()
+    (tmp_path / "runs").mkdir()
+    build_report(tmp_path / "runs", markdown, sections=["pretrained-model"])
+    assert markdown.read_text() == first

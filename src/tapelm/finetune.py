@@ -46,7 +46,7 @@ class FinetuneSettings:
 
     method: str
     train_length: int = 128
-    steps: int = 60
+    steps: int = 150
     batch_size: int = 1
     grad_accum: int = 1
     lr: float = 2e-4
@@ -273,7 +273,7 @@ def register_cli(commands) -> None:
     parser.add_argument("--results", help="folder for the per-model result JSON files (default: OUT/results)")
     parser.add_argument("--markdown", help="write/refresh the 'Pretrained model' section of this markdown file")
     parser.add_argument("--train-length", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--grad-accum", type=int, default=1)

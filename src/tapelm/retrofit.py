@@ -3,9 +3,9 @@ evaluated alike, one JSON file per model, and the "Pretrained model" section of 
 
 Resumable: a model whose JSON exists is skipped; a fine-tuning run resumes from its last checkpoint.
 
-Plugging into `tapelm report`: call `results_section(results_dir)` for the markdown of the section (it starts with
-"## Pretrained model"), or `update_markdown(path, results_dir)`, which replaces the block between
-``<!-- pretrained-model:begin -->`` and ``<!-- pretrained-model:end -->`` (appending it when absent).
+`tapelm report` section "pretrained-model" (registered by `register_report_section`): built by `results_section`
+from the committed JSON files in docs/results/pretrained (next to the report's figures folder). `update_markdown`
+splices the same section into a markdown file directly, with the report's markers.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from .finetune import METHODS, FinetuneSettings, finetune
 from .retrofit_data import CORPORA, held_out_documents
 from .retrofit_eval import evaluate_model
 
-BEGIN, END = "<!-- pretrained-model:begin -->", "<!-- pretrained-model:end -->"
+SECTION, TITLE = "pretrained-model", "Pretrained model: TAPE retrofitted into SmolLM2-135M"
 ORDER = ("original", *METHODS, "converted")
+BUDGET_FIELDS = ("train_length", "steps", "batch_size", "grad_accum", "lr", "warmup", "seed")
 COMMAND = ("tapelm finetune --model smollm2-135m --method all --threads 1 --out runs/retrofit "
            "--results docs/results/pretrained --markdown docs/RESULTS.md")
 
@@ -168,8 +169,7 @@ def results_section(results_dir: str | Path) -> str:
     """The markdown of the "Pretrained model" section, from the result JSON files in `results_dir`."""
     results_dir = Path(results_dir)
     results = _load(results_dir)
-    lines = ["## Pretrained model: TAPE retrofitted into SmolLM2-135M", "",
-             f"Produced by `{COMMAND}` (resumable; one JSON per model in `{results_dir.as_posix()}`).", ""]
+    lines = [f"Produced by `{COMMAND}` (resumable; one JSON per model in `{results_dir.as_posix()}`).", ""]
     if not results:
         return "\n".join(lines + ["No results yet.", ""])
     any_eval = next((r for r in results.values() if "eval" in r), None)
@@ -180,7 +180,7 @@ def results_section(results_dir: str | Path) -> str:
         lines += ["### Perplexity against context length (lower is better)", "",
                   f"Held-out files ({plan['documents']} per corpus, never trained on): the same "
                   f"{plan['scored']} tokens per file, after its first {max(plan['lengths'])} tokens, scored with "
-                  "windows of each length (stride 256, or L/2 for L <= 256).", ""]
+                  "windows of each length L moved by min(256, L/2) (the paper's stride 256 where L allows).", ""]
         header = "| model | " + " | ".join(f"{c} {n}" for c in CORPORA for n in lengths) + " |"
         lines += [header, "|" + "---|" * (1 + len(CORPORA) * len(lengths))]
         for name, record in results.items():
@@ -200,7 +200,17 @@ def results_section(results_dir: str | Path) -> str:
                          + " |")
     trained = {n: r for n, r in results.items() if "train" in r}
     if trained:
-        lines += ["", "### Training", "", "| method | trainable parameters | steps | s/step | first loss | "
+        first = next(iter(trained.values()))["settings"]
+        budgets = {json.dumps({k: r["settings"][k] for k in BUDGET_FIELDS}) for r in trained.values()}
+        tokens = first["steps"] * first["batch_size"] * first["grad_accum"] * first["train_length"]
+        lines += ["", "### Training", "",
+                  f"Budget, {'identical for every method' if len(budgets) == 1 else 'NOT identical across methods'}:"
+                  f" {first['steps']} steps x {first['batch_size'] * first['grad_accum']} x {first['train_length']} "
+                  f"tokens = {tokens:,} tokens of training text, AdamW lr {first['lr']} (constant after "
+                  f"{first['warmup']} warm-up steps), no weight decay, clip 1.0; LoRA rank {first['lora_rank']}, "
+                  f"alpha {first['lora_alpha']} on q/k/v/o. theta: rope_theta {first['theta']:g}; pi: linear "
+                  f"factor {first['target_length']}/{first['pretrained_length']}; longlora: S²-Attn groups of "
+                  f"{int(first['train_length'] * first['s2_group_fraction'])} tokens while training.", "", "| method | trainable parameters | steps | s/step | first loss | "
                   "last loss (mean of last 10) |", "|---|---|---|---|---|---|"]
         for name, record in trained.items():
             groups = ", ".join(f"{k} {v:,}" for k, v in record["trainable"].items())
@@ -229,14 +239,25 @@ def results_section(results_dir: str | Path) -> str:
 
 
 def update_markdown(path: str | Path, results_dir: str | Path) -> None:
-    """Replace (or append) the marked "Pretrained model" block of the markdown file `path`."""
+    """Replace (or append) this section's marked block in the markdown file `path`."""
+    from .report import HEADER, splice
+
     path = Path(path)
-    text = path.read_text() if path.exists() else "# Results\n"
-    block = f"{BEGIN}\n{results_section(results_dir)}{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    text = path.read_text() if path.exists() else HEADER
+    text = splice(text, SECTION, f"## {TITLE}\n\n{results_section(results_dir)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def _report_build(context) -> str | None:
+    results_dir = Path(context.figures).parent / "results" / "pretrained"
+    if not any(results_dir.glob("*.json")):
+        return None
+    return results_section(results_dir)
+
+
+def register_report_section() -> None:
+    """Make `tapelm report` build the "pretrained-model" section."""
+    from .report import register_section
+
+    register_section(SECTION, TITLE, _report_build)
