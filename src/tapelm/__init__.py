@@ -7,10 +7,12 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config import PE_TYPES, TapeConfig
 from .modeling import TapeForCausalLM, TapeModel, TapePreTrainedModel
+from .convert import from_pretrained_llama
 
 AutoConfig.register("tape", TapeConfig, exist_ok=True)
 AutoModel.register(TapeConfig, TapeModel, exist_ok=True)
 AutoModelForCausalLM.register(TapeConfig, TapeForCausalLM, exist_ok=True)
 
 __version__ = "0.1.0"
-__all__ = ["TapeConfig", "TapeModel", "TapeForCausalLM", "TapePreTrainedModel", "PE_TYPES", "__version__"]
+__all__ = ["TapeConfig", "TapeModel", "TapeForCausalLM", "TapePreTrainedModel", "PE_TYPES", "from_pretrained_llama",
+           "__version__"]
