@@ -194,6 +194,8 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys) -> None:
      "train_length=100 is not allowed"),
     (["train", "--task", "text", "--pe", "tape", "--task-option", "corpus=/no/such/corpus"],
      "corpus path '/no/such/corpus' does not exist"),
+    (["train", "--task", "text", "--pe", "tape", "--eval-n", "4"],
+     "n=4 gives 256 held-out tokens, fewer than the eval length 512"),
     (["train", "--task", "addition", "--pe", "tape", "--preset", "huge"], "unknown preset 'huge'; choose one of"),
     (["train", "--task", "addition", "--pe", "tape", "--schedule", "linear"], "schedule='linear' is not allowed"),
     (["train", "--task", "addition", "--pe", "tape", "--model-option", "hidden_size=30"],

@@ -127,6 +127,8 @@ def resolve(spec: RunSpec) -> ResolvedRun:
     if spec.eval_n is not None or spec.eval_batch_size is not None:
         preset = replace(preset, eval_n=spec.eval_n or preset.eval_n,
                          eval_batch_size=spec.eval_batch_size or preset.eval_batch_size)
+    longest = max(task.eval_conditions(), key=lambda c: c["length"])
+    next(iter(task.eval_batches(longest, 0, preset.eval_n, preset.eval_batch_size)))  # the task's own checks, now
     model_options = dict(spec.model_options)
     try:
         config = model_config(task, spec.pe, preset, model_options)
