@@ -260,3 +260,13 @@ def test_the_data_stream_is_seeded_by_index_and_seed() -> None:
     assert torch.equal(a(5)["input_ids"], batch_stream(run.task, 0, 8)(5)["input_ids"])
     assert not torch.equal(a(5)["input_ids"], a(6)["input_ids"])
     assert not torch.equal(a(5)["input_ids"], b(5)["input_ids"])
+
+
+@pytest.mark.parametrize("options", [{"mixed_precision": "bf16"}, {"grad_checkpointing": True, "grad_accum": 2}])
+def test_mixed_precision_and_gradient_checkpointing_train(tmp_path, options) -> None:
+    run = resolve(tiny_spec(steps=3, **options))
+    model = run.build_model()
+    result = train(model, batch_stream(run.task, 0, 8), run.settings, tmp_path, progress=False)
+    assert len(result.losses) == 3 and all(torch.isfinite(torch.tensor(result.losses)))
+    if options.get("grad_checkpointing"):
+        assert model.model.gradient_checkpointing

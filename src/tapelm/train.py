@@ -337,8 +337,19 @@ def _model_save(accelerator, model, directory: Path) -> None:
 def make_accelerator(settings: TrainSettings):
     """The Accelerator `train` uses by default (the launch environment decides DDP / FSDP / devices)."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
 
-    return check_world(Accelerator(mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False))
+    def build():
+        return Accelerator(mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False)
+
+    try:
+        return check_world(build())
+    except ValueError as error:
+        if "already been initialized" not in str(error) or PartialState().num_processes > 1:
+            raise
+    # One process that trained before with another precision (accelerate keeps one global state): start afresh.
+    AcceleratorState._reset_state()
+    return check_world(build())
 
 
 def check_world(accelerator):
@@ -381,9 +392,11 @@ def train(
     accelerator = check_world(accelerator or make_accelerator(settings))
     set_seed(settings.seed)
     if settings.grad_checkpointing:
-        if not hasattr(model, "gradient_checkpointing_enable"):
-            raise ValueError("grad_checkpointing=True needs a model with gradient_checkpointing_enable()")
-        model.gradient_checkpointing_enable()
+        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
+            model, "gradient_checkpointing_enable", None)  # transformers v5 renamed it
+        if enable is None:
+            raise ValueError("grad_checkpointing=True needs a model with activation_checkpointing_enable()")
+        enable()
     params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
     if not params:
         raise ValueError("there is no trainable parameter")
