@@ -138,10 +138,9 @@ def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
         if all(r.get("token_accuracy_summary") for r in by_seed.values()):
             rows[pe]["token_accuracy"] = _summary_stats([r["token_accuracy_summary"] for r in by_seed.values()],
                                                         lengths)
-    metric = next(iter(results.values()))[next(iter(next(iter(results.values()))))]["metric"] if results else "?"
-    evaluation = None
-    if results:
-        evaluation = next(iter(next(iter(results.values())).values()))["evaluation"]
+    any_result = next((r for by_seed in results.values() for r in by_seed.values()), None)
+    metric = any_result["metric"] if any_result else "?"
+    evaluation = any_result["evaluation"] if any_result else None
     summary = {"task": record["task"], "settings_hash": record["settings_hash"], "metric": metric,
                "record": record, "rows": rows, "figures": [],
                "x_label": evaluation["x_label"] if evaluation else "", "training_edge":
