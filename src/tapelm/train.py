@@ -517,5 +517,5 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, resul
     accelerator.wait_for_everyone()
 
 
-__all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError", "latest_checkpoint", "list_checkpoints",
-           "verify_checkpoint", "check_run_dir", "learning_rate_lambda", "SCHEDULES", "MIXED_PRECISION"]
+__all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError",
+           "latest_checkpoint", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda", "SCHEDULES", "MIXED_PRECISION"]

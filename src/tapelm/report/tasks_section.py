@@ -65,10 +65,12 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
     if seconds:
         timing = (f" Wall time per run (train + eval, this machine, shared with other jobs): "
                   f"{min(seconds) / 60:.1f}–{max(seconds) / 60:.1f} min.")
+    layers = model["num_hidden_layers"]
+    matched = " (baselines widened to TAPE’s parameter count)" if record["match_params"] else ""
     return (
-        f"Preset `{record['preset']}` (settings hash `{record['settings_hash']}`): {model['num_hidden_layers']} "
-        f"layers, hidden {model['hidden_size']}, {model['num_attention_heads']} heads, MLP "
-        f"{model['intermediate_size']}{' (baselines widened to TAPE’s parameter count)' if record['match_params'] else ''}; "
+        f"Preset `{record['preset']}` (settings hash `{record['settings_hash']}`): {layers} "
+        f"layer{'s' if layers > 1 else ''}, hidden {model['hidden_size']}, {model['num_attention_heads']} heads, MLP "
+        f"{model['intermediate_size']}{matched}; "
         f"task options `{json.dumps(record['task_options'])}`; {train['steps']} steps × batch {train['batch_size']}"
         f"{' × ' + str(train['grad_accum']) if train['grad_accum'] > 1 else ''}, AdamW lr {train['lr']} "
         f"({train['warmup']} warm-up steps, {train['schedule']}), clip {train['clip']}, weight decay "
@@ -157,7 +159,8 @@ def reading(summary: dict[str, Any]) -> list[str]:
                        f"learned at this budget and exact-match length generalisation cannot show: "
                        f"{', '.join(unlearned)}.")
         if tokens:
-            out.append("Token accuracy in distribution / on longer inputs (chance is about 10% per digit): " + ", ".join(
+            chance = " (chance is about 10% per digit)" if task == "addition" else ""
+            out.append(f"Token accuracy in distribution / on longer inputs{chance}: " + ", ".join(
                 f"{pe} {_pct(t['in_distribution']['mean'])} / {_pct(t['longer']['mean'])}" for pe, t in tokens.items())
                 + ".")
     else:
@@ -176,8 +179,8 @@ def reading(summary: dict[str, Any]) -> list[str]:
     if task == "addition":
         shown = ", ".join(f"{pe} {v}" for pe, v in PAPER_ADDITION.items() if pe in rows)
         if shown:
-            out.append(f"For scale: the paper's heatmap averages (train ≤ 40 digits, test ≤ 80, a much larger model "
-                       f"trained far longer) are {shown} (%). These runs are not a replication of that setting.")
+            out.append(f"For scale: the paper's heatmap averages (train ≤ 40 digits, test ≤ 80, a much larger "
+                       f"model trained far longer) are {shown} (%). These runs are not a replication of that setting.")
     out.append(
         f"What this does not show: the models are tiny and briefly trained ({len(seeds)} seed(s), a few minutes of "
         "CPU each), so differences in length generalisation here are weak evidence about the encodings at the "
