@@ -518,4 +518,5 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, resul
 
 
 __all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError",
-           "latest_checkpoint", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda", "SCHEDULES", "MIXED_PRECISION"]
+           "latest_checkpoint", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda",
+           "SCHEDULES", "MIXED_PRECISION"]
