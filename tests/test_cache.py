@@ -67,3 +67,24 @@ def test_relative_bias_reads_cached_key_positions(pe_type):
     first = model(ids[:, :6], position_ids=positions[:, :6], past_key_values=cache, use_cache=True)
     rest = model(ids[:, 6:], position_ids=positions[:, 6:], past_key_values=first.past_key_values, use_cache=True)
     torch.testing.assert_close(torch.cat([first.logits, rest.logits], dim=1), full, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("pe_type", ["tape", "alibi"])
+def test_beam_search_reorders_the_growing_cache(pe_type):
+    """Beam search reorders and selects cache rows; the growing layers must follow (positions slot included)."""
+    model = tiny_model(pe_type, dtype=torch.float64)
+    ids = tokens(2, 6)
+    kwargs = dict(max_new_tokens=8, do_sample=False, num_beams=3)
+    assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+
+
+def test_growing_layer_crop_then_continue():
+    """After a crop the layer rebuilds its buffer from the cropped views and keeps decoding correctly."""
+    model = tiny_model("tape", dtype=torch.float64)
+    ids = tokens(1, 12)
+    cache = DynamicCache(config=model.config)
+    model(ids[:, :9], past_key_values=cache, use_cache=True)
+    assert type(cache.layers[0]).__name__ == "GrowingLayer"
+    cache.crop(-3)
+    rest = model(ids[:, 6:], past_key_values=cache, use_cache=True).logits
+    torch.testing.assert_close(rest, model(ids).logits[:, 6:], atol=1e-10, rtol=0)

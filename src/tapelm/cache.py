@@ -1,15 +1,65 @@
-"""What tapelm keeps in a transformers `Cache` besides each layer's keys and value stream.
+"""What tapelm keeps in a transformers `Cache`, and how it grows.
 
 Per decoder layer the cache holds the transformed keys and the value stream ([V | E] for TAPE, whose positional
 state of past tokens never changes). Encodings with relative biases also need the positions of every cached key;
-those live in one extra `DynamicLayer` after the decoder layers, so that cropping, beam reordering and batch
-selection treat them exactly like the keys they belong to.
+those live in one extra layer after the decoder layers, so that cropping, beam reordering and batch selection treat
+them exactly like the keys they belong to.
+
+transformers' `DynamicLayer` concatenates the whole cache with each new token, which makes every decoding step copy
+everything cached so far; `GrowingLayer` writes into spare capacity instead (doubling when full). `prepare_cache`
+swaps it into a `DynamicCache` (the one `generate` creates included) before anything is stored.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values are views into buffers with spare room along the sequence axis."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _views_buffers(self) -> bool:
+        """Whether keys/values are still the views this layer handed out (crop or reorder replace them)."""
+        if self._buffers is None:
+            return False
+        key_buffer, value_buffer = self._buffers
+        return (self.keys.data_ptr() == key_buffer.data_ptr() and self.values.data_ptr() == value_buffer.data_ptr()
+                and self.keys.shape[:-2] == key_buffer.shape[:-2])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if key_states.requires_grad or value_states.requires_grad:  # in-place writes would break autograd
+            return super().update(key_states, value_states, *args, **kwargs)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.get_seq_length()
+        total = length + key_states.shape[-2]
+        if not self._views_buffers() or total > self._buffers[0].shape[-2]:
+            capacity = max(2 * total, 64)
+            self._buffers = tuple(
+                old.new_empty(*new.shape[:-2], capacity, new.shape[-1])
+                for old, new in ((key_states, key_states), (value_states, value_states)))
+            if length:
+                self._buffers[0][..., :length, :] = self.keys
+                self._buffers[1][..., :length, :] = self.values
+        key_buffer, value_buffer = self._buffers
+        key_buffer[..., length:total, :] = key_states
+        value_buffer[..., length:total, :] = value_states
+        self.keys, self.values = key_buffer[..., :total, :], value_buffer[..., :total, :]
+        return self.keys, self.values
+
+
+def prepare_cache(cache: Cache | None) -> None:
+    """Give an empty `DynamicCache` growing layers (other caches are left as they are)."""
+    if type(cache) is DynamicCache and cache.get_seq_length() == 0:
+        cache.layers = [GrowingLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
+                        for layer in cache.layers]
+        if cache.layer_class_to_replicate is DynamicLayer:
+            cache.layer_class_to_replicate = GrowingLayer
 
 
 def key_positions(cache: Cache | None, query_positions: torch.Tensor, slot: int) -> torch.Tensor:
@@ -17,7 +67,7 @@ def key_positions(cache: Cache | None, query_positions: torch.Tensor, slot: int)
     if cache is None:
         return query_positions
     while len(cache.layers) <= slot:
-        cache.layers.append(DynamicLayer())
+        cache.layers.append(GrowingLayer())
     stored = query_positions[:, None, :, None]
     positions, _ = cache.layers[slot].update(stored, stored)
     return positions[:, 0, :, 0]

@@ -14,7 +14,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from .attention import AttentionMask, attend, build_attention_mask
-from .cache import key_positions
+from .cache import key_positions, prepare_cache
 from .config import TapeConfig
 from .positional import LayerPositional, PositionContext, TapeLayer, build_encoding
 
@@ -132,6 +132,7 @@ class TapeModel(TapePreTrainedModel):
             past_key_values = DynamicCache(config=self.config)
         if not use_cache:
             past_key_values = None
+        prepare_cache(past_key_values)
         batch, length = inputs_embeds.shape[:2]
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         position_ids = self._position_ids(position_ids, attention_mask, past, batch, length, inputs_embeds.device)
