@@ -110,7 +110,7 @@ def _versus_tape(rows: dict[str, Any], metric: str, label: str) -> list[str]:
     if "tape" not in rows:
         return []
     tape = rows["tape"]["longer"]
-    better, worse, tied = [], [], []
+    better, worse, tied, single_ahead, single_behind, single_equal = [], [], [], [], [], []
     for pe, row in rows.items():
         if pe == "tape":
             continue
@@ -120,7 +120,8 @@ def _versus_tape(rows: dict[str, Any], metric: str, label: str) -> list[str]:
             diff = -math.log(tape["mean"] / other["mean"])
         spread = math.hypot(tape["std"], other["std"])
         if min(tape["n"], other["n"]) < 2:
-            tied.append(f"{pe} ({'ahead' if diff > 0 else 'behind' if diff < 0 else 'equal'} with one seed only)")
+            # below the printed precision (0.1 point, or 0.05% of a perplexity) counts as equal
+            (single_ahead if diff >= 5e-4 else single_behind if diff <= -5e-4 else single_equal).append(pe)
         elif abs(diff) <= 2 * spread:
             tied.append(pe)
         elif diff > 0:
@@ -135,9 +136,25 @@ def _versus_tape(rows: dict[str, Any], metric: str, label: str) -> list[str]:
         out.append(f"{label}: TAPE is behind {', '.join(worse)} on the longer lengths by more than twice the "
                    "combined seed spread.")
     if tied:
-        out.append(f"{label}: no difference that survives the seed noise (within twice the combined std, or a single "
-                   f"seed) between TAPE and {', '.join(tied)}.")
+        out.append(f"{label}: on the longer lengths TAPE is within twice the combined seed spread of "
+                   f"{', '.join(tied)} — no difference that survives the seed noise.")
+    if single_ahead or single_behind or single_equal:
+        parts = [f"ahead of {', '.join(single_ahead)}" if single_ahead else "",
+                 f"behind {', '.join(single_behind)}" if single_behind else "",
+                 f"equal to {', '.join(single_equal)}" if single_equal else ""]
+        out.append(f"{label}, one seed only (so not separable from seed noise): on the longer lengths TAPE is "
+                   + "; ".join(p for p in parts if p) + ".")
     return out
+
+
+def _ranking(rows: dict[str, Any], metric: str, label: str, higher: bool) -> str:
+    values = {pe: row["longer"]["mean"] for pe, row in rows.items()}
+    if len(set(values.values())) == 1:
+        shown = _value(next(iter(rows.values()))["longer"], metric)
+        return f"{label} longer than training: every encoding scores {shown}."
+    ranked = sorted(rows, key=lambda pe: values[pe], reverse=higher)
+    return f"{label} longer than training, best first: " + ", ".join(
+        f"{pe} {_value(rows[pe]['longer'], metric)}" for pe in ranked) + "."
 
 
 def reading(summary: dict[str, Any]) -> list[str]:
@@ -170,12 +187,12 @@ def reading(summary: dict[str, Any]) -> list[str]:
         if blown:
             out.append(f"Perplexity grows by more than 1.5x beyond the training length for: {', '.join(blown)} "
                        "(they do not extrapolate); the others stay within 1.5x.")
-    ranked = sorted(rows, key=lambda pe: rows[pe]["longer"]["mean"], reverse=higher)
-    out.append(f"Longer than training ({metric.replace('_', ' ')}), best first: " + ", ".join(
-        f"{pe} {_value(rows[pe]['longer'], metric)}" for pe in ranked) + ".")
+    out.append(_ranking(rows, metric, metric.replace("_", " ").capitalize(), higher))
+    if tokens:
+        out.append(_ranking(tokens, "accuracy", "Token accuracy", True))
     out += _versus_tape(rows, metric, metric.replace("_", " ").capitalize())
     if tokens:
-        out += _versus_tape({pe: tokens[pe] for pe in tokens}, "accuracy", "Token accuracy")
+        out += _versus_tape(tokens, "accuracy", "Token accuracy")
     if task == "addition":
         shown = ", ".join(f"{pe} {v}" for pe, v in PAPER_ADDITION.items() if pe in rows)
         if shown:
