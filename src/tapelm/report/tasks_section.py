@@ -75,9 +75,17 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
         f"{' × ' + str(train['grad_accum']) if train['grad_accum'] > 1 else ''}, AdamW lr {train['lr']} "
         f"({train['warmup']} warm-up steps, {train['schedule']}), clip {train['clip']}, weight decay "
         f"{train['weight_decay']}; evaluation {record['eval']['n']} examples per condition"
-        f"{' (spans of train_length tokens)' if summary['task'] == 'text' else ''}. "
+        f"{' (spans of train_length tokens)' if summary['task'] == 'text' else ''}."
+        f"{_corpus_note(summary['task'], record['task_options'])} "
         f"Commit `{env.get('commit', '?')[:10]}`, torch {env.get('torch', '?')}, {env.get('cpu', '?')}."
         + timing)
+
+
+def _corpus_note(task: str, options: dict[str, Any]) -> str:
+    if task != "text":
+        return ""
+    corpus = options.get("corpus") or "the *.py files of this Python's standard library (one file in 20 held out)"
+    return f" Corpus: {corpus}, tokenizer {options.get('tokenizer', 'byte')}."
 
 
 def _subsection(summary: dict[str, Any], results: dict, figures: list[str], context: ReportContext) -> str:
