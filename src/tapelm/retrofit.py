@@ -210,16 +210,15 @@ def results_section(results_dir: str | Path) -> str:
                   f"{first['warmup']} warm-up steps), no weight decay, clip 1.0; LoRA rank {first['lora_rank']}, "
                   f"alpha {first['lora_alpha']} on q/k/v/o. theta: rope_theta {first['theta']:g}; pi: linear "
                   f"factor {first['target_length']}/{first['pretrained_length']}; longlora: S²-Attn groups of "
-                  f"{int(first['train_length'] * first['s2_group_fraction'])} tokens while training.", "", "| method | trainable parameters | steps | s/step | first loss | "
-                  "last loss (mean of last 10) |", "|---|---|---|---|---|---|"]
+                  f"{int(first['train_length'] * first['s2_group_fraction'])} tokens while training.", "", "| method | trainable parameters | steps | s/step | training loss, first 10 steps | "
+                  "training loss, last 10 steps |", "|---|---|---|---|---|---|"]
         for name, record in trained.items():
             groups = ", ".join(f"{k} {v:,}" for k, v in record["trainable"].items())
-            losses = [row["loss"] for row in record["train"].get("logged", [])] or record["train"]["losses"]
-            all_losses = record["train"]["losses"]
-            last = sum(all_losses[-10:]) / max(1, len(all_losses[-10:])) if all_losses else None
+            losses = record["train"]["losses"]
+            first = sum(losses[:10]) / len(losses[:10]) if losses else None
+            last = sum(losses[-10:]) / len(losses[-10:]) if losses else None
             lines.append(f"| {name} | {groups} | {record['settings']['steps']} | "
-                         f"{record['train']['seconds_per_step']:.2f} | {_fmt(losses[0] if losses else None, '.3f')}"
-                         f" | {_fmt(last, '.3f')} |")
+                         f"{record['train']['seconds_per_step']:.2f} | {_fmt(first, '.3f')} | {_fmt(last, '.3f')} |")
     converted = results.get("converted", {}).get("max_abs_logit_diff_vs_original")
     if converted is not None:
         lines += ["", f"Converted (TAPE at step 0) vs original: max |Δ logit| = {converted:.2e} over 512 tokens."]
