@@ -247,14 +247,20 @@ def _settings_from_args(args, method: str) -> FinetuneSettings:
 
 
 def _cli_finetune(args: argparse.Namespace) -> None:
-    from .retrofit import RunPlan, run_all
+    from .retrofit import EvalPlan, RunPlan, run_all
 
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = list(METHODS) if args.method == "all" else [args.method]
+    eval_plan = EvalPlan()
+    if args.eval_lengths or args.passkey_lengths is not None or args.eval_documents:
+        eval_plan = replace(eval_plan, lengths=tuple(args.eval_lengths or eval_plan.lengths),
+                            passkey_lengths=tuple(eval_plan.passkey_lengths if args.passkey_lengths is None
+                                                  else args.passkey_lengths),
+                            documents=args.eval_documents or eval_plan.documents)
     plan = RunPlan(model=args.model, out=Path(args.out), results=Path(args.results) if args.results else None,
                    settings={m: _settings_from_args(args, m) for m in methods},
-                   evaluate=not args.no_eval, baselines=args.method == "all", quick=args.quick)
+                   evaluate=not args.no_eval, baselines=args.method == "all", quick=args.quick, eval_plan=eval_plan)
     run_all(plan, markdown=Path(args.markdown) if args.markdown else None)
 
 
@@ -289,5 +295,10 @@ def register_cli(commands) -> None:
     parser.add_argument("--no-norms", action="store_true", help="do not train the norms")
     parser.add_argument("--no-eval", action="store_true", help="train only")
     parser.add_argument("--quick", action="store_true", help="a tiny evaluation (smoke test of the pipeline)")
+    parser.add_argument("--eval-lengths", type=int, nargs="+", help="perplexity context lengths "
+                                                                     "(default: 128 256 512 1024)")
+    parser.add_argument("--passkey-lengths", type=int, nargs="*", help="passkey lengths (default: 256 512; none: "
+                                                                       "no passkey)")
+    parser.add_argument("--eval-documents", type=int, help="held-out files per corpus for perplexity (default: 1)")
     parser.add_argument("--threads", type=int, help="torch threads (1 is fastest on a CPU shared with other jobs)")
     parser.set_defaults(handler=_cli_finetune)
