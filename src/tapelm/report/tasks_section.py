@@ -201,6 +201,12 @@ def reading(summary: dict[str, Any]) -> list[str]:
     out += _versus_tape(rows, metric, metric.replace("_", " ").capitalize())
     if tokens:
         out += _versus_tape(tokens, "accuracy", "Token accuracy")
+    if tokens and task == "addition":
+        out.append("Token accuracy on longer operands counts mostly the first (least significant) answer digits, "
+                   "so it measures partial length generalisation, not the ability to add longer numbers.")
+    if len(seeds) >= 2:
+        out.append(f"'Twice the combined seed spread' is a screen, not a significance test: with {len(seeds)} seeds "
+                   "the standard deviations themselves are very uncertain.")
     if task == "addition":
         shown = ", ".join(f"{pe} {v}" for pe, v in PAPER_ADDITION.items() if pe in rows)
         if shown:
