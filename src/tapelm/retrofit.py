@@ -26,6 +26,9 @@ from .retrofit_eval import evaluate_model
 
 SECTION, TITLE = "pretrained-model", "Pretrained model: TAPE retrofitted into SmolLM2-135M"
 ORDER = ("original", *METHODS, "converted")
+MORE_SUFFIX = "-more"
+COMMAND_MORE = ("tapelm finetune --model smollm2-135m --method all --threads 1 --out runs/retrofit "
+                "--results docs/results/pretrained-more --eval-lengths 128 1024 --passkey-lengths --eval-documents 8")
 BUDGET_FIELDS = ("train_length", "steps", "batch_size", "grad_accum", "lr", "warmup", "seed")
 COMMAND = ("tapelm finetune --model smollm2-135m --method all --threads 1 --out runs/retrofit "
            "--results docs/results/pretrained --markdown docs/RESULTS.md")
@@ -165,6 +168,23 @@ def _fmt(value, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
+def _perplexity_table(results: dict[str, dict]) -> list[str]:
+    plan = next(r for r in results.values() if "eval" in r)["eval_plan"]
+    lengths = [str(x) for x in plan["lengths"]]
+    lines = [f"Held-out files ({plan['documents']} per corpus, never trained on): the same {plan['scored']} tokens "
+             f"per file, after its first {max(plan['lengths'])} tokens, scored with windows of each length L moved "
+             "by min(256, L/2) (the paper's stride 256 where L allows).", "",
+             "| model | " + " | ".join(f"{c} {n}" for c in CORPORA for n in lengths) + " |",
+             "|" + "---|" * (1 + len(CORPORA) * len(lengths))]
+    for name, record in results.items():
+        if "eval" not in record:
+            continue
+        ppl = record["eval"]["perplexity"]
+        cells = [_fmt(ppl.get(c, {}).get(n, {}).get("perplexity"), ".3f") for c in CORPORA for n in lengths]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def results_section(results_dir: str | Path) -> str:
     """The markdown of the "Pretrained model" section, from the result JSON files in `results_dir`."""
     results_dir = Path(results_dir)
@@ -175,20 +195,14 @@ def results_section(results_dir: str | Path) -> str:
     any_eval = next((r for r in results.values() if "eval" in r), None)
     if any_eval is not None:
         plan = any_eval["eval_plan"]
-        lengths = [str(x) for x in plan["lengths"]]
         keys = [str(x) for x in plan["passkey_lengths"]]
-        lines += ["### Perplexity against context length (lower is better)", "",
-                  f"Held-out files ({plan['documents']} per corpus, never trained on): the same "
-                  f"{plan['scored']} tokens per file, after its first {max(plan['lengths'])} tokens, scored with "
-                  "windows of each length L moved by min(256, L/2) (the paper's stride 256 where L allows).", ""]
-        header = "| model | " + " | ".join(f"{c} {n}" for c in CORPORA for n in lengths) + " |"
-        lines += [header, "|" + "---|" * (1 + len(CORPORA) * len(lengths))]
-        for name, record in results.items():
-            if "eval" not in record:
-                continue
-            ppl = record["eval"]["perplexity"]
-            cells = [_fmt(ppl.get(c, {}).get(n, {}).get("perplexity"), ".3f") for c in CORPORA for n in lengths]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += ["### Perplexity against context length (lower is better)", "", *_perplexity_table(results)]
+        more_dir = results_dir.parent / f"{results_dir.name}{MORE_SUFFIX}"
+        more = _load(more_dir) if more_dir.is_dir() else {}
+        if more:
+            lines += ["", "### The same models on more held-out text", "",
+                      f"`{COMMAND_MORE}` (evaluation only: the finished runs are reloaded).", "",
+                      *_perplexity_table(more)]
         lines += ["", f"### Passkey retrieval accuracy against length ({plan['trials']} trials each, greedy)", "",
                   "| model | " + " | ".join(f"{n} tokens" for n in keys) + " |",
                   "|" + "---|" * (1 + len(keys))]
