@@ -174,3 +174,16 @@ def test_results_section_is_spliced_into_the_report_and_rebuilt_in_place(tmp_pat
     (tmp_path / "runs").mkdir()
     build_report(tmp_path / "runs", markdown, sections=["pretrained-model"])
     assert markdown.read_text() == first
+
+
+def test_the_decoder_really_computes_s2_attention_inside_the_block_only():
+    model = build_model(tiny_llama(), settings("longlora"))
+    tokens = cycle_stream(32)(0)["input_ids"]
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+        with shifted_sparse_attention(8):
+            sparse = model(tokens, use_cache=False).logits
+        again = model(tokens, use_cache=False).logits
+    torch.testing.assert_close(sparse[:, :4], full[:, :4], atol=1e-5, rtol=0)  # a first half-group sees all keys
+    assert not torch.allclose(sparse[:, 16:], full[:, 16:], atol=1e-4)
+    torch.testing.assert_close(again, full, atol=0, rtol=0)
