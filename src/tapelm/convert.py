@@ -189,7 +189,5 @@ def register_cli(commands) -> None:
     convert_parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the source's")
     convert_parser.set_defaults(handler=_cli_convert)
     from .finetune import register_cli as register_finetune
-    from .retrofit import register_report_section
 
     register_finetune(commands)
-    register_report_section()  # `tapelm report` also writes the "pretrained-model" section

@@ -65,7 +65,10 @@ def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
                  figures: str | Path | None = None, sections: list[str] | None = None) -> list[str]:
     """Rebuild the sections (all registered ones, or `sections`) of `out` from the results under `root`; returns
     the names of the sections written."""
+    from ..retrofit import register_report_section
     from . import tasks_section  # noqa: F401  (registers the task-comparison section)
+
+    register_report_section()
 
     root, out = Path(root), Path(out)
     figures = Path(figures) if figures is not None else out.parent / "figures"
