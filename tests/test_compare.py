@@ -100,3 +100,16 @@ def test_compare_rejects_bad_input_before_running(tmp_path) -> None:
     with pytest.raises(ValueError, match="seeds=\\[-1\\] is not allowed"):
         compare(base, ["tape"], [-1], root=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_reading_compares_perplexities_in_log_space() -> None:
+    from tapelm.report.tasks_section import reading
+
+    stat = lambda mean, std: {"mean": mean, "std": std, "n": 2}  # noqa: E731
+    row = lambda longer: {"seeds": [0, 1], "in_distribution": stat(5.0, 0.1), "longer": longer}  # noqa: E731
+    rows = {"tape": row(stat(9.6, 0.7)), "fire": row(stat(7.75, 0.25)), "rope": row(stat(10.0, 1.6))}
+    sentences = reading({"rows": rows, "metric": "perplexity", "task": "text"})
+    # log(9.6 / 7.75) = 0.21 > 2 * hypot(0.7 / 9.6, 0.25 / 7.75) = 0.16; against rope 0.04 < 0.35
+    assert "Perplexity: TAPE is behind fire on the longer lengths by more than twice the combined seed spread." \
+        in sentences
+    assert any("within twice the combined seed spread of rope" in s for s in sentences)

@@ -124,9 +124,10 @@ def _versus_tape(rows: dict[str, Any], metric: str, label: str) -> list[str]:
             continue
         other = row["longer"]
         diff = tape["mean"] - other["mean"]
-        if metric == "perplexity":
-            diff = -math.log(tape["mean"] / other["mean"])
         spread = math.hypot(tape["std"], other["std"])
+        if metric == "perplexity":  # compare in log space, the spread too (relative std)
+            diff = -math.log(tape["mean"] / other["mean"])
+            spread = math.hypot(tape["std"] / tape["mean"], other["std"] / other["mean"])
         if min(tape["n"], other["n"]) < 2:
             # below the printed precision (0.1 point, or 0.05% of a perplexity) counts as equal
             (single_ahead if diff >= 5e-4 else single_behind if diff <= -5e-4 else single_equal).append(pe)
@@ -201,6 +202,9 @@ def reading(summary: dict[str, Any]) -> list[str]:
     out += _versus_tape(rows, metric, metric.replace("_", " ").capitalize())
     if tokens:
         out += _versus_tape(tokens, "accuracy", "Token accuracy")
+    if tokens and task in ("passkey", "multikey"):
+        out.append("Passkey token accuracy includes the space and the closing period of the answer ' K.', 2 of "
+                   "its (mostly 7) tokens: an encoding near 30% on it may retrieve no digit at all.")
     if tokens and task == "addition":
         out.append("Token accuracy on longer operands counts mostly the first (least significant) answer digits, "
                    "so it measures partial length generalisation, not the ability to add longer numbers.")
