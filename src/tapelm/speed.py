@@ -47,7 +47,7 @@ class SpeedSize:
 
 
 SIZES = {
-    "small": SpeedSize("small", 6, 256, 8, 4, 688, 512, 8, 2048, 32, 5),
+    "small": SpeedSize("small", 6, 256, 8, 4, 688, 512, 8, 2048, 32, 3),
     "large": SpeedSize("large", 12, 768, 12, 12, 2048, 1024, 1, 2048, 32, 3),
     "quick": SpeedSize("quick", 6, 256, 8, 4, 688, 256, 8, 1024, 16, 3),
 }
@@ -117,27 +117,31 @@ class Workload:
 
 
 def measure(size: SpeedSize, pe_types: list[str], progress: bool = True) -> dict[str, dict]:
-    """Median timings and counted memory per encoding, interleaved across encodings."""
-    workloads = {pe: Workload(size, pe) for pe in pe_types}
+    """Median timings and counted memory per encoding, interleaved across encodings.
+
+    One workload lives at a time (eleven large models with AdamW state do not fit in 24 GB), rebuilt from the same
+    seed at every visit and warmed up before it is timed."""
     samples = {pe: {"train_step_s": [], "prefill_s": [], "decode_s_per_token": []} for pe in pe_types}
-    for workload in workloads.values():  # warm-up: first-call allocations and kernel selection
-        workload.train_step()
-        workload.prefill()
+    results: dict[str, dict] = {}
     steps = tqdm(total=size.repeats * len(pe_types), desc=f"speed {size.name}", disable=not progress)
-    for _ in range(size.repeats):
-        for pe, workload in workloads.items():
+    for repeat in range(size.repeats):
+        for pe in pe_types:
+            workload = Workload(size, pe)
+            workload.train_step()  # warm-up: first-call allocations and kernel selection
+            workload.prefill()
             samples[pe]["train_step_s"].append(_timed(workload.train_step))
             samples[pe]["prefill_s"].append(_timed(workload.prefill))
-            samples[pe]["decode_s_per_token"].append(workload.decode()[0])
+            seconds, cache_bytes = workload.decode()
+            samples[pe]["decode_s_per_token"].append(seconds)
+            if repeat == 0:
+                results[pe] = {"train_memory_bytes": workload.training_memory(), "cache_bytes": cache_bytes,
+                               "parameters": workload.model.num_parameters()}
+            del workload
             steps.update()
     steps.close()
-    results = {}
-    for pe, workload in workloads.items():
-        results[pe] = {key: statistics.median(values) for key, values in samples[pe].items()}
+    for pe in pe_types:
+        results[pe].update({key: statistics.median(values) for key, values in samples[pe].items()})
         results[pe]["decode_tokens_per_s"] = 1.0 / results[pe]["decode_s_per_token"]
-        results[pe]["train_memory_bytes"] = workload.training_memory()
-        results[pe]["cache_bytes"] = workload.decode()[1]
-        results[pe]["parameters"] = workload.model.num_parameters()
     return results
 
 
