@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .tasks import SyntheticTask, Task, exact_match_per_example, target_accuracy_per_example
+from .train import write_json_atomically
 
 EVAL_SEED = 1234  # one fixed test set for every training seed: the spread across seeds is the training's
 
@@ -142,15 +142,9 @@ def evaluate_run(run_dir: str | Path, n: int | None = None, batch_size: int | No
     batch_size = batch_size or run.preset.eval_batch_size
     evaluation = evaluate_model(model, run.task, n, batch_size, seed, progress)
     run_dir = Path(run_dir)
-    _write_json(run_dir / "eval.json", evaluation)
+    write_json_atomically(run_dir / "eval.json", evaluation)
     plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
     return evaluation
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=1))
-    temporary.replace(path)
 
 
 def add_commands(commands) -> None:

@@ -21,7 +21,7 @@ import torch
 from . import PE_TYPES, TapeConfig, TapeForCausalLM
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task
-from .train import CheckpointError, TrainSettings, check_run_dir, make_accelerator, train
+from .train import CheckpointError, TrainSettings, check_run_dir, make_accelerator, train, write_json_atomically
 
 RUN_FILE = "run.json"
 RESULT_FILE = "result.json"
@@ -198,7 +198,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if state.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / RUN_FILE).exists():
-            _write_json(run_dir / RUN_FILE, {"identity": run.identity, "settings_hash": run.settings_hash,
+            write_json_atomically(run_dir / RUN_FILE, {"identity": run.identity, "settings_hash": run.settings_hash,
                                              "parameters": run.parameters,
                                              "command": command or shlex.join(
                                                  ["tapelm", "train", "--task", run.spec.task, "--pe", run.spec.pe,
@@ -220,7 +220,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
 
     eval_started = time.time()
     evaluation = evaluate_model(model, run.task, run.preset.eval_n, run.preset.eval_batch_size, progress=progress)
-    _write_json(run_dir / "eval.json", evaluation)
+    write_json_atomically(run_dir / "eval.json", evaluation)
     plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     losses = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
@@ -234,7 +234,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         "session_seconds": time.time() - started, "world_size": trained.world_size,
         "tokens_this_session": trained.tokens, "environment": _environment(),
     }
-    _write_json(run_dir / RESULT_FILE, result)
+    write_json_atomically(run_dir / RESULT_FILE, result)
     return result
 
 
@@ -256,12 +256,6 @@ def _quick_evaluation(run: ResolvedRun):
         return {f"in_distribution_{run.task.metric_name}": float(np.mean(values))}
 
     return evaluate
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=1))
-    temporary.replace(path)
 
 
 def load_run(run_dir: str | Path) -> ResolvedRun:

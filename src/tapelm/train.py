@@ -245,10 +245,9 @@ def _save_checkpoint(accelerator, run_dir: Path, step: int, micro: int, keep_las
 # ---------------------------------------------------------------------------------------------------- the loop
 
 
-def _atomic_json(path: Path, payload: Any) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=2))
-    os.replace(temporary, path)
+def write_json_atomically(path: Path, payload: Any) -> None:
+    """Write JSON through a temporary file and a rename: readers never see half a file."""
+    write_text_atomically(path, json.dumps(payload, indent=2))
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -263,10 +262,11 @@ def _truncate_metrics(path: Path, step: int) -> None:
             continue  # a line cut by the kill
         if record.get("step", 0) <= step:
             kept.append(line)
-    _atomic_text(path, "".join(line + "\n" for line in kept))
+    write_text_atomically(path, "".join(line + "\n" for line in kept))
 
 
-def _atomic_text(path: Path, text: str) -> None:
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write text through a temporary file and a rename."""
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(text)
     os.replace(temporary, path)
@@ -419,7 +419,7 @@ def train(
     metrics_path = run_dir / "metrics.jsonl"
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_json(run_dir / "settings.json", settings.to_dict())
+        write_json_atomically(run_dir / "settings.json", settings.to_dict())
         if resume:
             _truncate_metrics(metrics_path, start_step)
         elif metrics_path.exists():
