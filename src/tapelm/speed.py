@@ -229,16 +229,16 @@ def run(size_names: list[str], pe_types: list[str], out_dir: Path, progress: boo
     if "rope" not in pe_types:
         pe_types = ["rope", *pe_types]
     report = {"environment": environment(), "sizes": {}}
-    for name in size_names:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"speed-{'-'.join(size_names)}"
+    for name in size_names:  # results are written after every size, so a later failure loses nothing
         size = SIZES[name]
         results = measure(size, pe_types, progress)
         report["sizes"][name] = {"settings": asdict(size), "results": results,
                                  "ratios_to_rope": ratios_to_rope(results)}
         print(format_table(size, results), flush=True)
         print(flush=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"speed-{'-'.join(size_names)}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    plot(report, stem.with_suffix(".png"))
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+        plot(report, stem.with_suffix(".png"))
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
     return report
