@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tapelm.cli import main
-from tapelm.compare import aggregate, compare, format_table
+from tapelm.experiments.compare import aggregate, compare, format_table
 from tapelm.report import build_report, splice
-from tapelm.runs import RunSpec
+from tapelm.experiments.runs import RunSpec
 
 TINY = ["--steps", "6", "--batch-size", "8", "--warmup", "1", "--eval-n", "2", "--no-progress",
         "--task-option", "max_train_digits=2", "--task-option", "eval_max_digits=3",

@@ -22,9 +22,10 @@ from transformers import (
 )
 
 import tapelm
-from tapelm import TapeForCausalLM, sources
+from tapelm import TapeForCausalLM
+from tapelm.pretrained import sources
 from tapelm.cli import main as cli_main
-from tapelm.convert import from_pretrained_llama
+from tapelm.pretrained.convert import from_pretrained_llama
 
 SIZES = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
              max_position_embeddings=256)
@@ -97,7 +98,7 @@ def test_converted_model_decodes_with_its_cache_like_the_source():
 
 def test_mistral_sliding_window_is_named_and_exact_within_the_window(caplog):
     source = random_source("mistral", 2, False, sliding_window=32)
-    with caplog.at_level(logging.WARNING, logger="tapelm.convert"):
+    with caplog.at_level(logging.WARNING, logger="tapelm.pretrained.convert"):
         model = from_pretrained_llama(source)
     assert "sliding_window=32" in caplog.text
     tokens = ids(32)

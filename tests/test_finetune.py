@@ -9,10 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import tapelm  # noqa: F401  (registers the Auto classes)
-from tapelm import TapeForCausalLM, modeling
+from tapelm import TapeForCausalLM
 from tapelm.attention import AttentionMask, explicit_attention
-from tapelm.finetune import METHODS, FinetuneSettings, build_model, finetune, pi_factor, prepare
-from tapelm.longlora import make_attend, s2_attention, s2_reference_mask, shifted_sparse_attention
+from tapelm.modeling import attention_modules
+from tapelm.pretrained.finetune import METHODS, FinetuneSettings, build_model, finetune, pi_factor, prepare
+from tapelm.pretrained.longlora import make_attend, s2_attention, s2_reference_mask, shifted_sparse_attention
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB, INTER = 32, 4, 2, 2, 61, 48
 HEAD_DIM = HIDDEN // HEADS
@@ -84,7 +85,7 @@ def test_s2_attention_is_grouped_causal_attention_with_half_the_heads_shifted(le
     q = torch.randn(2, 6, length, 8, generator=generator, dtype=torch.float64)
     k = torch.randn(2, 3, length, 8, generator=generator, dtype=torch.float64)
     v = torch.randn(2, 3, length, 8, generator=generator, dtype=torch.float64)
-    expected = explicit_attention(q, k, v, s2_reference_mask(6, length, group), False, 0.3)
+    expected = explicit_attention(q, k, v, s2_reference_mask(6, length, group), False, 0.3)[0]
     torch.testing.assert_close(s2_attention(q, k, v, group, 0.3), expected)
     mask = s2_reference_mask(6, length, group)[0]
     if length > group:  # unshifted heads never see the previous group; shifted heads straddle it
@@ -97,10 +98,10 @@ def test_s2_attention_refuses_what_it_is_not_for_and_is_restored():
     q = torch.zeros(1, 2, 16, 4)
     with pytest.raises(ValueError, match="S²-Attn"):
         attend(q, q, q, AttentionMask(torch.ones(1, 1, 16, 16, dtype=torch.bool), False), None, 0.5)
-    original = modeling.attend
-    with shifted_sparse_attention(8):
-        assert modeling.attend is not original
-    assert modeling.attend is original
+    model = build_model(tiny_llama(), settings("longlora"))
+    with shifted_sparse_attention(model, 8):
+        assert all(m.attention_function is not None for m in attention_modules(model))
+    assert all(m.attention_function is None for m in attention_modules(model))
 
 
 def cycle_stream(length: int = 32):
@@ -155,7 +156,7 @@ def test_results_section_is_spliced_into_the_report_and_rebuilt_in_place(tmp_pat
     import json
 
     from tapelm.report import build_report
-    from tapelm.retrofit import register_report_section, update_markdown
+    from tapelm.pretrained.retrofit import update_markdown
 
     results = tmp_path / "docs" / "results" / "pretrained"
     results.mkdir(parents=True)
@@ -170,7 +171,6 @@ def test_results_section_is_spliced_into_the_report_and_rebuilt_in_place(tmp_pat
     assert "identical for every method" in first
     update_markdown(markdown, results)
     assert markdown.read_text() == first
-    register_report_section()
     (tmp_path / "runs").mkdir()
     build_report(tmp_path / "runs", markdown, sections=["pretrained-model"])
     assert markdown.read_text() == first
@@ -181,9 +181,24 @@ def test_the_decoder_really_computes_s2_attention_inside_the_block_only():
     tokens = cycle_stream(32)(0)["input_ids"]
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
-        with shifted_sparse_attention(8):
+        with shifted_sparse_attention(model, 8):
             sparse = model(tokens, use_cache=False).logits
         again = model(tokens, use_cache=False).logits
     torch.testing.assert_close(sparse[:, :4], full[:, :4], atol=1e-5, rtol=0)  # a first half-group sees all keys
     assert not torch.allclose(sparse[:, 16:], full[:, 16:], atol=1e-4)
     torch.testing.assert_close(again, full, atol=0, rtol=0)
+
+
+def test_s2_attention_is_per_model_two_models_in_one_process_differ():
+    """One model computes S²-Attn while a copy of it, alive at the same time, keeps full attention."""
+    sparse_model = build_model(tiny_llama(), settings("longlora"))
+    full_model = build_model(tiny_llama(), settings("longlora"))
+    full_model.load_state_dict(sparse_model.state_dict())
+    tokens = cycle_stream(32)(0)["input_ids"]
+    with torch.no_grad():
+        reference = full_model(tokens, use_cache=False).logits
+        with shifted_sparse_attention(sparse_model, 8):
+            sparse = sparse_model(tokens, use_cache=False).logits
+            full = full_model(tokens, use_cache=False).logits
+    torch.testing.assert_close(full, reference, atol=0, rtol=0)
+    assert not torch.allclose(sparse[:, 16:], full[:, 16:], atol=1e-4)

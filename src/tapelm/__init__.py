@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config import PE_TYPES, TapeConfig
 from .modeling import TapeForCausalLM, TapeModel, TapePreTrainedModel
-from .convert import from_pretrained_llama
+from .pretrained.convert import from_pretrained_llama
 
 AutoConfig.register("tape", TapeConfig, exist_ok=True)
 AutoModel.register(TapeConfig, TapeModel, exist_ok=True)

@@ -10,6 +10,7 @@ once, no padded copy of the cache.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,12 @@ class AttentionMask:
 
     valid: torch.Tensor | None
     is_causal: bool
+
+
+AttentionFunction = Callable[..., torch.Tensor]
+"""What a per-module attention override computes: `fn(q, k, v, mask, bias, scale) -> out`, with the shapes and meaning
+of `attend` (q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv), an `AttentionMask`, an optional additive bias
+(B or 1, H, N, T), the logit scale); returns (B, H, N, dv)."""
 
 
 def build_attention_mask(padding: torch.Tensor | None, query_len: int, key_len: int, causal: bool,
@@ -53,11 +60,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
            scale: float, eager: bool = False) -> torch.Tensor:
     """softmax(q k^T * scale + bias) v with GQA. q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv);
     bias (B or 1, H, N, T) needs an explicit `mask.valid`. Returns (B, H, N, dv)."""
-    float_mask = mask.valid
-    if bias is not None:
-        float_mask = torch.where(mask.valid, bias, float("-inf"))
+    float_mask = _with_bias(mask, bias)
     if eager or q.shape[-2] == 1:
-        return explicit_attention(q, k, v, float_mask, mask.is_causal, scale)
+        return explicit_attention(q, k, v, float_mask, mask.is_causal, scale)[0]
     width, value_width = max(q.shape[-1], v.shape[-1]), v.shape[-1]
     q, k, v = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, is_causal=mask.is_causal, scale=scale,
@@ -65,9 +70,25 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
     return out[..., :value_width] if width > value_width else out
 
 
+def attend_with_probabilities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+                              bias: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attend` through the explicit path, also returning the attention probabilities (B, H, N, T)
+    (`output_attentions=True`)."""
+    out, probs = explicit_attention(q, k, v, _with_bias(mask, bias), mask.is_causal, scale)
+    return out, probs.view(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
+def _with_bias(mask: AttentionMask, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The boolean mask, or the float mask that adds `bias` where keys are visible."""
+    if bias is None:
+        return mask.valid
+    return torch.where(mask.valid, bias, float("-inf"))
+
+
 def explicit_attention(q, k, v, mask, is_causal, scale):
     """The reference path, also used for single-token decoding, where it reads each cached key and value once and
-    needs no padding: explicit logits, softmax in float32 or wider, GQA by grouping query heads (no copies of k, v)."""
+    needs no padding: explicit logits, softmax in float32 or wider, GQA by grouping query heads (no copies of k, v).
+    Returns the output (B, H, N, dv) and the probabilities grouped as (B, Hkv, groups * N, T)."""
     batch, heads, length, _ = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -79,4 +100,4 @@ def explicit_attention(q, k, v, mask, is_causal, scale):
         mask = mask.unflatten(1, (kv_heads, groups)) if mask.dim() == 4 and mask.shape[1] == heads else mask.unsqueeze(-3)
         logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
     probs = logits.softmax(dim=-1).to(v.dtype).view(batch, kv_heads, groups * length, keys)
-    return (probs @ v).view(batch, heads, length, -1)
+    return (probs @ v).view(batch, heads, length, -1), probs

@@ -53,6 +53,14 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
 
+def check_cache_type(cache: Cache | None) -> None:
+    """Refuse, before any work, a cache tapelm cannot fill: only `DynamicCache` (generate's default) holds the
+    [V | E] value stream and the key positions."""
+    if cache is not None and not isinstance(cache, DynamicCache):
+        raise ValueError(f"tapelm models support only DynamicCache (generate's default cache_implementation="
+                         f"'dynamic'), not {type(cache).__name__}; drop cache_implementation or pass 'dynamic'")
+
+
 def prepare_cache(cache: Cache | None) -> None:
     """Give an empty `DynamicCache` growing layers (other caches are left as they are)."""
     if type(cache) is DynamicCache and cache.get_seq_length() == 0:

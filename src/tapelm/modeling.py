@@ -10,17 +10,24 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+)
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-from .attention import AttentionMask, attend, build_attention_mask
-from .cache import key_positions, prepare_cache
+from .attention import AttentionFunction, AttentionMask, attend, attend_with_probabilities, build_attention_mask
+from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
 from .positional import LayerPositional, PositionContext, TapeLayer, build_encoding
 
 
 class TapeAttention(nn.Module):
-    """Multi-head attention with GQA; the positional hooks decide how q, k, the logits and the values look."""
+    """Multi-head attention with GQA; the positional hooks decide how q, k, the logits and the values look.
+
+    `attention_function` (None: SDPA, or the explicit path when the config asks for "eager") overrides how this
+    module turns q, k, the value stream, the mask and the bias into its output: see `tapelm.attention.AttentionFunction`
+    and `TapePreTrainedModel.set_attention_function`."""
 
     def __init__(self, config: TapeConfig, layer_idx: int):
         super().__init__()
@@ -33,11 +40,13 @@ class TapeAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size,
                                 bias=config.attention_bias)
+        self.attention_function: AttentionFunction | None = None
 
     def forward(self, hidden, positional: LayerPositional, state, ctx: PositionContext, mask: AttentionMask,
-                cache: Cache | None):
-        """Returns the sublayer output (B, N, C) and, when the positional state joined the value stream, the whole
-        attention output (B, H, N, head_dim + F) whose first head_dim features are V's."""
+                cache: Cache | None, output_attentions: bool = False):
+        """Returns the sublayer output (B, N, C); when the positional state joined the value stream, the whole
+        attention output (B, H, N, head_dim + F) whose first head_dim features are V's (else None); and the attention
+        probabilities (B, H, N, T) when `output_attentions` (else None)."""
         batch, length, _ = hidden.shape
         shape = (batch, length, -1, self.head_dim)
         q = self.q_proj(hidden).view(shape).transpose(1, 2)
@@ -49,10 +58,18 @@ class TapeAttention(nn.Module):
         if cache is not None:
             k, stream = cache.update(k, stream, self.layer_idx)
         bias = _sum_optional(ctx.bias, positional.logit_bias(q, k, mask.valid, ctx))
-        out = attend(q, k, stream, mask, bias, positional.logit_scale(self.head_dim),
-                     eager=self.config._attn_implementation == "eager")
+        scale, probs = positional.logit_scale(self.head_dim), None
+        if output_attentions:
+            if self.attention_function is not None:
+                raise ValueError("output_attentions=True needs tapelm's own attention; this model has a custom "
+                                 "attention function (set_attention_function(None) removes it)")
+            out, probs = attend_with_probabilities(q, k, stream, mask, bias, scale)
+        elif self.attention_function is not None:
+            out = self.attention_function(q, k, stream, mask, bias, scale)
+        else:
+            out = attend(q, k, stream, mask, bias, scale, eager=self.config._attn_implementation == "eager")
         out_v = out[..., : self.head_dim].transpose(1, 2).reshape(batch, length, -1)
-        return self.o_proj(out_v), (out if extra is not None else None)
+        return self.o_proj(out_v), (out if extra is not None else None), probs
 
 
 def _sum_optional(a, b):
@@ -72,14 +89,20 @@ class TapeDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.positional = positional
 
-    def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, past_key_values=None):
-        attn_out, attended = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
-                                            past_key_values)
+    def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, past_key_values=None,
+                output_attentions: bool = False):
+        attn_out, attended, probs = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
+                                                   past_key_values, output_attentions)
         hidden = hidden + attn_out
         state = self.positional.after_attention(state, attended)
         mlp_out = self.mlp(self.post_attention_layernorm(hidden))
         hidden = hidden + mlp_out
-        return hidden, self.positional.after_mlp(state, mlp_out)
+        return hidden, self.positional.after_mlp(state, mlp_out), probs
+
+
+def attention_modules(model: nn.Module) -> list[TapeAttention]:
+    """Every tapelm attention module inside `model` (also through wrappers such as peft's)."""
+    return [module for module in model.modules() if isinstance(module, TapeAttention)]
 
 
 class TapePreTrainedModel(PreTrainedModel):
@@ -90,6 +113,12 @@ class TapePreTrainedModel(PreTrainedModel):
     _no_split_modules = ["TapeDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
+
+    def set_attention_function(self, function: AttentionFunction | None) -> None:
+        """Use `function` (see `tapelm.attention.AttentionFunction`) in every attention module of this model, or
+        tapelm's own attention again with None. Other models in the process are not affected."""
+        for module in attention_modules(self):
+            module.attention_function = function
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -120,26 +149,30 @@ class TapeModel(TapePreTrainedModel):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                output_hidden_states: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+                output_hidden_states: bool | None = None, output_attentions: bool | None = None,
+                **kwargs) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
+        check_cache_type(past_key_values)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         if not use_cache:
             past_key_values = None
-        prepare_cache(past_key_values)
+        # As in transformers' Llama, activation checkpointing in training stores nothing in the cache (its layers drop
+        # past_key_values) while the cache object is still returned.
+        cache = None if self.gradient_checkpointing and self.training else past_key_values
+        prepare_cache(cache)
         batch, length = inputs_embeds.shape[:2]
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past = cache.get_seq_length() if cache is not None else 0
         position_ids = self._position_ids(position_ids, attention_mask, past, batch, length, inputs_embeds.device)
 
         ctx = PositionContext(query_positions=self.positional.positions(position_ids))
         if self.positional.needs_key_positions:
-            ctx.key_positions = key_positions(past_key_values, ctx.query_positions, self.config.num_hidden_layers)
+            ctx.key_positions = key_positions(cache, ctx.query_positions, self.config.num_hidden_layers)
         self.positional.prepare(ctx, inputs_embeds.dtype)
         mask = build_attention_mask(attention_mask, length, past + length, self.config.causal,
                                     dense=self.positional.adds_logit_bias)
@@ -147,15 +180,20 @@ class TapeModel(TapePreTrainedModel):
         state = self.positional.initial_state(ctx, hidden.dtype)
 
         all_hidden = [] if output_hidden_states else None
+        all_attentions = [] if output_attentions else None
         for layer in self.layers:
             if all_hidden is not None:
                 all_hidden.append(hidden)
-            hidden, state = layer(hidden, state, ctx, mask, past_key_values=past_key_values)
+            hidden, state, probs = layer(hidden, state, ctx, mask, past_key_values=cache,
+                                         output_attentions=output_attentions)
+            if all_attentions is not None:
+                all_attentions.append(probs)
         hidden = self.norm(hidden)
         if all_hidden is not None:
             all_hidden.append(hidden)
         return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values,
-                                       hidden_states=tuple(all_hidden) if all_hidden is not None else None)
+                                       hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+                                       attentions=tuple(all_attentions) if all_attentions is not None else None)
 
     @staticmethod
     def _position_ids(position_ids, attention_mask, past, batch, length, device):
@@ -194,10 +232,11 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
                 position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
-                output_hidden_states: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                output_hidden_states: bool | None = None, output_attentions: bool | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             output_hidden_states=output_hidden_states)
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         hidden = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
@@ -208,4 +247,4 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                      hidden_states=outputs.hidden_states)
+                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)

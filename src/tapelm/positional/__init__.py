@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
 from .base import LayerPositional, PositionalEncoding, PositionContext
-from .bias import ALiBi, CoPE, FIRE, T5Bias
+from .bias import FIRE, ALiBi, CoPE, T5Bias
 from .rotary import RandPE, RoPE, XPos
 from .tape import TapeEncoding, TapeLayer
 

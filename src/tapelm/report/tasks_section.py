@@ -22,7 +22,7 @@ def _comparisons(root: Path) -> list[Path]:
 
 
 def build(context: ReportContext) -> str | None:
-    from ..compare import aggregate, load_results, write_figures
+    from ..experiments.compare import aggregate, load_results, write_figures
 
     parts = []
     for directory in _comparisons(context.root):

@@ -17,19 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from . import PE_TYPES
+from ..config import PE_TYPES
 from .evaluate import higher_is_better
-from .runs import (
-    RESULT_FILE,
-    RunSpec,
-    add_run_arguments,
-    apply_threads,
-    option_flags,
-    resolve,
-    run_task,
-    spec_from_args,
-)
-from .tasks import TASKS
+from .runs import RESULT_FILE, RunSpec, option_flags, resolve, run_task
 
 COMPARISON_FILE = "comparison.json"
 DEFAULT_PES = ("tape", "rope")
@@ -200,7 +190,7 @@ def format_table(summary: dict[str, Any]) -> str:
 def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str, Any]]],
                   directory: Path, prefix: str = "") -> list[str]:
     """Heatmaps (addition) and the metric-against-length curves; returns the file names written."""
-    from .report.plots import curves, heatmap_grid, heatmaps
+    from .plots import curves, heatmap_grid, heatmaps
 
     task, metric = summary["task"], summary["metric"]
     names = []
@@ -232,26 +222,6 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
                                          "seeds)", summary["x_label"], label, edge=summary["training_edge"])
         names.append(name)
     return names
-
-
-def add_commands(commands) -> None:
-    """Register `tapelm compare` on the `tapelm` sub-command parser."""
-    parser = commands.add_parser(
-        "compare", help="train and evaluate one model per encoding and seed with identical budgets; table + figures")
-    parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--pe", nargs="+", default=list(DEFAULT_PES), metavar="PE",
-                        help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(PE_TYPES)}, or 'all'")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
-    parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
-    add_run_arguments(parser)
-    parser.set_defaults(handler=_compare_command)
-
-
-def _compare_command(args) -> None:
-    pes = list(PE_TYPES) if args.pe == ["all"] else args.pe
-    base = spec_from_args(args, pes[0] if pes else "tape", 0)
-    apply_threads(args)
-    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress)
 
 
 __all__ = ["compare", "aggregate", "format_table", "load_results", "comparison_dir", "write_figures"]

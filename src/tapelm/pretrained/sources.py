@@ -216,7 +216,7 @@ def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
 
 
 def main() -> None:
-    """``python -m tapelm.sources NAME...``: download and convert sources ahead of time."""
+    """``python -m tapelm.pretrained.sources NAME...``: download and convert sources ahead of time."""
     parser = argparse.ArgumentParser(description="Prepare named pretrained sources in the tapelm cache.")
     parser.add_argument("names", nargs="+", choices=sorted(PRETRAINED_SOURCES))
     for name in parser.parse_args().names:

@@ -4,7 +4,7 @@ precision, gradient checkpointing, periodic evaluation, JSONL metrics, atomic ch
 It knows nothing about tasks. Give it a model whose forward returns an object with `.loss`, a batch stream and
 settings:
 
-    from tapelm.train import TrainSettings, train
+    from tapelm.experiments.train import TrainSettings, train
     settings = TrainSettings(steps=500, lr=1e-3, warmup=50, schedule="cosine", checkpoint_every=100)
     result = train(model, batch_stream, settings, "runs/my-run", evaluate_fn=None, resume=False)
 

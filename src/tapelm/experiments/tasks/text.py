@@ -27,7 +27,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import IGNORE_INDEX, Batch, Condition, Example, LogitsFn, Task, check_eval_sizes, collate
+from .base import (
+    IGNORE_INDEX,
+    Batch,
+    Condition,
+    Example,
+    LogitsFn,
+    Task,
+    check_eval_sizes,
+    collate,
+)
 from .options import check_choice, check_int, check_multipliers
 from .tokenization import BPETokenizer, ByteTokenizer, Tokenizer
 

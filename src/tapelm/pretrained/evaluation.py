@@ -20,7 +20,14 @@ import time
 import numpy as np
 import torch
 
-from .tasks.passkey import FILLER, KEY_HIGH, KEY_LOW, TASK_LINE, key_line, question
+from ..experiments.tasks.passkey import (
+    FILLER,
+    KEY_HIGH,
+    KEY_LOW,
+    TASK_LINE,
+    key_line,
+    question,
+)
 
 PAPER_STRIDE = 256
 

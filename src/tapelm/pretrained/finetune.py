@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from ..modeling import TapeAttention, TapeForCausalLM
+from ..positional import TapeLayer
 from .convert import from_pretrained_llama
-from .modeling import TapeAttention, TapeForCausalLM
-from .positional import TapeLayer
 
 logger = logging.getLogger(__name__)
 
@@ -190,9 +190,9 @@ class FinetuneResult:
 
 def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path, resume: bool = True,
              batch_stream=None, progress: bool = True, stop_after: int | None = None) -> FinetuneResult:
-    """Build the method's model from `source`, train it with `tapelm.train.train` on real text (or `batch_stream`),
+    """Build the method's model from `source`, train it with `tapelm.experiments.train.train` on real text (or `batch_stream`),
     merge LoRA and save the merged model and tokenizer to `run_dir/merged`. Resumes from `run_dir`'s checkpoints."""
-    from .train import TrainSettings, train
+    from ..experiments.train import TrainSettings, train
 
     run_dir = Path(run_dir)
     torch.manual_seed(settings.seed)
@@ -200,7 +200,7 @@ def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path,
     model, groups = prepare(model, settings)
     params = _unique(p for group in groups.values() for p in group)
     if batch_stream is None:
-        from .retrofit_data import TrainingText
+        from .data import TrainingText
 
         batch_stream = TrainingText.build(tokenizer, settings.train_length, settings.train_tokens,
                                           settings.batch_size, settings.seed)
@@ -211,8 +211,7 @@ def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "finetune.json").write_text(json.dumps(settings.to_dict(), indent=2))
     has_run = (run_dir / "settings.json").exists()
-    context = _s2_context(settings)
-    with context:
+    with _s2_context(model, settings):
         outcome = train(model, batch_stream, train_settings, run_dir, resume=resume and has_run, parameters=params,
                         progress=progress, stop_after=stop_after)
     trained = outcome.steps - outcome.start_step if stop_after is None else len(outcome.losses)
@@ -225,14 +224,14 @@ def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path,
     return result
 
 
-def _s2_context(settings: FinetuneSettings):
+def _s2_context(model: nn.Module, settings: FinetuneSettings):
     import contextlib
 
     if settings.method != "longlora":
         return contextlib.nullcontext()
     from .longlora import shifted_sparse_attention
 
-    return shifted_sparse_attention(settings.s2_group())
+    return shifted_sparse_attention(model, settings.s2_group())
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI

@@ -7,7 +7,8 @@ appended to the last one (and, under a causal mask, lets those first tokens see 
 shifted heads here treat the first and last half-groups as two groups of their own: nothing ever sees the future.
 
 Each group is attended as its own batch row (the reshape that makes S²-Attn cheap). Evaluation uses full attention:
-`shifted_sparse_attention` patches the attention function of tapelm's decoder only inside its `with` block.
+`shifted_sparse_attention(model, group)` sets S²-Attn as the attention function of that model's attention modules
+only inside its `with` block; other models in the process are untouched.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionMask
+from ..attention import AttentionMask
+from ..modeling import attention_modules
 
 
 def _grouped_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float) -> torch.Tensor:
@@ -74,10 +76,10 @@ def s2_reference_mask(heads: int, length: int, group: int) -> torch.Tensor:
 
 
 def make_attend(group: int):
-    """An `attend` replacement (see tapelm.attention.attend) computing S²-Attn for causal, unpadded, unbiased,
+    """An attention function (see tapelm.attention.AttentionFunction) computing S²-Attn for causal, unpadded, unbiased,
     uncached training batches, and refusing anything else."""
 
-    def attend(q, k, v, mask: AttentionMask, bias, scale: float, eager: bool = False):
+    def attend(q, k, v, mask: AttentionMask, bias, scale: float):
         if bias is not None or mask.valid is not None or not mask.is_causal or q.shape[2] != k.shape[2]:
             raise ValueError("S²-Attn (LongLoRA) needs causal, unpadded, uncached batches without a logit bias; "
                              "it is for training a RoPE model only")
@@ -87,15 +89,16 @@ def make_attend(group: int):
 
 
 @contextlib.contextmanager
-def shifted_sparse_attention(group: int) -> Iterator[None]:
-    """Inside this block every tapelm decoder attention computes S²-Attn with groups of `group` tokens.
-
-    It replaces `tapelm.modeling.attend` (the function TapeAttention calls) and restores it on exit."""
-    from . import modeling
-
-    original = modeling.attend
-    modeling.attend = make_attend(group)
+def shifted_sparse_attention(model: torch.nn.Module, group: int) -> Iterator[None]:
+    """Inside this block every attention module of `model` computes S²-Attn with groups of `group` tokens; on exit
+    each gets back the attention function it had."""
+    modules = attention_modules(model)
+    previous = [module.attention_function for module in modules]
+    s2 = make_attend(group)
+    for module in modules:
+        module.attention_function = s2
     try:
         yield
     finally:
-        modeling.attend = original
+        for module, function in zip(modules, previous):
+            module.attention_function = function

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..experiments.tasks.text import VAL_EVERY, corpus_files
 from .sources import cache_root
-from .tasks.text import VAL_EVERY, corpus_files
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def held_out_documents(tokenizer, name: str, min_tokens: int, count: int) -> lis
 @dataclass
 class TrainingText:
     """Micro-batches of `length` tokens drawn from the training streams of both corpora, as a pure function of the
-    batch index (the `batch_stream` of `tapelm.train.train`)."""
+    batch index (the `batch_stream` of `tapelm.experiments.train.train`)."""
 
     streams: dict[str, np.ndarray]
     length: int

@@ -1,5 +1,5 @@
 """Task evaluation over lengths: run every evaluation condition of a task on a model, summarise by length, and
-`tapelm eval RUN_DIR` (JSON + PNG: a heatmap for addition, the metric against length for the other tasks)."""
+plot it (a heatmap for addition, the metric against length for the other tasks)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .tasks import SyntheticTask, Task, exact_match_per_example, target_accuracy_per_example
-from .train import write_json_atomically
+from .tasks import (
+    SyntheticTask,
+    Task,
+    exact_match_per_example,
+    target_accuracy_per_example,
+)
 
 EVAL_SEED = 1234  # one fixed test set for every training seed: the spread across seeds is the training's
 
@@ -119,7 +123,7 @@ def _score_both(task: SyntheticTask, logits_fn, condition, seed: int, n: int, ba
 
 def plot_evaluation(evaluation: dict[str, Any], path: Path, title: str) -> Path:
     """A heatmap (addition) or a metric-against-length curve of one evaluation."""
-    from .report.plots import curves, heatmap
+    from .plots import curves, heatmap
 
     if evaluation["task"] == "addition":
         heatmap(evaluation["conditions"], path, title, edge=evaluation["training_edge"])
@@ -131,43 +135,4 @@ def plot_evaluation(evaluation: dict[str, Any], path: Path, title: str) -> Path:
     return path
 
 
-def evaluate_run(run_dir: str | Path, n: int | None = None, batch_size: int | None = None,
-                 seed: int = EVAL_SEED, progress: bool = True) -> dict[str, Any]:
-    """`tapelm eval RUN_DIR`: evaluate the run's final model; writes eval.json and eval.png in the run directory."""
-    from .runs import load_run
-
-    run = load_run(run_dir)
-    model = run.load_model()
-    n = n or run.preset.eval_n
-    batch_size = batch_size or run.preset.eval_batch_size
-    evaluation = evaluate_model(model, run.task, n, batch_size, seed, progress)
-    run_dir = Path(run_dir)
-    write_json_atomically(run_dir / "eval.json", evaluation)
-    plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
-    return evaluation
-
-
-def add_commands(commands) -> None:
-    """Register `tapelm eval` on the `tapelm` sub-command parser."""
-    parser = commands.add_parser("eval", help="evaluate a trained run over lengths (JSON + PNG in the run dir)")
-    parser.add_argument("run_dir", help="a run directory written by `tapelm train` or `tapelm compare`")
-    parser.add_argument("--n", type=int, help="examples per condition (default: the preset's)")
-    parser.add_argument("--batch-size", type=int, help="evaluation batch size (default: the preset's)")
-    parser.add_argument("--seed", type=int, default=EVAL_SEED, help="evaluation data seed (default: %(default)s)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=_eval_command)
-
-
-def _eval_command(args) -> None:
-    from .runs import print_evaluation
-
-    for name in ("n", "batch_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={value} is not allowed; it must be a positive integer")
-    evaluation = evaluate_run(args.run_dir, args.n, args.batch_size, args.seed, progress=not args.no_progress)
-    print_evaluation(evaluation)
-    print(f"wrote {Path(args.run_dir) / 'eval.json'} and {Path(args.run_dir) / 'eval.png'}")
-
-
-__all__ = ["evaluate_model", "evaluate_run", "summarize", "in_distribution", "EVAL_SEED", "plot_evaluation"]
+__all__ = ["evaluate_model", "summarize", "in_distribution", "EVAL_SEED", "plot_evaluation"]

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from .config import TapeConfig
-from .modeling import TapeForCausalLM
+from ..config import TapeConfig
+from ..modeling import TapeForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def _cli_convert(args) -> None:
 
 
 def register_cli(commands) -> None:
-    """Add `convert` and `finetune` to the `tapelm` command's subparsers."""
+    """Add `convert` to the `tapelm` command's subparsers."""
     convert_parser = commands.add_parser(
         "convert", help="convert a Llama/Mistral/Qwen2 checkpoint to TAPE (exact at step 0)",
         description="Convert a Llama-family checkpoint to a TapeForCausalLM and save it with save_pretrained; "
@@ -188,6 +188,3 @@ def register_cli(commands) -> None:
     convert_parser.add_argument("--tape-attn-mixing", choices=("heads", "per_head"))
     convert_parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the source's")
     convert_parser.set_defaults(handler=_cli_convert)
-    from .finetune import register_cli as register_finetune
-
-    register_finetune(commands)

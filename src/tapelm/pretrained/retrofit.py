@@ -3,7 +3,7 @@ evaluated alike, one JSON file per model, and the "Pretrained model" section of 
 
 Resumable: a model whose JSON exists is skipped; a fine-tuning run resumes from its last checkpoint.
 
-`tapelm report` section "pretrained-model" (registered by `register_report_section`): built by `results_section`
+`tapelm report` section "pretrained-model" (registered in tapelm.report): built by `results_section`
 from the committed JSON files in docs/results/pretrained (next to the report's figures folder). `update_markdown`
 splices the same section into a markdown file directly, with the report's markers.
 """
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
+from ..experiments.markdown import HEADER, splice
+from .data import CORPORA, held_out_documents
+from .evaluation import evaluate_model
 from .finetune import METHODS, FinetuneSettings, finetune
-from .retrofit_data import CORPORA, held_out_documents
-from .retrofit_eval import evaluate_model
 
 SECTION, TITLE = "pretrained-model", "Pretrained model: TAPE retrofitted into SmolLM2-135M"
 ORDER = ("original", *METHODS, "converted")
@@ -253,24 +254,8 @@ def results_section(results_dir: str | Path) -> str:
 
 def update_markdown(path: str | Path, results_dir: str | Path) -> None:
     """Replace (or append) this section's marked block in the markdown file `path`."""
-    from .report import HEADER, splice
-
     path = Path(path)
     text = path.read_text() if path.exists() else HEADER
     text = splice(text, SECTION, f"## {TITLE}\n\n{results_section(results_dir)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-
-
-def _report_build(context) -> str | None:
-    results_dir = Path(context.figures).parent / "results" / "pretrained"
-    if not any(results_dir.glob("*.json")):
-        return None
-    return results_section(results_dir)
-
-
-def register_report_section() -> None:
-    """Make `tapelm report` build the "pretrained-model" section."""
-    from .report import register_section
-
-    register_section(SECTION, TITLE, _report_build)

@@ -1,5 +1,5 @@
-"""Task runs: a model built from a task and a preset, trained by `tapelm.train.train` on the task's seeded batches,
-then evaluated over lengths. `tapelm train` is this module's command.
+"""Task runs: a model built from a task and a preset, trained by `tapelm.experiments.train.train` on the task's seeded batches,
+then evaluated over lengths (`tapelm train`).
 
 A run directory holds, besides what `train` writes: run.json (the run's identity: task, options, encoding, seed,
 preset, model config, settings and their hash), eval.json / eval.png and result.json (written last: the run is done).
@@ -18,10 +18,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import PE_TYPES, TapeConfig, TapeForCausalLM
+from ..config import PE_TYPES, TapeConfig
+from ..modeling import TapeForCausalLM
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task
-from .train import CheckpointError, TrainSettings, check_run_dir, make_accelerator, train, write_json_atomically
+from .train import (
+    CheckpointError,
+    TrainSettings,
+    check_run_dir,
+    make_accelerator,
+    train,
+    write_json_atomically,
+)
 
 RUN_FILE = "run.json"
 RESULT_FILE = "result.json"
@@ -177,7 +185,7 @@ def batch_stream(task: Task, seed: int, batch_size: int):
 
 
 def _environment() -> dict[str, Any]:
-    from .speed import environment
+    from .provenance import environment
 
     return environment()
 
@@ -279,91 +287,6 @@ def load_run(run_dir: str | Path) -> ResolvedRun:
     return run
 
 
-def print_evaluation(evaluation: dict[str, Any]) -> None:
-    summary = evaluation["summary"]
-    print(f"{evaluation['task']}: {evaluation['metric']} in-distribution {summary['in_distribution']:.4f}, "
-          f"longer {summary['longer']:.4f}, all {summary['all']:.4f}")
-    print("by length (" + evaluation["x_label"] + "): "
-          + ", ".join(f"{k}: {v:.3f}" for k, v in summary["by_length"].items()))
-
-
-# ------------------------------------------------------------------------------------------------- command line
-
-
-def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
-    """KEY=VALUE pairs; VALUE is read as JSON when it parses (numbers, true/false, lists), a comma list of numbers
-    as a list, else as a string."""
-    options: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, text = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{flag} {pair!r} is not allowed; write KEY=VALUE")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            parts = text.split(",")
-            try:
-                value = [json.loads(p) for p in parts] if len(parts) > 1 else text
-            except json.JSONDecodeError:
-                value = text
-        options[key.replace("-", "_")] = value
-    return options
-
-
-TRAIN_FLAGS = {  # command-line flag -> TrainSettings field
-    "steps": int, "lr": float, "warmup": int, "schedule": str, "batch_size": int, "grad_accum": int,
-    "clip": float, "mixed_precision": str, "eval_every": int, "checkpoint_every": int, "keep_last": int,
-    "log_every": int, "weight_decay": float,
-}
-
-
-def add_run_arguments(parser) -> None:
-    """The options shared by `tapelm train` and `tapelm compare`."""
-    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} "
-                                                                 "(default: %(default)s)")
-    parser.add_argument("--task-option", action="append", metavar="KEY=VALUE",
-                        help="a task option over the preset's, e.g. max_train_digits=10 (repeatable)")
-    parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                        help="a TapeConfig field over the preset's, e.g. num_hidden_layers=6 (repeatable)")
-    for name, kind in TRAIN_FLAGS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
-                            help=f"training setting {name} (default: the preset's)")
-    parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
-    parser.add_argument("--eval-n", type=int, help="examples per evaluation condition (default: the preset's)")
-    parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size (default: the preset's)")
-    parser.add_argument("--match-params", action="store_true",
-                        help="widen a baseline's MLP to TAPE's parameter count")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: the preset's; cpu-small uses 1, "
-                                                    "which is much faster for its tiny models on a busy machine)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def apply_threads(args) -> None:
-    """--threads, else the preset's thread count (cpu-small: 1), else torch's default."""
-    threads = args.threads
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads={threads} is not allowed; it must be a positive integer")
-    if threads is None and args.preset in PRESETS:
-        threads = get_preset(args.preset, args.task).threads
-    if threads is not None:
-        torch.set_num_threads(threads)
-
-
-def train_options(args) -> dict[str, Any]:
-    options = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name) is not None}
-    if args.grad_checkpointing:
-        options["grad_checkpointing"] = True
-    return options
-
-
-def spec_from_args(args, pe: str, seed: int) -> RunSpec:
-    return RunSpec(task=args.task, pe=pe, seed=seed, preset=args.preset,
-                   task_options=parse_options(args.task_option, "--task-option"),
-                   model_options=parse_options(args.model_option, "--model-option"),
-                   train_options=train_options(args), eval_n=args.eval_n, eval_batch_size=args.eval_batch_size,
-                   match_params=args.match_params)
-
-
 def option_flags(spec: RunSpec) -> list[str]:
     """The command-line flags that reproduce `spec`'s preset, options and overrides (not task, encoding, seed)."""
     flags = [] if spec.preset == DEFAULT_PRESET else ["--preset", spec.preset]
@@ -383,31 +306,5 @@ def option_flags(spec: RunSpec) -> list[str]:
     return flags + (["--match-params"] if spec.match_params else [])
 
 
-def add_commands(commands) -> None:
-    """Register `tapelm train` on the `tapelm` sub-command parser."""
-    parser = commands.add_parser("train", help="train one model on a task, then evaluate it over lengths")
-    parser.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--pe", required=True, help=f"positional encoding, one of: {', '.join(PE_TYPES)}")
-    parser.add_argument("--seed", type=int, default=0, help="training seed (default: %(default)s)")
-    parser.add_argument("--out", help="run directory (default: runs/train/TASK-PE-seedSEED)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    add_run_arguments(parser)
-    parser.set_defaults(handler=_train_command)
-
-
-def _train_command(args) -> None:
-    spec = spec_from_args(args, args.pe, args.seed)
-    run = resolve(spec)
-    apply_threads(args)
-    out = Path(args.out or f"runs/train/{spec.task}-{spec.pe}-seed{spec.seed}")
-    result = run_task(run, out, resume=args.resume, progress=not args.no_progress)
-    if result is not None:
-        summary = result["summary"]
-        print(f"{spec.task} / {spec.pe} / seed {spec.seed}: loss {result['first_loss']:.3f} -> "
-              f"{result['final_loss']:.3f}; {result['metric']} in-distribution {summary['in_distribution']:.4f}, "
-              f"longer {summary['longer']:.4f}, all {summary['all']:.4f}")
-        print(f"wrote {out}/result.json, {out}/eval.json and {out}/eval.png")
-
-
 __all__ = ["RunSpec", "ResolvedRun", "resolve", "run_task", "load_run", "batch_stream", "model_config",
-           "matched_intermediate", "count_parameters", "parse_options"]
+           "matched_intermediate", "count_parameters", "option_flags"]

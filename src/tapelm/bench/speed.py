@@ -8,12 +8,9 @@ differs between encodings), and the cache after prefill for decoding.
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +18,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import PE_TYPES, TapeConfig, TapeForCausalLM, __version__
+from ..config import PE_TYPES, TapeConfig
+from ..experiments.provenance import environment
+from ..modeling import TapeForCausalLM
 
 
 @dataclass(frozen=True)
@@ -172,27 +171,6 @@ def format_table(size: SpeedSize, results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def environment() -> dict:
-    """Commit, versions and machine, recorded with every result."""
-    import transformers
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    cpu = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    return {"commit": commit, "tapelm": __version__, "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": sys.version.split()[0],
-            "machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
-            "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
 def plot(report: dict, path: Path) -> None:
     """Bar charts of the ratios to RoPE, one panel per size."""
     import matplotlib
@@ -242,3 +220,30 @@ def run(size_names: list[str], pe_types: list[str], out_dir: Path, progress: boo
         plot(report, stem.with_suffix(".png"))
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
     return report
+
+
+def _bench_speed(args: argparse.Namespace) -> None:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
+        torch.set_num_threads(args.threads)
+    sizes = ["quick"] if args.quick else args.sizes
+    run(sizes, args.pe or list(PE_TYPES), Path(args.out), progress=not args.no_progress)
+
+
+def add_commands(commands) -> None:
+    """Register `tapelm bench speed` on the `tapelm` sub-command parser."""
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="benchmark", required=True,
+                                                                            metavar="BENCHMARK")
+    speed = bench.add_parser("speed", help="training, prefill and decode speed and memory of every encoding, "
+                                           "as ratios to RoPE")
+    speed.add_argument("--quick", action="store_true",
+                       help="one small size with short sequences (a table in about two minutes on 2 CPU cores)")
+    speed.add_argument("--sizes", nargs="+", choices=["small", "large"], default=["small", "large"],
+                       help="sizes to measure (default: both)")
+    speed.add_argument("--pe", nargs="+", choices=PE_TYPES, metavar="PE",
+                       help=f"encodings (default: all of {', '.join(PE_TYPES)}); RoPE is always included")
+    speed.add_argument("--out", default="bench-results", help="folder for the JSON and PNG (default: %(default)s)")
+    speed.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    speed.add_argument("--no-progress", action="store_true", help="no progress bar")
+    speed.set_defaults(handler=_bench_speed)

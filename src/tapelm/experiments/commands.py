@@ -1,0 +1,184 @@
+"""The experiment commands: `tapelm train`, `tapelm eval` and `tapelm compare`, and the options they share."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import PE_TYPES
+from .compare import DEFAULT_PES, compare
+from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation
+from .presets import DEFAULT_PRESET, PRESETS, get_preset
+from .runs import RunSpec, load_run, resolve, run_task
+from .tasks import TASKS
+from .train import write_json_atomically
+
+
+def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
+    """KEY=VALUE pairs; VALUE is read as JSON when it parses (numbers, true/false, lists), a comma list of numbers
+    as a list, else as a string."""
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} {pair!r} is not allowed; write KEY=VALUE")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            parts = text.split(",")
+            try:
+                value = [json.loads(p) for p in parts] if len(parts) > 1 else text
+            except json.JSONDecodeError:
+                value = text
+        options[key.replace("-", "_")] = value
+    return options
+
+
+TRAIN_FLAGS = {  # command-line flag -> TrainSettings field
+    "steps": int, "lr": float, "warmup": int, "schedule": str, "batch_size": int, "grad_accum": int,
+    "clip": float, "mixed_precision": str, "eval_every": int, "checkpoint_every": int, "keep_last": int,
+    "log_every": int, "weight_decay": float,
+}
+
+
+def add_run_arguments(parser) -> None:
+    """The options shared by `tapelm train` and `tapelm compare`."""
+    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} "
+                                                                 "(default: %(default)s)")
+    parser.add_argument("--task-option", action="append", metavar="KEY=VALUE",
+                        help="a task option over the preset's, e.g. max_train_digits=10 (repeatable)")
+    parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
+                        help="a TapeConfig field over the preset's, e.g. num_hidden_layers=6 (repeatable)")
+    for name, kind in TRAIN_FLAGS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                            help=f"training setting {name} (default: the preset's)")
+    parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
+    parser.add_argument("--eval-n", type=int, help="examples per evaluation condition (default: the preset's)")
+    parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size (default: the preset's)")
+    parser.add_argument("--match-params", action="store_true",
+                        help="widen a baseline's MLP to TAPE's parameter count")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: the preset's; cpu-small uses 1, "
+                                                    "which is much faster for its tiny models on a busy machine)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def apply_threads(args) -> None:
+    """--threads, else the preset's thread count (cpu-small: 1), else torch's default."""
+    threads = args.threads
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads={threads} is not allowed; it must be a positive integer")
+    if threads is None and args.preset in PRESETS:
+        threads = get_preset(args.preset, args.task).threads
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def train_options(args) -> dict[str, Any]:
+    options = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name) is not None}
+    if args.grad_checkpointing:
+        options["grad_checkpointing"] = True
+    return options
+
+
+def spec_from_args(args, pe: str, seed: int) -> RunSpec:
+    return RunSpec(task=args.task, pe=pe, seed=seed, preset=args.preset,
+                   task_options=parse_options(args.task_option, "--task-option"),
+                   model_options=parse_options(args.model_option, "--model-option"),
+                   train_options=train_options(args), eval_n=args.eval_n, eval_batch_size=args.eval_batch_size,
+                   match_params=args.match_params)
+
+
+def _add_train(commands) -> None:
+    parser = commands.add_parser("train", help="train one model on a task, then evaluate it over lengths")
+    parser.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
+    parser.add_argument("--pe", required=True, help=f"positional encoding, one of: {', '.join(PE_TYPES)}")
+    parser.add_argument("--seed", type=int, default=0, help="training seed (default: %(default)s)")
+    parser.add_argument("--out", help="run directory (default: runs/train/TASK-PE-seedSEED)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    add_run_arguments(parser)
+    parser.set_defaults(handler=_train_command)
+
+
+def _train_command(args) -> None:
+    spec = spec_from_args(args, args.pe, args.seed)
+    run = resolve(spec)
+    apply_threads(args)
+    out = Path(args.out or f"runs/train/{spec.task}-{spec.pe}-seed{spec.seed}")
+    result = run_task(run, out, resume=args.resume, progress=not args.no_progress)
+    if result is not None:
+        summary = result["summary"]
+        print(f"{spec.task} / {spec.pe} / seed {spec.seed}: loss {result['first_loss']:.3f} -> "
+              f"{result['final_loss']:.3f}; {result['metric']} in-distribution {summary['in_distribution']:.4f}, "
+              f"longer {summary['longer']:.4f}, all {summary['all']:.4f}")
+        print(f"wrote {out}/result.json, {out}/eval.json and {out}/eval.png")
+
+
+def print_evaluation(evaluation: dict[str, Any]) -> None:
+    summary = evaluation["summary"]
+    print(f"{evaluation['task']}: {evaluation['metric']} in-distribution {summary['in_distribution']:.4f}, "
+          f"longer {summary['longer']:.4f}, all {summary['all']:.4f}")
+    print("by length (" + evaluation["x_label"] + "): "
+          + ", ".join(f"{k}: {v:.3f}" for k, v in summary["by_length"].items()))
+
+
+def evaluate_run(run_dir: str | Path, n: int | None = None, batch_size: int | None = None,
+                 seed: int = EVAL_SEED, progress: bool = True) -> dict[str, Any]:
+    """`tapelm eval RUN_DIR`: evaluate the run's final model; writes eval.json and eval.png in the run directory."""
+    run = load_run(run_dir)
+    model = run.load_model()
+    n = n or run.preset.eval_n
+    batch_size = batch_size or run.preset.eval_batch_size
+    evaluation = evaluate_model(model, run.task, n, batch_size, seed, progress)
+    run_dir = Path(run_dir)
+    write_json_atomically(run_dir / "eval.json", evaluation)
+    plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
+    return evaluation
+
+
+def _add_eval(commands) -> None:
+    parser = commands.add_parser("eval", help="evaluate a trained run over lengths (JSON + PNG in the run dir)")
+    parser.add_argument("run_dir", help="a run directory written by `tapelm train` or `tapelm compare`")
+    parser.add_argument("--n", type=int, help="examples per condition (default: the preset's)")
+    parser.add_argument("--batch-size", type=int, help="evaluation batch size (default: the preset's)")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED, help="evaluation data seed (default: %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_eval_command)
+
+
+def _eval_command(args) -> None:
+    for name in ("n", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={value} is not allowed; it must be a positive integer")
+    evaluation = evaluate_run(args.run_dir, args.n, args.batch_size, args.seed, progress=not args.no_progress)
+    print_evaluation(evaluation)
+    print(f"wrote {Path(args.run_dir) / 'eval.json'} and {Path(args.run_dir) / 'eval.png'}")
+
+
+def _add_compare(commands) -> None:
+    parser = commands.add_parser(
+        "compare", help="train and evaluate one model per encoding and seed with identical budgets; table + figures")
+    parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
+    parser.add_argument("--pe", nargs="+", default=list(DEFAULT_PES), metavar="PE",
+                        help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(PE_TYPES)}, or 'all'")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
+    parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
+    add_run_arguments(parser)
+    parser.set_defaults(handler=_compare_command)
+
+
+def _compare_command(args) -> None:
+    pes = list(PE_TYPES) if args.pe == ["all"] else args.pe
+    base = spec_from_args(args, pes[0] if pes else "tape", 0)
+    apply_threads(args)
+    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress)
+
+
+def add_commands(commands) -> None:
+    """Register train, eval and compare on the `tapelm` sub-command parser `commands`."""
+    _add_train(commands)
+    _add_eval(commands)
+    _add_compare(commands)

@@ -1,0 +1,34 @@
+"""What every result records about where it was made: commit, versions, machine, threads and load."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+
+def environment() -> dict:
+    """Commit, versions and machine, recorded with every result."""
+    import transformers
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    cpu = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return {"commit": commit, "tapelm": version("tapelm"), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": sys.version.split()[0],
+            "machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
+            "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
