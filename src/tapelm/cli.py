@@ -7,7 +7,7 @@ import sys
 
 from .bench import speed
 from .experiments import commands as experiment_commands
-from .pretrained import convert, finetune
+from .pretrained import commands as pretrained_commands
 from .report import add_commands as add_report_commands
 
 
@@ -17,8 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_commands(commands)  # bench speed
     experiment_commands.add_commands(commands)  # train, eval, compare
     add_report_commands(commands)  # report
-    convert.register_cli(commands)  # convert
-    finetune.register_cli(commands)  # finetune
+    pretrained_commands.add_commands(commands)  # convert, finetune
     return parser
 
 

@@ -15,11 +15,20 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
 )
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.utils import logging
 
-from .attention import AttentionFunction, AttentionMask, attend, attend_with_probabilities, build_attention_mask
+from .attention import (
+    AttentionFunction,
+    AttentionMask,
+    attend,
+    attend_with_probabilities,
+    build_attention_mask,
+)
 from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
 from .positional import LayerPositional, PositionContext, TapeLayer, build_encoding
+
+logger = logging.get_logger(__name__)
 
 
 class TapeAttention(nn.Module):
@@ -164,7 +173,11 @@ class TapeModel(TapePreTrainedModel):
             past_key_values = None
         # As in transformers' Llama, activation checkpointing in training stores nothing in the cache (its layers drop
         # past_key_values) while the cache object is still returned.
-        cache = None if self.gradient_checkpointing and self.training else past_key_values
+        cache = past_key_values
+        if self.gradient_checkpointing and self.training and cache is not None:
+            logger.warning_once("Caching is incompatible with activation checkpointing in training mode; nothing is "
+                                "stored in the cache.")
+            cache = None
         prepare_cache(cache)
         batch, length = inputs_embeds.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0

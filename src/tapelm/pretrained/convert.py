@@ -163,28 +163,3 @@ def save(model: TapeForCausalLM, tokenizer: PreTrainedTokenizerBase | None, dst:
     if tokenizer is not None:
         tokenizer.save_pretrained(dst)
     return dst
-
-
-def _cli_convert(args) -> None:
-    options = {}
-    if args.tape_block:
-        options["tape_block"] = tuple(args.tape_block)
-    if args.tape_attn_mixing:
-        options["tape_attn_mixing"] = args.tape_attn_mixing
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
-    print(convert(args.src, args.dst, pe_type=args.pe_type, dtype=dtype, **options))
-
-
-def register_cli(commands) -> None:
-    """Add `convert` to the `tapelm` command's subparsers."""
-    convert_parser = commands.add_parser(
-        "convert", help="convert a Llama/Mistral/Qwen2 checkpoint to TAPE (exact at step 0)",
-        description="Convert a Llama-family checkpoint to a TapeForCausalLM and save it with save_pretrained; "
-                    "load it back with AutoModelForCausalLM after `import tapelm`.")
-    convert_parser.add_argument("src", help="a registered source name (smollm2-135m), a checkpoint folder or a .gguf")
-    convert_parser.add_argument("dst", help="output folder")
-    convert_parser.add_argument("--pe-type", choices=CONVERTIBLE_PE_TYPES, default="tape")
-    convert_parser.add_argument("--tape-block", type=int, nargs=2, metavar=("L", "R"))
-    convert_parser.add_argument("--tape-attn-mixing", choices=("heads", "per_head"))
-    convert_parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the source's")
-    convert_parser.set_defaults(handler=_cli_convert)

@@ -11,39 +11,10 @@ the markers (text other people or tools wrote) is kept as it is. A new kind of r
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..experiments.markdown import HEADER, splice
-
-
-@dataclass
-class ReportContext:
-    """What a section builder may read and write: the results cache and the figures folder (with its path as seen
-    from the markdown file)."""
-
-    root: Path
-    figures: Path
-    figures_link: str
-
-
-@dataclass(frozen=True)
-class Section:
-    name: str
-    title: str
-    build: Callable[[ReportContext], str | None]
-
-
-SECTIONS: dict[str, Section] = {}
-
-
-def register_section(name: str, title: str, build: Callable[[ReportContext], str | None]) -> None:
-    """Add (or replace) a report section; sections appear in registration order when first written."""
-    if not re.fullmatch(r"[a-z0-9-]+", name):
-        raise ValueError(f"section name {name!r} is not allowed; use lower-case letters, digits and '-'")
-    SECTIONS[name] = Section(name, title, build)
+from .sections import SECTIONS, ReportContext, register_section
 
 
 def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",

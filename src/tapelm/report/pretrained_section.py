@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..pretrained.retrofit import SECTION, TITLE, results_section
-from . import ReportContext, register_section
+from .sections import ReportContext, register_section
 
 
 def build(context: ReportContext) -> str | None:

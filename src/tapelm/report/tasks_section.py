@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from . import ReportContext, register_section
+from .sections import ReportContext, register_section
 
 TASK_ORDER = ("addition", "passkey", "text")
 PAPER_ADDITION = {"rope": 26.32, "randpe": 26.56, "nope": 22.45, "fire": 26.98, "tape": 32.82}

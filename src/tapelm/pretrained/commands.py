@@ -1,0 +1,106 @@
+"""The pretrained-model commands: `tapelm convert` and `tapelm finetune`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .convert import CONVERTIBLE_PE_TYPES, convert
+from .finetune import METHODS, FinetuneSettings
+from .retrofit import EvalPlan, RunPlan, run_all
+
+
+def _cli_convert(args) -> None:
+    options = {}
+    if args.tape_block:
+        options["tape_block"] = tuple(args.tape_block)
+    if args.tape_attn_mixing:
+        options["tape_attn_mixing"] = args.tape_attn_mixing
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
+    print(convert(args.src, args.dst, pe_type=args.pe_type, dtype=dtype, **options))
+
+
+def _add_convert(commands) -> None:
+    convert_parser = commands.add_parser(
+        "convert", help="convert a Llama/Mistral/Qwen2 checkpoint to TAPE (exact at step 0)",
+        description="Convert a Llama-family checkpoint to a TapeForCausalLM and save it with save_pretrained; "
+                    "load it back with AutoModelForCausalLM after `import tapelm`.")
+    convert_parser.add_argument("src", help="a registered source name (smollm2-135m), a checkpoint folder or a .gguf")
+    convert_parser.add_argument("dst", help="output folder")
+    convert_parser.add_argument("--pe-type", choices=CONVERTIBLE_PE_TYPES, default="tape")
+    convert_parser.add_argument("--tape-block", type=int, nargs=2, metavar=("L", "R"))
+    convert_parser.add_argument("--tape-attn-mixing", choices=("heads", "per_head"))
+    convert_parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the source's")
+    convert_parser.set_defaults(handler=_cli_convert)
+
+
+def _settings_from_args(args, method: str) -> FinetuneSettings:
+    return FinetuneSettings(method=method, train_length=args.train_length, steps=args.steps, lr=args.lr,
+                            batch_size=args.batch_size, grad_accum=args.grad_accum, warmup=args.warmup,
+                            seed=args.seed, lora=not args.no_lora, train_embeddings=not args.no_embeddings,
+                            train_norms=not args.no_norms, theta=args.theta, target_length=args.target_length,
+                            pretrained_length=args.pretrained_length)
+
+
+def _cli_finetune(args: argparse.Namespace) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = list(METHODS) if args.method == "all" else [args.method]
+    eval_plan = EvalPlan()
+    if args.eval_lengths or args.passkey_lengths is not None or args.eval_documents:
+        eval_plan = replace(eval_plan, lengths=tuple(args.eval_lengths or eval_plan.lengths),
+                            passkey_lengths=tuple(eval_plan.passkey_lengths if args.passkey_lengths is None
+                                                  else args.passkey_lengths),
+                            documents=args.eval_documents or eval_plan.documents)
+    plan = RunPlan(model=args.model, out=Path(args.out), results=Path(args.results) if args.results else None,
+                   settings={m: _settings_from_args(args, m) for m in methods},
+                   evaluate=not args.no_eval, baselines=args.method == "all", quick=args.quick, eval_plan=eval_plan)
+    run_all(plan, markdown=Path(args.markdown) if args.markdown else None)
+
+
+def _add_finetune(commands) -> None:
+    parser = commands.add_parser(
+        "finetune", help="fine-tune a pretrained model with TAPE, LoRA, LongLoRA, theta scaling or PI, and evaluate",
+        description="Convert a pretrained Llama-family model, fine-tune it parameter-efficiently on real text "
+                    "(Python standard library + python3.11-doc), evaluate perplexity and passkey retrieval against "
+                    "length. `--method all` also evaluates the original and converted models and writes the results "
+                    "table. Resumable: rerun the same command after an interruption.")
+    parser.add_argument("--model", default="smollm2-135m", help="source name, checkpoint folder or .gguf "
+                                                                 "(default: %(default)s)")
+    parser.add_argument("--method", choices=[*METHODS, "all"], required=True)
+    parser.add_argument("--out", default="runs/finetune", help="run folder (default: %(default)s)")
+    parser.add_argument("--results", help="folder for the per-model result JSON files (default: OUT/results)")
+    parser.add_argument("--markdown", help="write/refresh the 'Pretrained model' section of this markdown file")
+    parser.add_argument("--train-length", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--theta", type=float, default=1e6, help="RoPE base for --method theta")
+    parser.add_argument("--target-length", type=int, default=512, help="context PI interpolates to (default: %(default)s)")
+    parser.add_argument("--pretrained-length", type=int, default=128,
+                        help="nominal pretrained window PI interpolates from (default: %(default)s = the training "
+                             "length: the real one, 8192 for SmolLM2, cannot be exceeded on a CPU)")
+    parser.add_argument("--no-lora", action="store_true", help="method tape: train TAPE without LoRA")
+    parser.add_argument("--no-embeddings", action="store_true", help="do not train the embeddings")
+    parser.add_argument("--no-norms", action="store_true", help="do not train the norms")
+    parser.add_argument("--no-eval", action="store_true", help="train only")
+    parser.add_argument("--quick", action="store_true", help="a tiny evaluation (smoke test of the pipeline)")
+    parser.add_argument("--eval-lengths", type=int, nargs="+", help="perplexity context lengths "
+                                                                     "(default: 128 256 512 1024)")
+    parser.add_argument("--passkey-lengths", type=int, nargs="*", help="passkey lengths (default: 256 512; none: "
+                                                                       "no passkey)")
+    parser.add_argument("--eval-documents", type=int, help="held-out files per corpus for perplexity (default: 1)")
+    parser.add_argument("--threads", type=int, help="torch threads (1 is fastest on a CPU shared with other jobs)")
+    parser.set_defaults(handler=_cli_finetune)
+
+
+def add_commands(commands) -> None:
+    """Register convert and finetune on the `tapelm` sub-command parser `commands`."""
+    _add_convert(commands)
+    _add_finetune(commands)

@@ -1,0 +1,35 @@
+"""The registry of report sections: each kind of result adds one with `register_section(name, title, build)`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ReportContext:
+    """What a section builder may read and write: the results cache and the figures folder (with its path as seen
+    from the markdown file)."""
+
+    root: Path
+    figures: Path
+    figures_link: str
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    title: str
+    build: Callable[[ReportContext], str | None]
+
+
+SECTIONS: dict[str, Section] = {}
+
+
+def register_section(name: str, title: str, build: Callable[[ReportContext], str | None]) -> None:
+    """Add (or replace) a report section; sections appear in registration order when first written."""
+    if not re.fullmatch(r"[a-z0-9-]+", name):
+        raise ValueError(f"section name {name!r} is not allowed; use lower-case letters, digits and '-'")
+    SECTIONS[name] = Section(name, title, build)

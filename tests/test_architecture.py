@@ -1,0 +1,118 @@
+"""The package's shape: imports run only downward (model <- experiments <- pretrained / bench <- report <- cli) and
+no module imports itself back through a cycle. Read from the source, every import counted (also those inside
+functions), so a lazy import cannot hide an upward dependency."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "tapelm"
+
+# What each part may import besides itself. "model" is tapelm's own top-level modules and positional/.
+ALLOWED = {
+    "model": {"model"},
+    "experiments": {"model", "experiments"},
+    "pretrained": {"model", "experiments", "pretrained"},
+    "bench": {"model", "experiments", "bench"},
+    "scrolls": {"model", "experiments", "pretrained", "scrolls"},
+    "report": {"model", "experiments", "pretrained", "scrolls", "report"},
+    "cli": {"model", "experiments", "pretrained", "bench", "scrolls", "report", "cli"},
+}
+FACADE = PACKAGE  # tapelm/__init__.py: the public API, which nothing inside the package imports
+
+
+def module_files(src: Path) -> dict[str, Path]:
+    files = {}
+    for path in (src / PACKAGE).rglob("*.py"):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        files[".".join(parts)] = path
+    return files
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    if module == FACADE:
+        return "facade"
+    return parts[1] if parts[1] in ALLOWED else "model"
+
+
+def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
+    """The tapelm modules `module` imports; `from pkg import name` counts as pkg.name when that is a module."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != PACKAGE:
+                continue
+            submodules = {f"{target}.{alias.name}" for alias in node.names} & modules
+            found.update(submodules or {target})
+    return {name for name in found if name in modules and name != module}
+
+
+def import_graph(src: Path = SRC) -> dict[str, set[str]]:
+    files = module_files(src)
+    return {module: imports_of(module, path, set(files)) for module, path in files.items()}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return [(module, target) for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if part_of(module) != "facade"
+            and (part_of(target) == "facade" or part_of(target) not in ALLOWED[part_of(module)])]
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = path + [module, target]
+                return cycle[cycle.index(target):]
+            if target not in state and (cycle := visit(target, path + [module])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module, [])):
+            return cycle
+    return None
+
+
+def test_the_three_parts_exist():
+    parts = {part_of(module) for module in module_files(SRC)}
+    assert {"model", "experiments", "pretrained", "bench", "report", "cli"} <= parts
+
+
+def test_imports_only_run_downward_and_nothing_imports_the_facade():
+    assert upward_imports(import_graph()) == []
+
+
+def test_there_is_no_import_cycle():
+    assert find_cycle(import_graph()) is None
+
+
+def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path):
+    """Both rules fail when broken: a copy of the package whose attention module imports the experiments' runs
+    (which import the model, hence attention again)."""
+    import shutil
+
+    shutil.copytree(SRC / PACKAGE, tmp_path / PACKAGE)
+    attention = tmp_path / PACKAGE / "attention.py"
+    attention.write_text(attention.read_text() + "\n\ndef _late():\n    from .experiments import runs\n")
+    graph = import_graph(tmp_path)
+    assert ("tapelm.attention", "tapelm.experiments.runs") in upward_imports(graph)
+    assert "tapelm.attention" in find_cycle(graph)
