@@ -41,7 +41,7 @@ def test_compare_caches_each_encoding_and_seed(compared, capsys) -> None:
     assert main(["compare", "addition", "--pe", "tape", "rope", "nope", "--seeds", "0", "--root", str(compared),
                  *TINY]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("cached") == 2 and "nope / seed 0: running" in printed
+    assert printed.count("cached") == 2 and "nope / seed 0: to run" in printed
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     record = json.loads((directory / "comparison.json").read_text())
     assert record["pes"] == ["tape", "rope", "nope"] and record["seeds"] == [0, 1] and len(record["commands"]) == 2
@@ -62,20 +62,31 @@ def test_mean_and_std_across_seeds(compared) -> None:
     assert summary["missing"] == ["nope/seed1"]
 
 
+def stat(mean: float, half_width: float, n: int = 2) -> dict[str, float]:
+    return {"mean": mean, "std": 0.0, "n": n, "half_width": half_width}
+
+
 def test_format_table_on_hand_made_numbers() -> None:
-    stat = lambda mean, std, n=2: {"mean": mean, "std": std, "n": n}  # noqa: E731
     row = {"seeds": [0, 1], "parameters": 1_234_000, "all": stat(0.5, 0.1), "in_distribution": stat(0.9, 0.05),
-           "longer": stat(0.25, 0.0), "by_length": {"1": stat(1.0, 0.0)}, "final_loss": stat(0.1234, 0.0)}
-    table = format_table({"task": "addition", "metric": "exact_match", "rows": {"tape": row}})
-    assert "| tape | 1.234M | 0,1 | 90.0 ± 5.0 | 25.0 ± 0.0 | 50.0 ± 10.0 | 0.123 |" in table
+           "longer": stat(0.25, 0.0), "by_length": {"1": stat(1.0, 0.0)}, "final_loss": stat(0.1234, 0.0),
+           "evaluation_error": {"all": 0.0125, "in_distribution": 0.01, "longer": 0.02}}
+    difference = {"mean": 0.03, "half_width": 0.01, "n": 2, "std": 0.0, "seeds": [0, 1]}
+    summary = {"task": "addition", "metric": "exact_match", "rows": {"tape": row, "rope": row},
+               "paired": {"rope": {"in_distribution": difference, "longer": {**difference, "half_width": 0.05},
+                                   "all": {**difference, "mean": -0.03}}}}
+    table = format_table(summary)
+    assert "| tape | 1.234M | 0,1 | 90.0 ± 5.0 | 25.0 ± 0.0 | 50.0 ± 10.0 | 0.123 | 1.25 |" in table
+    assert ("| rope | 0,1 | +3.0 ± 1.0 (better) | +3.0 ± 5.0 (no difference shown) | -3.0 ± 1.0 (worse) |"
+            in table)
 
 
 def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_path) -> None:
     out = tmp_path / "docs" / "RESULTS.md"
     out.parent.mkdir()
     out.write_text("# Results\n\nIntro by a person.\n\n## Fine-tuning\n\nWritten by another tool.\n")
-    assert build_report(compared, out) == ["task-comparison"]
+    assert build_report(compared, out) == ["claims", "task-comparison"]
     text = out.read_text()
+    assert "TAPE did not learn addition in distribution" in text and "| **inconclusive** |" in text
     assert "Intro by a person." in text and "Written by another tool." in text
     assert "<!-- tapelm-report:begin task-comparison -->" in text
     assert "tapelm compare addition --pe tape rope --seeds 0 1" in text and "| tape |" in text
@@ -83,7 +94,7 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     assert any(name.endswith("addition-heatmaps.png") for name in figures)
     assert all(f"figures/{name}" in text for name in figures if name.endswith(".png"))
     first = text
-    assert build_report(compared, out) == ["task-comparison"]  # idempotent: the section is replaced, not added
+    assert build_report(compared, out) == ["claims", "task-comparison"]  # idempotent: the section is replaced, not added
     assert out.read_text() == first
 
 
@@ -102,14 +113,24 @@ def test_compare_rejects_bad_input_before_running(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_reading_compares_perplexities_in_log_space() -> None:
+def test_reading_states_tape_against_each_baseline_from_paired_intervals() -> None:
     from tapelm.report.tasks_section import reading
 
-    stat = lambda mean, std: {"mean": mean, "std": std, "n": 2}  # noqa: E731
-    row = lambda longer: {"seeds": [0, 1], "in_distribution": stat(5.0, 0.1), "longer": longer}  # noqa: E731
-    rows = {"tape": row(stat(9.6, 0.7)), "fire": row(stat(7.75, 0.25)), "rope": row(stat(10.0, 1.6))}
-    sentences = reading({"rows": rows, "metric": "perplexity", "task": "text"})
-    # log(9.6 / 7.75) = 0.21 > 2 * hypot(0.7 / 9.6, 0.25 / 7.75) = 0.16; against rope 0.04 < 0.35
-    assert "Perplexity: TAPE is behind fire on the longer lengths by more than twice the combined seed spread." \
-        in sentences
-    assert any("within twice the combined seed spread of rope" in s for s in sentences)
+    row = {"seeds": [0, 1], "in_distribution": stat(5.0, 0.1), "longer": stat(9.0, 0.5)}
+    log_ratio = lambda mean, half: {key: {"mean": mean, "half_width": half, "n": 3, "std": 0.0,  # noqa: E731
+                                          "seeds": [0, 1, 2]} for key in ("in_distribution", "longer", "all")}
+    summary = {"rows": {"tape": row, "fire": row, "rope": row}, "metric": "perplexity", "task": "text",
+               "paired": {"fire": log_ratio(0.21, 0.1), "rope": log_ratio(-0.04, 0.3)}}
+    sentences = reading(summary)
+    assert any(s.startswith("TAPE is behind fire on the longer lengths") for s in sentences)  # higher perplexity
+    assert any("includes zero against rope" in s for s in sentences)
+
+def test_parallel_jobs_give_the_same_runs_as_one_at_a_time(compared, tmp_path) -> None:
+    """--jobs 2 trains the same models: every run's losses and evaluation equal the sequential ones."""
+    assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(tmp_path),
+                 "--jobs", "2", *TINY]) == 0
+    sequential, parallel = comparison(compared), comparison(tmp_path)
+    for result in parallel.glob("*/seed*/result.json"):
+        mine = json.loads(result.read_text())
+        theirs = json.loads((sequential / result.relative_to(parallel)).read_text())
+        assert mine["summary"] == theirs["summary"] and mine["final_loss"] == theirs["final_loss"]

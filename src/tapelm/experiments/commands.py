@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from .compare import DEFAULT_PES, compare
 from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
 from .runs import RunSpec, load_run, resolve, run_task
+from .sweep import sweep
 from .tasks import TASKS
 from .train import write_json_atomically
 
@@ -44,8 +46,8 @@ TRAIN_FLAGS = {  # command-line flag -> TrainSettings field
 }
 
 
-def add_run_arguments(parser) -> None:
-    """The options shared by `tapelm train` and `tapelm compare`."""
+def add_run_arguments(parser, exclude: tuple[str, ...] = ()) -> None:
+    """The options shared by `tapelm train`, `compare` and `sweep` (less the training flags in `exclude`)."""
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} "
                                                                  "(default: %(default)s)")
     parser.add_argument("--task-option", action="append", metavar="KEY=VALUE",
@@ -53,6 +55,8 @@ def add_run_arguments(parser) -> None:
     parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                         help="a TapeConfig field over the preset's, e.g. num_hidden_layers=6 (repeatable)")
     for name, kind in TRAIN_FLAGS.items():
+        if name in exclude:
+            continue
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
                             help=f"training setting {name} (default: the preset's)")
     parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
@@ -77,7 +81,7 @@ def apply_threads(args) -> None:
 
 
 def train_options(args) -> dict[str, Any]:
-    options = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name) is not None}
+    options = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name, None) is not None}
     if args.grad_checkpointing:
         options["grad_checkpointing"] = True
     return options
@@ -166,6 +170,8 @@ def _add_compare(commands) -> None:
                         help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(PE_TYPES)}, or 'all'")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
     parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process with "
+                                                            "the preset's threads (default: %(default)s)")
     add_run_arguments(parser)
     parser.set_defaults(handler=_compare_command)
 
@@ -174,11 +180,33 @@ def _compare_command(args) -> None:
     pes = list(PE_TYPES) if args.pe == ["all"] else args.pe
     base = spec_from_args(args, pes[0] if pes else "tape", 0)
     apply_threads(args)
-    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress)
+    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs)
+
+
+def _add_sweep(commands) -> None:
+    parser = commands.add_parser(
+        "sweep", help="learning curves of one encoding at several learning rates (JSON + PNG), to choose a recipe")
+    parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
+    parser.add_argument("--pe", default="rope", help=f"positional encoding (default: %(default)s); one of: "
+                                                     f"{', '.join(PE_TYPES)}")
+    parser.add_argument("--seed", type=int, default=0, help="training seed (default: %(default)s)")
+    parser.add_argument("--lr", type=float, nargs="+", required=True, help="peak learning rates to try")
+    parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
+    parser.add_argument("--out", default="docs/sweeps", help="folder for the JSON and PNG (default: %(default)s)")
+    add_run_arguments(parser, exclude=("lr",))
+    parser.set_defaults(handler=_sweep_command)
+
+
+def _sweep_command(args) -> None:
+    spec = spec_from_args(argparse.Namespace(**{**vars(args), "lr": None}), args.pe, args.seed)  # --lr is swept
+    resolve(spec)  # refuses a bad task, encoding or option before anything runs
+    apply_threads(args)
+    sweep(spec, args.lr, root=args.root, out=args.out, progress=not args.no_progress)
 
 
 def add_commands(commands) -> None:
-    """Register train, eval and compare on the `tapelm` sub-command parser `commands`."""
+    """Register train, eval, compare and sweep on the `tapelm` sub-command parser `commands`."""
     _add_train(commands)
     _add_eval(commands)
     _add_compare(commands)
+    _add_sweep(commands)

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import shlex
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .statistics import interval, paired_difference, proportion_error, verdict
 
 from ..config import PE_TYPES
 from .evaluate import higher_is_better
@@ -30,8 +34,9 @@ def comparison_dir(root: Path, task: str, settings_hash: str) -> Path:
 
 
 def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs", progress: bool = True,
-            command: str | None = None) -> dict[str, Any]:
-    """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`)."""
+            command: str | None = None, jobs: int = 1) -> dict[str, Any]:
+    """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
+    With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count)."""
     if not pes:
         raise ValueError("give at least one encoding with --pe")
     unknown = [pe for pe in pes if pe not in PE_TYPES]
@@ -40,6 +45,8 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     bad_seeds = [s for s in seeds if not isinstance(s, int) or s < 0]
     if not seeds or bad_seeds:
         raise ValueError(f"seeds={seeds!r} is not allowed; give non-negative integers")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer")
     pes, seeds = list(dict.fromkeys(pes)), list(dict.fromkeys(seeds))
     runs = {(pe, seed): resolve(RunSpec(**{**vars(base), "pe": pe, "seed": seed})) for seed in seeds for pe in pes}
     hashes = {run.settings_hash for run in runs.values()}
@@ -48,22 +55,44 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     command = command or shlex.join(["tapelm", "compare", base.task, "--pe", *pes, "--seeds", *map(str, seeds),
                                      *(["--root", str(root)] if str(root) != "runs" else []), *option_flags(base)])
     _record(directory, base, pes, seeds, command, next(iter(runs.values())))
-    total = len(runs)
+    pending = []
     for index, ((pe, seed), run) in enumerate(runs.items(), 1):
         run_dir = directory / pe / f"seed{seed}"
         cached = (run_dir / RESULT_FILE).exists()
-        print(f"[{index}/{total}] {base.task} / {pe} / seed {seed}: "
-              f"{'cached' if cached else 'running'} ({run_dir})", flush=True)
-        started = time.time()
-        result = run_task(run, run_dir, resume=True, progress=progress, command=command)
-        if not cached and result is not None:
-            print(f"    done in {time.time() - started:.0f} s: {result['metric']} all {result['summary']['all']:.4f}",
-                  flush=True)
+        print(f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: "
+              f"{'cached' if cached else 'to run'} ({run_dir})", flush=True)
+        if not cached:
+            pending.append((run, run_dir))
+    if jobs == 1:
+        for run, run_dir in pending:
+            _run_one(run, run_dir, progress, command)
+    else:
+        import torch
+
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_run_one, run, run_dir, False, command, torch.get_num_threads())
+                       for run, run_dir in pending]
+            for future in as_completed(futures):
+                future.result()
     summary = aggregate(directory)
     print(summary["table"])
     for figure in summary["figures"]:
         print(f"figure: {directory / figure}")
     return summary
+
+
+def _run_one(run, run_dir: Path, progress: bool, command: str, threads: int | None = None) -> None:
+    """Train and evaluate one run of a comparison (in this process, or in a worker with `threads` torch threads)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    started = time.time()
+    result = run_task(run, run_dir, resume=True, progress=progress, command=command)
+    if result is not None:
+        print(f"    {run.spec.pe} / seed {run.spec.seed} done in {time.time() - started:.0f} s: {result['metric']} "
+              f"in-distribution {result['summary']['in_distribution']:.4f}, all {result['summary']['all']:.4f}",
+              flush=True)
 
 
 def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], command: str, run) -> None:
@@ -84,19 +113,39 @@ def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], co
     temporary.replace(path)
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    if not values:
-        return {"mean": float("nan"), "std": float("nan"), "n": 0}
-    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-            "n": len(values)}
-
-
 def _summary_stats(summaries: list[dict[str, Any]], lengths: list[str]) -> dict[str, Any]:
-    return {"all": _stats([s["all"] for s in summaries]),
-            "in_distribution": _stats([s["in_distribution"] for s in summaries]),
-            "longer": _stats([s["longer"] for s in summaries]),
-            "by_length": {x: _stats([s["by_length"][x] for s in summaries]) for x in lengths}}
+    return {"all": interval([s["all"] for s in summaries]),
+            "in_distribution": interval([s["in_distribution"] for s in summaries]),
+            "longer": interval([s["longer"] for s in summaries]),
+            "by_length": {x: interval([s["by_length"][x] for s in summaries]) for x in lengths}}
+
+
+HEADLINES = ("in_distribution", "longer", "all")
+REFERENCE = "tape"  # paired differences are TAPE minus each baseline
+
+
+def _headline(result: dict[str, Any], key: str, metric: str) -> float:
+    """One run's headline number; perplexities in log space, so that differences are log-ratios."""
+    value = result["summary"][key]
+    return math.log(value) if metric == "perplexity" else value
+
+
+def paired_differences(results: dict[str, dict[int, dict[str, Any]]], metric: str) -> dict[str, Any]:
+    """{baseline: {headline: interval of TAPE minus baseline over shared seeds}} (log-ratios for perplexity)."""
+    if REFERENCE not in results:
+        return {}
+    tape = results[REFERENCE]
+    return {pe: {key: paired_difference({s: _headline(r, key, metric) for s, r in tape.items()},
+                                        {s: _headline(r, key, metric) for s, r in by_seed.items()})
+                 for key in HEADLINES}
+            for pe, by_seed in results.items() if pe != REFERENCE}
+
+
+def evaluation_error(summary: dict[str, Any], key: str, metric: str) -> float:
+    """The sampling error of one run's headline accuracy from its test-set size (nan for perplexity, or for results
+    written before test-set sizes were recorded)."""
+    examples = summary.get("examples", {}).get(key, 0)
+    return float("nan") if metric == "perplexity" else proportion_error(summary[key], examples)
 
 
 def load_results(directory: Path) -> dict[str, dict[int, dict[str, Any]]]:
@@ -123,8 +172,10 @@ def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
         lengths = list(first["summary"]["by_length"])
         rows[pe] = {"seeds": sorted(by_seed), "parameters": first["parameters"],
                     **_summary_stats([r["summary"] for r in by_seed.values()], lengths),
-                    "final_loss": _stats([r["final_loss"] for r in by_seed.values()]),
-                    "seconds": _stats([r.get("session_seconds") for r in by_seed.values()])}
+                    "evaluation_error": {key: interval([evaluation_error(r["summary"], key, r["metric"])
+                                                        for r in by_seed.values()])["mean"] for key in HEADLINES},
+                    "final_loss": interval([r["final_loss"] for r in by_seed.values()]),
+                    "seconds": interval([r.get("session_seconds") for r in by_seed.values()])}
         if all(r.get("token_accuracy_summary") for r in by_seed.values()):
             rows[pe]["token_accuracy"] = _summary_stats([r["token_accuracy_summary"] for r in by_seed.values()],
                                                         lengths)
@@ -136,7 +187,8 @@ def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
                "x_label": evaluation["x_label"] if evaluation else "", "training_edge":
                evaluation["training_edge"] if evaluation else None,
                "missing": [f"{pe}/seed{s}" for pe in record["pes"] for s in record["seeds"]
-                           if s not in results.get(pe, {})]}
+                           if s not in results.get(pe, {})],
+               "paired": paired_differences(results, metric)}
     summary["table"] = format_table(summary)
     if write and results:
         summary["figures"] = write_figures(summary, results, directory)
@@ -146,12 +198,12 @@ def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
 
 
 def _format(stats: dict[str, float], metric: str) -> str:
+    """mean ± the 95% confidence half-width across seeds (the mean alone for one seed)."""
     if stats["n"] == 0:
         return "–"
-    if metric == "perplexity":
-        return f"{stats['mean']:.3f} ± {stats['std']:.3f}" if stats["n"] > 1 else f"{stats['mean']:.3f}"
-    mean, std = stats["mean"] * 100, stats["std"] * 100
-    return f"{mean:.1f} ± {std:.1f}" if stats["n"] > 1 else f"{mean:.1f}"
+    scale, digits = (1, 3) if metric == "perplexity" else (100, 1)
+    mean = f"{stats['mean'] * scale:.{digits}f}"
+    return f"{mean} ± {stats['half_width'] * scale:.{digits}f}" if stats["n"] > 1 else mean
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -167,6 +219,10 @@ def format_table(summary: dict[str, Any]) -> str:
     if tokens:
         header += ["token acc. in-distribution (%)", "token acc. longer (%)"]
     header += ["final train loss"]
+    errors = metric != "perplexity" and rows and all(
+        not math.isnan(row["evaluation_error"]["all"]) for row in rows.values())
+    if errors:
+        header += ["test-set s.e. all (%)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     for pe, row in rows.items():
         cells = [pe, f"{row['parameters'] / 1e6:.3f}M", ",".join(map(str, row["seeds"])),
@@ -178,13 +234,51 @@ def format_table(summary: dict[str, Any]) -> str:
                       _format(row["token_accuracy"]["longer"], "accuracy")]
         loss = row["final_loss"]
         cells.append(f"{loss['mean']:.3f}" if loss["n"] else "–")
+        if errors:
+            cells.append(f"{row['evaluation_error']['all'] * 100:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     direction = "higher" if higher_is_better(metric) else "lower"
     lines.append("")
-    lines.append(f"{metric.replace('_', ' ')}, {direction} is better; mean ± std (sample std) across seeds."
+    lines.append(f"{metric.replace('_', ' ')}, {direction} is better; mean ± half-width of the 95% confidence "
+                 "interval across seeds (t distribution)."
                  + (" Token accuracy: the share of answer tokens predicted right (teacher-forced), from the same "
-                    "logits." if tokens else ""))
+                    "logits." if tokens else "")
+                 + (" Test-set s.e.: the binomial standard error of one run's 'all' from its number of test "
+                    "examples, to set beside the spread across seeds." if errors else ""))
+    if summary.get("paired"):
+        lines += ["", format_paired(summary)]
     return "\n".join(lines)
+
+
+def format_paired(summary: dict[str, Any]) -> str:
+    """Markdown: TAPE minus each baseline, paired by seed, with 95% intervals and what they show."""
+    metric = summary["metric"]
+    higher = higher_is_better(metric)
+    log = metric == "perplexity"
+    header = ["TAPE minus", "seeds"] + [f"{key.replace('_', '-')}" for key in HEADLINES]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * len(HEADLINES)]
+    for pe, differences in summary["paired"].items():
+        cells = [pe, ",".join(map(str, differences["all"]["seeds"]))]
+        for key in HEADLINES:
+            d = differences[key]
+            if d["n"] == 0:
+                cells.append("–")
+                continue
+            if log:  # a ratio of perplexities
+                text = f"×{math.exp(d['mean']):.3f}"
+                if d["n"] > 1:
+                    low, high = math.exp(d["mean"] - d["half_width"]), math.exp(d["mean"] + d["half_width"])
+                    text += f" [{low:.3f}, {high:.3f}]"
+            else:
+                text = f"{d['mean'] * 100:+.1f}"
+                if d["n"] > 1:
+                    text += f" ± {d['half_width'] * 100:.1f}"
+            cells.append(f"{text} ({verdict(d, higher)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    unit = ("perplexity ratio TAPE / baseline with its 95% interval" if log
+            else "difference in points, ± half-width of the 95% interval")
+    return "\n".join(lines + ["", f"Paired by seed (same training data stream and test set): {unit}; 'better' / "
+                                   "'worse' when the interval excludes zero."])
 
 
 def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str, Any]]],

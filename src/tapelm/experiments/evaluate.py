@@ -63,17 +63,17 @@ def _mean(values: list[float], metric: str) -> float:
 
 def summarize(task: Task, conditions: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     """Headline numbers: the mean over all conditions ('all', the paper's heatmap average for addition), over the
-    in-distribution ones and over the longer ones, and the metric per length (mean over other condition fields)."""
-    inside = [c["value"] for c in conditions if in_distribution(task, c)]
-    outside = [c["value"] for c in conditions if not in_distribution(task, c)]
+    in-distribution ones and over the longer ones, the metric per length (mean over other condition fields), and how
+    many test examples each headline number rests on."""
+    headlines = {"all": conditions, "in_distribution": [c for c in conditions if in_distribution(task, c)],
+                 "longer": [c for c in conditions if not in_distribution(task, c)]}
     groups: dict[int, list[float]] = defaultdict(list)
     for c in conditions:
         groups[length_key(task, c)].append(c["value"])
     return {
-        "all": _mean([c["value"] for c in conditions], metric),
-        "in_distribution": _mean(inside, metric),
-        "longer": _mean(outside, metric),
+        **{key: _mean([c["value"] for c in group], metric) for key, group in headlines.items()},
         "by_length": {str(k): _mean(v, metric) for k, v in sorted(groups.items())},
+        "examples": {key: int(sum(c.get("n", 0) for c in group)) for key, group in headlines.items()},
     }
 
 

@@ -54,10 +54,11 @@ _PAPER = ModelSize(hidden_size=768, intermediate_size=2048, num_hidden_layers=12
 
 PRESETS: dict[str, dict[str, Preset]] = {
     "cpu-small": {
-        "addition": Preset(
+        "addition": Preset(  # docs/sweeps/addition-rope-sweep.json: RoPE 100% in distribution at lr 3e-3
             _SMALL, {"max_train_digits": 4, "eval_max_digits": 8},
-            TrainSettings(steps=600, lr=3e-3, warmup=50, schedule="cosine", batch_size=64, log_every=10),
-            eval_n=20, eval_batch_size=256, threads=1),
+            TrainSettings(steps=3000, lr=3e-3, warmup=100, schedule="cosine", batch_size=64, eval_every=250,
+                          log_every=50),
+            eval_n=100, eval_batch_size=256, threads=1),
         "passkey": Preset(
             _SMALL, {"train_length": 256, "eval_multipliers": (1, 2, 4)},
             TrainSettings(steps=300, lr=3e-3, warmup=30, schedule="cosine", batch_size=8, log_every=10),

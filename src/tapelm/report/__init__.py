@@ -21,7 +21,7 @@ def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
                  figures: str | Path | None = None, sections: list[str] | None = None) -> list[str]:
     """Rebuild the sections (all registered ones, or `sections`) of `out` from the results under `root`; returns
     the names of the sections written."""
-    from . import pretrained_section, tasks_section  # noqa: F401  (each registers its section)
+    from . import claims_section, pretrained_section, tasks_section  # noqa: F401  (each registers its section)
 
     root, out = Path(root), Path(out)
     figures = Path(figures) if figures is not None else out.parent / "figures"

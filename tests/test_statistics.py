@@ -1,0 +1,67 @@
+"""Across-seed statistics and the claims' verdicts, on hand-worked numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tapelm.experiments.statistics import interval, paired_difference, proportion_error, verdict
+from tapelm.report.claims_section import CLAIMS, judge
+
+
+def test_interval_is_the_t_interval_of_the_mean():
+    result = interval([1.0, 2.0, 3.0])
+    assert result["mean"] == 2.0 and result["std"] == 1.0 and result["n"] == 3
+    assert result["half_width"] == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)  # t(0.975, 2) = 4.3027
+    assert math.isnan(interval([5.0])["half_width"]) and interval([5.0])["mean"] == 5.0
+    assert interval([None, float("nan")])["n"] == 0
+
+
+def test_paired_difference_uses_the_shared_seeds_only():
+    result = paired_difference({0: 0.9, 1: 0.8, 2: 0.7, 5: 0.1}, {0: 0.5, 1: 0.6, 2: 0.3, 3: 0.0})
+    assert result["seeds"] == [0, 1, 2]
+    assert result["mean"] == pytest.approx((0.4 + 0.2 + 0.4) / 3)
+
+
+@pytest.mark.parametrize(("mean", "half", "higher", "expected"), [
+    (0.05, 0.02, True, "better"), (-0.05, 0.02, True, "worse"), (0.01, 0.02, True, "no difference shown"),
+    (0.05, 0.02, False, "worse"), (-0.05, 0.02, False, "better"),  # perplexity: lower is better
+])
+def test_verdict_reads_the_interval_in_the_metric_direction(mean, half, higher, expected):
+    assert verdict({"mean": mean, "half_width": half, "n": 3}, higher) == expected
+    assert verdict({"mean": mean, "half_width": float("nan"), "n": 1}, higher) == "too few seeds"
+
+
+def test_proportion_error():
+    assert proportion_error(0.5, 100) == pytest.approx(0.05)
+    assert proportion_error(1.0, 100) == 0.0 and math.isnan(proportion_error(0.5, 0))
+
+
+def summary_with(in_distribution: dict[str, float], differences: dict[str, float], half: float = 0.02):
+    stat = lambda value: {"mean": value, "std": 0.0, "n": 5, "half_width": 0.0}  # noqa: E731
+    paired = {pe: {key: {"mean": d, "half_width": half, "n": 5, "std": 0.0, "seeds": [0, 1, 2, 3, 4]}
+                   for key in ("in_distribution", "longer", "all")} for pe, d in differences.items()}
+    return {"task": "addition", "metric": "exact_match", "settings_hash": "h",
+            "rows": {pe: {"in_distribution": stat(v)} for pe, v in in_distribution.items()}, "paired": paired}
+
+
+ARITHMETIC = next(claim for claim in CLAIMS if claim.name == "arithmetic")
+LEARNED = {"tape": 1.0, "rope": 0.99, "randpe": 0.98, "nope": 0.97, "fire": 0.96}
+
+
+def test_a_claim_is_confirmed_only_against_every_baseline():
+    assert judge(ARITHMETIC, summary_with(LEARNED, dict.fromkeys(("rope", "randpe", "nope", "fire"), 0.05)))[0] \
+        == "confirmed"
+    mixed = {"rope": 0.05, "randpe": 0.05, "nope": 0.05, "fire": 0.0}
+    assert judge(ARITHMETIC, summary_with(LEARNED, mixed))[0] == "inconclusive"
+    worse = {"rope": 0.05, "randpe": -0.05, "nope": 0.05, "fire": 0.05}
+    assert judge(ARITHMETIC, summary_with(LEARNED, worse))[0] == "refuted"
+
+
+def test_a_claim_needs_models_that_learned_and_results_that_exist():
+    unlearned = {**LEARNED, "nope": 0.5}
+    result, lines = judge(ARITHMETIC, summary_with(unlearned, dict.fromkeys(("rope", "randpe", "nope", "fire"), 0.05)))
+    assert result == "inconclusive" and any("nope: did not learn" in line for line in lines)
+    assert judge(ARITHMETIC, summary_with({**LEARNED, "tape": 0.2}, {}))[0] == "inconclusive"
+    assert judge(ARITHMETIC, None)[0] == "not run"
