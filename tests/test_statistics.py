@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tapelm.experiments.statistics import interval, paired_difference, proportion_error, verdict
-from tapelm.report.claims_section import CLAIMS, judge
+from tapelm.experiments.claims import CLAIMS, judge
 
 
 def test_interval_is_the_t_interval_of_the_mean():

@@ -19,11 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from .statistics import interval, paired_difference, proportion_error, verdict
-
 from ..config import PE_TYPES
+from .claims import verdict_lines
 from .evaluate import higher_is_better
 from .runs import RESULT_FILE, RunSpec, option_flags, resolve, run_task
+from .statistics import (
+    format_difference,
+    interval,
+    paired_difference,
+    proportion_error,
+    verdict,
+)
 
 COMPARISON_FILE = "comparison.json"
 DEFAULT_PES = ("tape", "rope")
@@ -76,6 +82,8 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
                 future.result()
     summary = aggregate(directory)
     print(summary["table"])
+    for line in verdict_lines(summary):
+        print(line)
     for figure in summary["figures"]:
         print(f"figure: {directory / figure}")
     return summary
@@ -264,15 +272,7 @@ def format_paired(summary: dict[str, Any]) -> str:
             if d["n"] == 0:
                 cells.append("–")
                 continue
-            if log:  # a ratio of perplexities
-                text = f"×{math.exp(d['mean']):.3f}"
-                if d["n"] > 1:
-                    low, high = math.exp(d["mean"] - d["half_width"]), math.exp(d["mean"] + d["half_width"])
-                    text += f" [{low:.3f}, {high:.3f}]"
-            else:
-                text = f"{d['mean'] * 100:+.1f}"
-                if d["n"] > 1:
-                    text += f" ± {d['half_width'] * 100:.1f}"
+            text = format_difference(d, log)
             cells.append(f"{text} ({verdict(d, higher)})")
         lines.append("| " + " | ".join(cells) + " |")
     unit = ("perplexity ratio TAPE / baseline with its 95% interval" if log

@@ -53,6 +53,17 @@ def verdict(difference: Mapping[str, float], higher_is_better: bool = True) -> s
     return "no difference shown"
 
 
+def format_difference(difference: Mapping[str, float], log_ratio: bool = False) -> str:
+    """A paired difference with its 95% interval: points (± half-width) for accuracies, or a ratio [low, high] for
+    differences of logarithms (perplexities)."""
+    mean, half, n = difference["mean"], difference["half_width"], difference["n"]
+    if log_ratio:
+        text = f"×{math.exp(mean):.3f}"
+        return text if n < 2 else text + f" [{math.exp(mean - half):.3f}, {math.exp(mean + half):.3f}]"
+    text = f"{mean * 100:+.1f}"
+    return text if n < 2 else text + f" ± {half * 100:.1f}"
+
+
 def proportion_error(proportion: float, examples: int) -> float:
     """The standard error of an accuracy measured on `examples` independent examples."""
     if examples <= 0 or math.isnan(proportion):
@@ -60,4 +71,4 @@ def proportion_error(proportion: float, examples: int) -> float:
     return math.sqrt(max(proportion * (1 - proportion), 0.0) / examples)
 
 
-__all__ = ["CONFIDENCE", "interval", "paired_difference", "verdict", "proportion_error"]
+__all__ = ["CONFIDENCE", "interval", "paired_difference", "verdict", "format_difference", "proportion_error"]

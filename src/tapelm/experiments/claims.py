@@ -1,0 +1,97 @@
+"""The paper's claims that the laptop comparisons can test, and their verdicts — confirmed, refuted or inconclusive —
+computed from a comparison's summary (see `compare.aggregate`).
+
+Criterion, for every claim: TAPE is compared with each baseline by the paired-by-seed difference of the claim's
+headline number and its 95% t interval. A comparison only counts when both encodings learned the task in
+distribution (the task's threshold in `LEARNED`); otherwise that baseline is "not testable". The claim is
+*confirmed* when TAPE is better than every named baseline (every interval excludes zero in TAPE's favour),
+*refuted* when TAPE is worse than at least one (an interval excludes zero against it), and *inconclusive* otherwise
+(some interval includes zero, or a baseline is missing or not testable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .evaluate import higher_is_better
+from .statistics import format_difference, verdict
+
+# In-distribution accuracy an encoding must reach before its length generalisation says anything (issue 8).
+LEARNED = {"addition": 0.95, "passkey": 0.95, "multikey": 0.95, "mqar": 0.95, "flipflop": 0.99}
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    statement: str
+    task: str
+    headline: str  # in_distribution | longer | all
+    baselines: tuple[str, ...]
+
+
+CLAIMS = (
+    Claim("arithmetic", "Addition: TAPE's heatmap average over the 2x operand-length grid is above RoPE, RandPE, NoPE "
+          "and FIRE (paper: 32.82 vs 26.32 / 26.56 / 22.45 / 26.98 %).", "addition", "all",
+          ("rope", "randpe", "nope", "fire")),
+    Claim("retrieval-passkey", "Passkey retrieval: TAPE is ahead beyond the training length.", "passkey", "longer",
+          ("rope", "randpe", "nope", "fire", "alibi")),
+    Claim("retrieval-mqar", "Associative recall (MQAR): TAPE is ahead beyond the training length.", "mqar", "longer",
+          ("rope", "randpe", "nope", "fire", "alibi")),
+    Claim("lm-perplexity", "Language modelling: TAPE's perplexity is the lowest at the training length.", "text",
+          "in_distribution", ("rope", "randpe", "nope", "fire", "alibi")),
+    Claim("lm-extrapolation", "Language modelling: TAPE extrapolates best (lowest perplexity beyond the training "
+          "length).", "text", "longer", ("rope", "randpe", "nope", "fire", "alibi")),
+)
+
+
+def _learned(summary: dict[str, Any], pe: str) -> bool:
+    threshold = LEARNED.get(summary["task"])
+    return threshold is None or summary["rows"][pe]["in_distribution"]["mean"] >= threshold
+
+
+def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]:
+    """The verdict and one line per baseline."""
+    if summary is None:
+        return "not run", [f"no `tapelm compare {claim.task}` results with TAPE yet"]
+    metric, rows = summary["metric"], summary["rows"]
+    lines, outcomes = [], []
+    if not _learned(summary, "tape"):
+        return "inconclusive", [f"TAPE did not learn {claim.task} in distribution "
+                                f"({rows['tape']['in_distribution']['mean'] * 100:.1f}% < "
+                                f"{LEARNED[claim.task] * 100:.0f}%): nothing to compare"]
+    for pe in claim.baselines:
+        if pe not in rows:
+            outcomes.append("missing")
+            lines.append(f"{pe}: not in the comparison")
+            continue
+        if not _learned(summary, pe):
+            outcomes.append("not testable")
+            lines.append(f"{pe}: did not learn in distribution ({rows[pe]['in_distribution']['mean'] * 100:.1f}%), "
+                         "not testable")
+            continue
+        difference = summary["paired"][pe][claim.headline]
+        outcome = verdict(difference, higher_is_better(metric))
+        outcomes.append(outcome)
+        unit = "" if metric == "perplexity" else " pts"
+        lines.append(f"TAPE − {pe}: {format_difference(difference, metric == 'perplexity')}{unit} over seeds "
+                     f"{','.join(map(str, difference['seeds']))} → {outcome}")
+    if "worse" in outcomes:
+        return "refuted", lines
+    if outcomes and all(o == "better" for o in outcomes):
+        return "confirmed", lines
+    return "inconclusive", lines
+
+
+def verdict_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per claim about this comparison's task: the claim, its verdict and the criterion in brief."""
+    lines = []
+    for claim in CLAIMS:
+        if claim.task == summary["task"] and "tape" in summary["rows"]:
+            result, details = judge(claim, summary)
+            lines.append(f"Claim ({claim.name}): {claim.statement} Verdict: {result.upper()} "
+                         f"({'; '.join(details)}).")
+    return lines
+
+
+__all__ = ["CLAIMS", "Claim", "LEARNED", "judge", "verdict_lines"]
