@@ -114,3 +114,39 @@ def test_gradients_flow_through_the_fused_stream():
     for name, grad in grads["eager"].items():
         torch.testing.assert_close(grads["sdpa"][name], grad, atol=1e-9, rtol=1e-7, msg=name)
     assert grads["sdpa"]["model.layers.0.self_attn.q_proj.weight"].abs().sum() > 0
+
+
+def test_tape_updating_no_layer_is_rope_even_with_random_weights():
+    rope = tiny_model("rope", num_hidden_layers=3)
+    frozen = tiny_model("tape", num_hidden_layers=3, tape_layers="none", seed=5)
+    assert list(frozen.tape_parameters()) == []
+    copy_shared(rope, frozen)
+    ids = tokens(2, 20)
+    torch.testing.assert_close(frozen(ids).logits, rope(ids).logits, atol=1e-5, rtol=0)
+
+
+def randomize_tape_parameters(model: TapeForCausalLM) -> None:
+    generator = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for param in model.tape_parameters():
+            param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+
+
+@pytest.mark.parametrize(("choice", "updating"), [("first_half", [0, 1]), ("second_half", [2, 3]), ([1], [1]),
+                                                  ("all", [0, 1, 2, 3])])
+def test_tape_layers_chooses_which_layers_update(choice, updating):
+    """Only the chosen layers carry update parameters (never the last), and layers before the first one see E0:
+    a model whose first updating layer is k computes, up to layer k, what RoPE computes."""
+    model = tiny_model("tape", num_hidden_layers=5, tape_layers=choice)
+    with_params = [i for i, layer in enumerate(model.model.layers) if list(layer.positional.parameters())]
+    assert with_params == [i for i in updating if i < 4]
+    rope = tiny_model("rope", num_hidden_layers=5)
+    copy_shared(rope, model)
+    randomize_tape_parameters(model)
+    ids = tokens(1, 12)
+    ours = model(ids, output_hidden_states=True).hidden_states
+    theirs = rope(ids, output_hidden_states=True).hidden_states
+    first = min(updating)
+    for layer in range(first + 2):  # inputs of layers 0..first+1: layer `first` updates E only after its attention
+        torch.testing.assert_close(ours[layer], theirs[layer], atol=1e-5, rtol=0)
+    assert not torch.allclose(ours[first + 2], theirs[first + 2], atol=1e-4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench import speed
+from .bench import speed, training
 from .experiments import commands as experiment_commands
 from .pretrained import commands as pretrained_commands
 from .report import add_commands as add_report_commands
@@ -14,7 +14,10 @@ from .report import add_commands as add_report_commands
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tapelm", description="TAPE and its baseline positional encodings.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    speed.add_commands(commands)  # bench speed
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="benchmark", required=True,
+                                                                            metavar="BENCHMARK")
+    speed.add_arguments(bench)  # bench speed
+    training.add_arguments(bench)  # bench training
     experiment_commands.add_commands(commands)  # train, eval, compare
     add_report_commands(commands)  # report
     pretrained_commands.add_commands(commands)  # convert, finetune

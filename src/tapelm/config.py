@@ -9,6 +9,7 @@ PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "co
 ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
 TAPE_ATTN_MIXING = ("heads", "per_head")
 TAPE_UPDATES = ("both", "attention", "mlp", "none")
+TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
 
 
 def _choice(field: str, value, allowed) -> None:
@@ -34,6 +35,9 @@ class TapeConfig(PreTrainedConfig):
       applies one gain per head.
     - `tape_update`: which sublayers update the positional features ("none" freezes them at RoPE's).
     - `tape_equivariant`: False is the ablation that also mixes across blocks and the l/r axes.
+    - `tape_layers`: which layers update the positional features: "all" (default), "none", "first_half",
+      "second_half", or a list of layer indices. The others pass E on unchanged (still rotating q and k by it); the
+      last layer never updates (its E would be discarded).
     - `causal`: False gives a bidirectional encoder.
 
     `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
@@ -68,6 +72,7 @@ class TapeConfig(PreTrainedConfig):
     tape_attn_mixing: str = "heads"
     tape_update: str = "both"
     tape_equivariant: bool = True
+    tape_layers: str | list[int] = "all"
     causal: bool = True
     randpe_max_position: int | None = None
     xpos_scale_base: float = 512.0
@@ -88,6 +93,15 @@ class TapeConfig(PreTrainedConfig):
         self.tape_block = tuple(self.tape_block)
         super().__post_init__(**kwargs)
         self._validate()
+
+    def tape_updates_layer(self, layer_idx: int) -> bool:
+        """Whether TAPE layer `layer_idx` updates the positional features (`tape_layers`; never the last layer)."""
+        layers = self.num_hidden_layers
+        if layer_idx == layers - 1:
+            return False
+        chosen = {"all": range(layers), "none": (), "first_half": range(layers // 2),
+                  "second_half": range(layers // 2, layers)}
+        return layer_idx in (chosen[self.tape_layers] if isinstance(self.tape_layers, str) else self.tape_layers)
 
     @property
     def tape_l(self) -> int:
@@ -124,6 +138,19 @@ class TapeConfig(PreTrainedConfig):
             raise ValueError(f"randpe_max_position={self.randpe_max_position} must be >= "
                              f"max_position_embeddings={self.max_position_embeddings}")
         self._validate_tape_block()
+        self._validate_tape_layers()
+
+    def _validate_tape_layers(self) -> None:
+        if isinstance(self.tape_layers, str):
+            if self.tape_layers not in TAPE_LAYER_CHOICES:
+                raise ValueError(f"tape_layers={self.tape_layers!r} is not allowed; choose one of: "
+                                 f"{', '.join(TAPE_LAYER_CHOICES)}, or a list of layer indices")
+            return
+        layers = list(self.tape_layers)
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_hidden_layers for i in layers):
+            raise ValueError(f"tape_layers={self.tape_layers!r} is not allowed; list layer indices in "
+                             f"[0, {self.num_hidden_layers}) or use one of: {', '.join(TAPE_LAYER_CHOICES)}")
+        self.tape_layers = sorted(set(layers))
 
     def _validate_tape_block(self) -> None:
         if len(self.tape_block) != 2:

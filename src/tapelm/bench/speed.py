@@ -231,10 +231,8 @@ def _bench_speed(args: argparse.Namespace) -> None:
     run(sizes, args.pe or list(PE_TYPES), Path(args.out), progress=not args.no_progress)
 
 
-def add_commands(commands) -> None:
-    """Register `tapelm bench speed` on the `tapelm` sub-command parser."""
-    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="benchmark", required=True,
-                                                                            metavar="BENCHMARK")
+def add_arguments(bench) -> None:
+    """Register `tapelm bench speed` under `tapelm bench`."""
     speed = bench.add_parser("speed", help="training, prefill and decode speed and memory of every encoding, "
                                            "as ratios to RoPE")
     speed.add_argument("--quick", action="store_true",

@@ -17,6 +17,7 @@ from .runs import RunSpec, load_run, resolve, run_task
 from .sweep import sweep
 from .tasks import TASKS
 from .train import write_json_atomically
+from .variants import ABLATIONS
 
 
 def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
@@ -183,6 +184,28 @@ def _compare_command(args) -> None:
     compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs)
 
 
+def _add_ablate(commands) -> None:
+    parser = commands.add_parser(
+        "ablate", help="TAPE's ablations (the paper's table) as one comparison: same budget, paired by seed")
+    parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
+    parser.add_argument("--variants", nargs="+", default=list(ABLATIONS), metavar="VARIANT",
+                        help=f"variants (default: all of {', '.join(ABLATIONS)})")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds (default: 0 1 2)")
+    parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (default: %(default)s)")
+    add_run_arguments(parser)
+    parser.set_defaults(handler=_ablate_command)
+
+
+def _ablate_command(args) -> None:
+    unknown = [name for name in args.variants if name not in ABLATIONS]
+    if unknown:
+        raise ValueError(f"unknown ablation variant '{unknown[0]}'; choose from: {', '.join(ABLATIONS)}")
+    base = spec_from_args(args, "tape", 0)
+    apply_threads(args)
+    compare(base, args.variants, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs)
+
+
 def _add_sweep(commands) -> None:
     parser = commands.add_parser(
         "sweep", help="learning curves of one encoding at several learning rates (JSON + PNG), to choose a recipe")
@@ -205,8 +228,9 @@ def _sweep_command(args) -> None:
 
 
 def add_commands(commands) -> None:
-    """Register train, eval, compare and sweep on the `tapelm` sub-command parser `commands`."""
+    """Register train, eval, compare, ablate and sweep on the `tapelm` sub-command parser `commands`."""
     _add_train(commands)
     _add_eval(commands)
     _add_compare(commands)
+    _add_ablate(commands)
     _add_sweep(commands)

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from ..config import PE_TYPES
 from .claims import verdict_lines
 from .evaluate import higher_is_better
 from .runs import RESULT_FILE, RunSpec, option_flags, resolve, run_task
@@ -30,6 +29,7 @@ from .statistics import (
     proportion_error,
     verdict,
 )
+from .variants import check_encoding
 
 COMPARISON_FILE = "comparison.json"
 DEFAULT_PES = ("tape", "rope")
@@ -45,9 +45,8 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count)."""
     if not pes:
         raise ValueError("give at least one encoding with --pe")
-    unknown = [pe for pe in pes if pe not in PE_TYPES]
-    if unknown:
-        raise ValueError(f"unknown encoding '{unknown[0]}'; choose from: {', '.join(PE_TYPES)}")
+    for pe in pes:
+        check_encoding(pe)
     bad_seeds = [s for s in seeds if not isinstance(s, int) or s < 0]
     if not seeds or bad_seeds:
         raise ValueError(f"seeds={seeds!r} is not allowed; give non-negative integers")
@@ -281,10 +280,31 @@ def format_paired(summary: dict[str, Any]) -> str:
                                    "'worse' when the interval excludes zero."])
 
 
+def state_norm_history(run_dir: Path) -> tuple[list[int], np.ndarray] | None:
+    """(steps, norms (steps, layers + 1)) of the positional state recorded by a run's in-training evaluations."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    found = [(r["step"], r["eval"]["state_norm"]) for r in records if "state_norm" in r.get("eval", {})]
+    return ([step for step, _ in found], np.array([norms for _, norms in found])) if found else None
+
+
+def _state_norm_panels(directory: Path, summary: dict[str, Any]) -> dict[str, tuple[list[int], np.ndarray]]:
+    """Per variant with a recorded positional state, the mean over seeds of its norm history."""
+    panels = {}
+    for pe, row in summary["rows"].items():
+        histories = [h for seed in row["seeds"] if (h := state_norm_history(directory / pe / f"seed{seed}"))]
+        if histories and len({len(steps) for steps, _ in histories}) == 1:
+            panels[pe] = (histories[0][0], np.mean([norms for _, norms in histories], axis=0))
+    return panels
+
+
 def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str, Any]]],
-                  directory: Path, prefix: str = "") -> list[str]:
-    """Heatmaps (addition) and the metric-against-length curves; returns the file names written."""
-    from .plots import curves, heatmap_grid, heatmaps
+                  directory: Path, prefix: str = "", runs: Path | None = None) -> list[str]:
+    """Heatmaps (addition), the metric-against-length curves and, for variants with a positional state, its norm
+    over training (run folders under `runs`, the comparison folder by default); returns the file names written."""
+    from .plots import curves, heatmap_grid, heatmaps, state_norm_panels
 
     task, metric = summary["task"], summary["metric"]
     names = []
@@ -314,6 +334,12 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
         name = f"{prefix}{task}-by-length{suffix}.png"
         curves(series, directory / name, f"{task}: {label.replace('_', ' ')} against length (mean ± std over "
                                          "seeds)", summary["x_label"], label, edge=summary["training_edge"])
+        names.append(name)
+    panels = _state_norm_panels(runs or directory, summary)
+    if panels:
+        name = f"{prefix}{task}-state-norm.png"
+        state_norm_panels(panels, directory / name, f"{task}: norm of TAPE's positional state E per layer over "
+                                                    "training (mean over seeds)")
         names.append(name)
     return names
 

@@ -106,4 +106,25 @@ def curves(series: dict[str, tuple[list[float], list[float], list[float] | None]
     return path
 
 
-__all__ = ["heatmap", "heatmaps", "heatmap_grid", "curves"]
+def state_norm_panels(panels: dict[str, tuple[list[int], np.ndarray]], path: Path, title: str) -> Path:
+    """One panel per variant: the positional state's norm (relative to E0) at each layer against the training step;
+    `panels` maps a variant to (steps, array (steps, layers + 1)), the mean over seeds."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, sharey=True)
+    for axis, (name, (steps, norms)) in zip(axes[0], panels.items()):
+        for layer in range(norms.shape[1]):
+            label = f"entering layer {layer}" if layer < norms.shape[1] - 1 else "leaving the last layer"
+            axis.plot(steps, norms[:, layer], label=label)
+        axis.set_title(name, fontsize=9)
+        axis.set_xlabel("training step")
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel("norm of E / norm of E0")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["heatmap", "heatmaps", "heatmap_grid", "curves", "state_norm_panels"]

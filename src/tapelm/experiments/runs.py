@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import PE_TYPES, TapeConfig
+from ..config import TapeConfig
 from ..modeling import TapeForCausalLM
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task
@@ -30,6 +30,7 @@ from .train import (
     train,
     write_json_atomically,
 )
+from .variants import check_encoding, resolve_variant
 
 RUN_FILE = "run.json"
 RESULT_FILE = "result.json"
@@ -91,12 +92,13 @@ def model_config(task: Task, pe: str, preset: Preset, options: dict[str, Any]) -
     """The model of a run: the preset's sizes, the task's vocabulary and position tables covering the longest
     evaluation length (learned positions beyond the training lengths stay untrained: the honest baseline), RandPE
     positions drawn from [0, longest evaluation length)."""
-    if pe not in PE_TYPES:
-        raise ValueError(f"unknown encoding '{pe}'; choose from: {', '.join(PE_TYPES)}")
+    check_encoding(pe)
+    pe_type, variant_options = resolve_variant(pe)
     longest = max(task.max_eval_length, task.train_length)
     kwargs: dict[str, Any] = dict(vocab_size=task.tokenizer.vocab_size, pad_token_id=task.tokenizer.pad_id,
-                                  max_position_embeddings=longest, randpe_max_position=longest, pe_type=pe)
+                                  max_position_embeddings=longest, randpe_max_position=longest, pe_type=pe_type)
     kwargs.update(preset.model.as_config_kwargs())
+    kwargs.update(variant_options)
     kwargs.update(options)
     return TapeConfig(**kwargs)
 
@@ -118,8 +120,7 @@ def resolve(spec: RunSpec) -> ResolvedRun:
     """Validate everything about a run before any work or any write; ValueError naming the problem."""
     if spec.task not in TASKS:
         raise ValueError(f"unknown task '{spec.task}'; choose one of: {', '.join(TASKS)}")
-    if spec.pe not in PE_TYPES:
-        raise ValueError(f"unknown encoding '{spec.pe}'; choose from: {', '.join(PE_TYPES)}")
+    check_encoding(spec.pe)
     if spec.preset not in PRESETS:
         raise ValueError(f"unknown preset '{spec.preset}'; choose one of: {', '.join(PRESETS)}")
     if not isinstance(spec.seed, int) or spec.seed < 0:
@@ -247,7 +248,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
 
 
 def _quick_evaluation(run: ResolvedRun):
-    """In-training evaluation: the in-distribution conditions only, few examples (the full grid runs at the end)."""
+    """In-training evaluation: the in-distribution conditions only, few examples (the full grid runs at the end),
+    and, for encodings that carry a positional state (TAPE), its norm entering each layer (`state_norms`)."""
     from .evaluate import in_distribution
 
     conditions = [c for c in run.task.eval_conditions() if in_distribution(run.task, c)]
@@ -261,9 +263,37 @@ def _quick_evaluation(run: ResolvedRun):
 
         values = [run.task.evaluate_condition(logits_fn, c, 4321, n, run.preset.eval_batch_size)[0]
                   for c in conditions]
-        return {f"in_distribution_{run.task.metric_name}": float(np.mean(values))}
+        record = {f"in_distribution_{run.task.metric_name}": float(np.mean(values))}
+        batch = next(run.task.eval_batches(conditions[-1], 4321, n, run.preset.eval_batch_size))
+        norms = state_norms(model, batch.input_ids.to(device), batch.attention_mask.to(device))
+        if norms:
+            record["state_norm"] = norms
+        return record
 
     return evaluate
+
+
+@torch.no_grad()
+def state_norms(model: TapeForCausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[float]:
+    """The mean norm (over real tokens and KV heads) of the positional state entering each decoder layer and leaving
+    the last, relative to the initial state's (so 1.0 at layer 0, whatever the state's layout); empty for encodings
+    without a state."""
+    norms: list[float] = []
+    real = attention_mask.bool()
+
+    def record(state):
+        if isinstance(state, torch.Tensor):
+            per_token = state.float().flatten(3).norm(dim=-1).mean(1)  # (B, N): mean over heads
+            norms.append(float(per_token[real].mean()))
+
+    hooks = [layer.register_forward_pre_hook(lambda module, args: record(args[1])) for layer in model.model.layers]
+    hooks.append(model.model.layers[-1].register_forward_hook(lambda module, args, out: record(out[1])))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [norm / norms[0] for norm in norms]
 
 
 def load_run(run_dir: str | Path) -> ResolvedRun:

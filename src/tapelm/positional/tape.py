@@ -94,14 +94,14 @@ class TapeEncoding(PositionalEncoding):
         return e0.expand(-1, self.kv_heads, -1, -1)
 
     def make_layer(self, layer_idx: int) -> LayerPositional:
-        is_last = layer_idx == self.config.num_hidden_layers - 1
-        return TapeLayer(self.config, updates=not is_last)
+        return TapeLayer(self.config, updates=self.config.tape_updates_layer(layer_idx))
 
 
 class TapeLayer(LayerPositional):
     """Per-layer TAPE: q/k transformed by E, then E updated through the attention probabilities and a content gate.
 
-    The last layer's E is discarded, so that layer gets no update parameters and no [V | E] stream."""
+    A layer that does not update E (`tape_layers`; always the last, whose E would be discarded) gets no update
+    parameters and no [V | E] stream."""
 
     def __init__(self, config, updates: bool = True):
         super().__init__()

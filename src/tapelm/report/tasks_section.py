@@ -35,7 +35,7 @@ def build(context: ReportContext) -> str | None:
         context.figures.mkdir(parents=True, exist_ok=True)
         for stale in context.figures.glob(prefix + "*"):
             stale.unlink()
-        figures = write_figures(summary, results, context.figures, prefix=prefix)
+        figures = write_figures(summary, results, context.figures, prefix=prefix, runs=directory)
         (context.figures / f"{prefix}{summary['task']}-summary.json").write_text(json.dumps(
             {k: v for k, v in summary.items() if k != "table"}, indent=1))
         parts.append(_subsection(summary, results, figures, context))
