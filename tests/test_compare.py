@@ -134,3 +134,16 @@ def test_parallel_jobs_give_the_same_runs_as_one_at_a_time(compared, tmp_path) -
         mine = json.loads(result.read_text())
         theirs = json.loads((sequential / result.relative_to(parallel)).read_text())
         assert mine["summary"] == theirs["summary"] and mine["final_loss"] == theirs["final_loss"]
+
+
+def test_ablation_variants_are_encodings_with_options(tmp_path, capsys) -> None:
+    from tapelm.experiments.runs import resolve
+
+    run = resolve(RunSpec(task="addition", pe="tape-non-equivariant"))
+    assert run.config.pe_type == "tape" and run.config.tape_equivariant is False
+    assert resolve(RunSpec(task="addition", pe="tape-second-half")).config.tape_layers == "second_half"
+    assert main(["ablate", "addition", "--variants", "tape", "tape-sideways", "--root", str(tmp_path)]) == 2
+    assert "unknown ablation variant 'tape-sideways'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="or a variant: tape-per-head"):
+        resolve(RunSpec(task="addition", pe="tape-sideways"))
+    assert list(tmp_path.iterdir()) == []

@@ -169,12 +169,18 @@ def _add_compare(commands) -> None:
     parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
     parser.add_argument("--pe", nargs="+", default=list(DEFAULT_PES), metavar="PE",
                         help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(PE_TYPES)}, or 'all'")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
+    _add_comparison_arguments(parser, seeds=[0])
+    parser.set_defaults(handler=_compare_command)
+
+
+def _add_comparison_arguments(parser, seeds: list[int]) -> None:
+    """Seeds, cache folder and parallel jobs of a comparison, then the run options."""
+    parser.add_argument("--seeds", nargs="+", type=int, default=seeds,
+                        help=f"training seeds (default: {' '.join(map(str, seeds))})")
     parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process with "
                                                             "the preset's threads (default: %(default)s)")
     add_run_arguments(parser)
-    parser.set_defaults(handler=_compare_command)
 
 
 def _compare_command(args) -> None:
@@ -190,10 +196,7 @@ def _add_ablate(commands) -> None:
     parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
     parser.add_argument("--variants", nargs="+", default=list(ABLATIONS), metavar="VARIANT",
                         help=f"variants (default: all of {', '.join(ABLATIONS)})")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds (default: 0 1 2)")
-    parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once (default: %(default)s)")
-    add_run_arguments(parser)
+    _add_comparison_arguments(parser, seeds=[0, 1, 2])
     parser.set_defaults(handler=_ablate_command)
 
 
