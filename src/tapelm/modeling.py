@@ -19,7 +19,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from .attention import AttentionFunction, AttentionMask, attend, attend_with_probabilities, build_attention_mask
 from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
-from .positional import LayerPositional, PositionContext, TapeLayer, build_encoding
+from .positional import LayerPositional, PositionalEncoding, PositionContext, TapeLayer, build_encoding
 
 
 class TapeAttention(nn.Module):
@@ -122,7 +122,7 @@ class TapePreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, LayerPositional) and hasattr(module, "init_weights"):
+        if isinstance(module, (LayerPositional, PositionalEncoding)) and hasattr(module, "init_weights"):
             module.init_weights(init, self.config.initializer_range)
 
 
