@@ -7,7 +7,8 @@ import math
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
-PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned")
+PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned", "fox",
+            "path")
 ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
 CAUSAL_ONLY_PE_TYPES = ("fox", "path")
 TAPE_ATTN_MIXING = ("heads", "per_head")
