@@ -4,13 +4,12 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_config, tiny_model, tokens
+from test_cache import decode_in_chunks
 
 from tapelm import TapeConfig
 from tapelm.positional import PositionContext
 from tapelm.positional.bias import FireFunction
-
-from conftest import tiny_config, tiny_model, tokens
-from test_cache import decode_in_chunks
 
 VALID = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 

@@ -2,14 +2,13 @@
 
 import pytest
 import torch
+from conftest import tiny_model, tokens
+from test_cache import decode_in_chunks
 from transformers import DynamicCache
 
 from tapelm import TapeConfig
 from tapelm.positional import PositionContext
 from tapelm.positional.path import path_logits
-
-from conftest import tiny_model, tokens
-from test_cache import decode_in_chunks
 
 VALID = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 

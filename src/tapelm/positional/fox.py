@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import layer_state_slot, cached_state, store_state
+from ..cache import cached_state, layer_state_slot, store_state
 from .base import LayerPositional, PositionalEncoding, PositionContext
 
 

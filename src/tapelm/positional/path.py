@@ -56,7 +56,7 @@ def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.T
     (B, Hkv, T_past, d): the cached keys, already transformed up to the last cached token. Returns the dot products
     q_i^T H_i ... H_{j+1} k_j (B, Hkv, G, N, T_past + N), with zeros where j > i, and every key transformed up to the
     last new token (B, Hkv, T_past + N, d), the cache's next content."""
-    batch, kv_heads, groups, length, dim = q.shape
+    batch, kv_heads, _, length, dim = q.shape
     keys = past_keys if past_keys is not None else k.new_zeros(batch, kv_heads, 0, dim)
     past = keys.shape[-2]
     total = past + length
