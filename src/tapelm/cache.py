@@ -2,8 +2,10 @@
 
 Per decoder layer the cache holds the transformed keys and the value stream ([V | E] for TAPE, whose positional
 state of past tokens never changes). Encodings with relative biases also need the positions of every cached key;
-those live in one extra layer after the decoder layers, so that cropping, beam reordering and batch selection treat
-them exactly like the keys they belong to.
+those live in one extra layer after the decoder layers (slot `num_hidden_layers`), so that cropping, beam reordering
+and batch selection treat them exactly like the keys they belong to. Encodings with per-token state of their own keep
+it the same way, one extra layer per decoder layer after that (`layer_state_slot`, `store_state`): FoX's cumulative log forget gates,
+PaTH's short-convolution inputs.
 
 transformers' `DynamicLayer` concatenates the whole cache with each new token, which makes every decoding step copy
 everything cached so far; `GrowingLayer` writes into spare capacity instead (doubling when full). `prepare_cache`
@@ -79,3 +81,48 @@ def key_positions(cache: Cache | None, query_positions: torch.Tensor, slot: int)
     stored = query_positions[:, None, :, None]
     positions, _ = cache.layers[slot].update(stored, stored)
     return positions[:, 0, :, 0]
+
+
+def layer_state_slot(num_layers: int, layer_idx: int) -> int:
+    """The cache slot of decoder layer `layer_idx`'s per-token state: after the decoder layers and the key
+    positions' slot."""
+    return num_layers + 1 + layer_idx
+
+
+def cached_state(cache: Cache | None, slot: int) -> torch.Tensor | None:
+    """The per-token state (B, S, T, F) stored in extra cache layer `slot`, or None when nothing is stored."""
+    if cache is None or len(cache.layers) <= slot:
+        return None
+    layer = cache.layers[slot]
+    return layer.keys if layer.is_initialized and layer.get_seq_length() > 0 else None
+
+
+def store_state(cache: Cache | None, slot: int, new: torch.Tensor) -> torch.Tensor:
+    """Append per-token state `new` (B, S, N, F) to extra cache layer `slot` and return all of it (B, S, T + N, F);
+    without a cache, `new` itself. The state keeps its own dtype (e.g. float32 in a bf16 model)."""
+    if cache is None:
+        return new
+    while len(cache.layers) <= slot:
+        cache.layers.append(GrowingLayer())
+    stored, _ = cache.layers[slot].update(new, new[..., :0])
+    return stored
+
+
+def cached_keys(cache: Cache | None, layer_idx: int) -> torch.Tensor | None:
+    """The keys (B, Hkv, T, d) decoder layer `layer_idx` has cached, or None."""
+    if cache is None or len(cache.layers) <= layer_idx:
+        return None
+    layer = cache.layers[layer_idx]
+    return layer.keys if layer.is_initialized and layer.get_seq_length() > 0 else None
+
+
+def rewrite_keys(cache: Cache, layer_idx: int, keys: torch.Tensor) -> None:
+    """Replace every cached key of decoder layer `layer_idx` by `keys` (same shape): for encodings whose cached keys
+    change when new tokens arrive (PaTH). In place when the layer's keys are its own buffer."""
+    layer = cache.layers[layer_idx]
+    if keys.shape != layer.keys.shape:
+        raise ValueError(f"rewrite_keys: keys of shape {tuple(keys.shape)} for a cache layer of {tuple(layer.keys.shape)}")
+    if isinstance(layer, GrowingLayer) and layer._views_buffers() and not keys.requires_grad:
+        layer.keys.copy_(keys)
+    else:
+        layer.keys = keys

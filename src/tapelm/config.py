@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
-PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned")
+PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned", "fox",
+            "path")
 ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
+CAUSAL_ONLY_PE_TYPES = ("fox", "path")
 TAPE_ATTN_MIXING = ("heads", "per_head")
 TAPE_UPDATES = ("both", "attention", "mlp", "none")
 TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
@@ -15,6 +19,11 @@ TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
 def _choice(field: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{field}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def _positive_number(field: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{field}={value!r} is not allowed; it must be a positive number")
 
 
 def _positive(field: str, value) -> None:
@@ -39,6 +48,25 @@ class TapeConfig(PreTrainedConfig):
       "second_half", or a list of layer indices. The others pass E on unchanged (still rotating q and k by it); the
       last layer never updates (its E would be discarded).
     - `causal`: False gives a bidirectional encoder.
+
+    Baselines follow the paper's official code (VITA-Group/TAPE, models/llama/*.py) unless said otherwise:
+
+    - `xpos_scale_base` 2048 (models/llama/xpos.py, `XposRotaryEmbedding(scale_base=2048)`).
+    - `t5_shared` False: one bias table per layer (models/llama/t5rb.py builds `relative_attention_bias` inside each
+      attention layer); True shares one table across layers (T5's own choice, and tapelm's earlier default).
+    - `fire_shared` False: one FIRE module per layer (models/llama/fire.py builds `FIRE(num_heads)` inside each
+      attention layer), with `fire_init_c` 0.1 and `fire_init_threshold` L = 512 (`FIRE(init_c=0.1, init_L=512.0)`);
+      True shares one module across layers.
+    - RandPE keeps Ruoss et al.'s choice (positions drawn once per forward pass, in training only), not the official
+      code's (redrawn in every layer and also at evaluation).
+
+    Contextual peers (`pe_type` "fox" and "path", causal only, no RoPE):
+
+    - FoX (Lin et al. 2025): `fox_gate_bias_init` is the forget gate's bias at initialisation (0, as the reference
+      zhixuan-lin/forgetting-transformer initialises its data-dependent gate).
+    - PaTH (Yang et al. 2025): `path_low_rank` is the rank of the projection producing the Householder vectors
+      (32 as fla's `use_low_rank_w`; 0 means a full-rank projection) and `path_conv_size` the kernel of their short
+      causal convolution (3 as fla's `conv_size`; 1 means no history).
 
     `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
     """
@@ -75,11 +103,18 @@ class TapeConfig(PreTrainedConfig):
     tape_layers: str | list[int] = "all"
     causal: bool = True
     randpe_max_position: int | None = None
-    xpos_scale_base: float = 512.0
+    xpos_scale_base: float = 2048.0
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
+    t5_shared: bool = False
     fire_hidden_size: int = 32
+    fire_shared: bool = False
+    fire_init_c: float = 0.1
+    fire_init_threshold: float = 512.0
     cope_max_positions: int = 64
+    fox_gate_bias_init: float = 0.0
+    path_low_rank: int = 32
+    path_conv_size: int = 3
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
@@ -120,8 +155,22 @@ class TapeConfig(PreTrainedConfig):
         for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "head_dim", "max_position_embeddings", "tape_position_size",
                       "randpe_max_position", "t5_num_buckets", "t5_max_distance", "fire_hidden_size",
-                      "cope_max_positions"):
+                      "cope_max_positions", "path_conv_size"):
             _positive(field, getattr(self, field))
+        for field in ("t5_shared", "fire_shared"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; it must be True or False")
+        for field in ("xpos_scale_base", "fire_init_c", "fire_init_threshold"):
+            _positive_number(field, getattr(self, field))
+        if not isinstance(self.fox_gate_bias_init, (int, float)) or isinstance(self.fox_gate_bias_init, bool) \
+                or not math.isfinite(self.fox_gate_bias_init):
+            raise ValueError(f"fox_gate_bias_init={self.fox_gate_bias_init!r} is not allowed; it must be a finite number")
+        if not isinstance(self.path_low_rank, int) or isinstance(self.path_low_rank, bool) or self.path_low_rank < 0:
+            raise ValueError(f"path_low_rank={self.path_low_rank!r} is not allowed; it must be an integer >= 0 "
+                             "(0: a full-rank projection)")
+        if self.pe_type in CAUSAL_ONLY_PE_TYPES and not self.causal:
+            raise ValueError(f"causal=False is not allowed with pe_type={self.pe_type!r}: its positional signal only "
+                             "runs from earlier to later tokens")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be divisible by "
                              f"num_attention_heads={self.num_attention_heads}")
@@ -132,8 +181,6 @@ class TapeConfig(PreTrainedConfig):
             raise ValueError(f"rms_norm_eps={self.rms_norm_eps!r} is not allowed; it must be a positive number")
         if self.pe_type in ROTARY_PE_TYPES and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for the rotary encoding pe_type={self.pe_type!r}")
-        if self.pe_type == "xpos" and self.xpos_scale_base <= 0:
-            raise ValueError(f"xpos_scale_base={self.xpos_scale_base!r} must be positive")
         if self.randpe_max_position < self.max_position_embeddings:
             raise ValueError(f"randpe_max_position={self.randpe_max_position} must be >= "
                              f"max_position_embeddings={self.max_position_embeddings}")

@@ -26,7 +26,7 @@ from .attention import (
 )
 from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
-from .positional import LayerPositional, PositionContext, TapeLayer, build_encoding
+from .positional import LayerPositional, PositionalEncoding, PositionContext, TapeLayer, build_encoding
 
 logger = logging.get_logger(__name__)
 
@@ -64,9 +64,9 @@ class TapeAttention(nn.Module):
         q, k = positional.transform_qk(q, k, state, ctx)
         extra = positional.value_extra(state)
         stream = v if extra is None else torch.cat([v, extra.to(v.dtype)], dim=-1)
-        if cache is not None:
-            k, stream = cache.update(k, stream, self.layer_idx)
-        bias = _sum_optional(ctx.bias, positional.logit_bias(q, k, mask.valid, ctx))
+        q, k, stream, bias = positional.attention_inputs(hidden, q, k, stream, cache, self.layer_idx, mask.valid,
+                                                         ctx)
+        bias = _sum_optional(ctx.bias, bias)
         scale, probs = positional.logit_scale(self.head_dim), None
         if output_attentions:
             if self.attention_function is not None:
@@ -131,7 +131,7 @@ class TapePreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, LayerPositional) and hasattr(module, "init_weights"):
+        if isinstance(module, (LayerPositional, PositionalEncoding)) and hasattr(module, "init_weights"):
             module.init_weights(init, self.config.initializer_range)
 
 
@@ -184,6 +184,8 @@ class TapeModel(TapePreTrainedModel):
         position_ids = self._position_ids(position_ids, attention_mask, past, batch, length, inputs_embeds.device)
 
         ctx = PositionContext(query_positions=self.positional.positions(position_ids))
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+            ctx.token_mask = attention_mask[:, -length:].bool()
         if self.positional.needs_key_positions:
             ctx.key_positions = key_positions(cache, ctx.query_positions, self.config.num_hidden_layers)
         self.positional.prepare(ctx, inputs_embeds.dtype)

@@ -101,7 +101,7 @@ class Workload:
         self.model.eval()
         out = self.model(self.context, use_cache=True)
         cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        cache_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+        cache_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if layer.is_initialized)
         start = time.perf_counter()
         for _ in range(self.size.decode_tokens):
             out = self.model(token, past_key_values=cache, use_cache=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
 from .base import LayerPositional, PositionalEncoding, PositionContext
 from .bias import FIRE, ALiBi, CoPE, T5Bias
+from .fox import FoX
+from .path import PaTH
 from .rotary import RandPE, RoPE, XPos
 from .tape import TapeEncoding, TapeLayer
 
@@ -20,6 +22,8 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "cope": CoPE,
     "sinusoidal": SinusoidalAbsolute,
     "learned": LearnedAbsolute,
+    "fox": FoX,
+    "path": PaTH,
 }
 
 

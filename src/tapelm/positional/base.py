@@ -22,12 +22,15 @@ class PositionContext:
     `query_positions` (batch, N) are the positions of the new tokens, `key_positions` (batch, T) those of every key
     including the cached ones (only filled when the encoding asks for them). `tables` holds whatever the encoding
     precomputed (e.g. cos/sin), `bias` an optional additive logit bias (batch or 1, heads, N, T) shared by all layers.
+    `token_mask` (batch, N) is True for the new tokens that are real and False for padding (None: no padding), so
+    that per-token state (FoX's forget gates, PaTH's convolution) can ignore padding tokens.
     """
 
     query_positions: torch.Tensor
     key_positions: torch.Tensor | None = None
     tables: dict[str, torch.Tensor] = field(default_factory=dict)
     bias: torch.Tensor | None = None
+    token_mask: torch.Tensor | None = None
 
 
 class Float32Buffers(nn.Module):
@@ -52,6 +55,20 @@ class LayerPositional(nn.Module):
     def logit_bias(self, q: torch.Tensor, k: torch.Tensor, valid: torch.Tensor | None, ctx: PositionContext):
         """An extra additive bias (B, H, N, T) computed from q and all keys, or None. `valid` is the boolean mask."""
         return None
+
+    def attention_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor,
+                         cache, layer_idx: int, valid: torch.Tensor | None, ctx: PositionContext):
+        """Store the new keys and value stream in the cache (when there is one) and return what attention reads:
+        q (B, H, N, d), every key (B, Hkv, T, d), every value (B, Hkv, T, F) and this layer's additive logit bias
+        (B, H, N, T) or None. `x` (B, N, C) is the layer's attention input (after the norm).
+
+        The default caches k and the stream and asks `logit_bias`. Encodings that keep per-token state of their own
+        (FoX's cumulative forget gates, PaTH's transformed keys and convolution inputs) override this and keep that
+        state in the cache too (see `tapelm.cache.store_state`), so cropping, beam reordering and batch selection
+        treat it like the keys."""
+        if cache is not None:
+            k, stream = cache.update(k, stream, layer_idx)
+        return q, k, stream, self.logit_bias(q, k, valid, ctx)
 
     def value_extra(self, state) -> torch.Tensor | None:
         """A tensor (B, Hkv, N, F) that the attention probabilities should mix alongside V, or None."""

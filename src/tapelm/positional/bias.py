@@ -1,4 +1,5 @@
-"""Additive-bias encodings: ALiBi, T5 relative buckets, FIRE (shared by all layers) and CoPE (per layer).
+"""Additive-bias encodings: ALiBi, T5 relative buckets, FIRE (both per layer by default, as the paper ran them)
+and CoPE (per layer).
 
 The relative encodings read the positions of the queries and of every key (cached ones included), so they honour
 arbitrary `position_ids`. Their bias goes into SDPA as a float mask.
@@ -49,14 +50,21 @@ class ALiBi(RelativeBias):
 
 
 class T5Bias(RelativeBias):
-    """T5's learned bias per head over log-spaced relative-distance buckets (Raffel et al. 2020)."""
+    """T5's learned bias per head over log-spaced relative-distance buckets (Raffel et al. 2020).
+
+    By default every layer has its own table, as the paper's official code (VITA-Group/TAPE, models/llama/t5rb.py,
+    `relative_attention_bias` built inside each attention layer); `t5_shared=True` shares one table across layers, as
+    T5 itself does. The bucket of every (query, key) pair is computed once per forward pass."""
 
     def __init__(self, config):
         super().__init__()
         self.bidirectional = not config.causal
         self.num_buckets = config.t5_num_buckets
         self.max_distance = config.t5_max_distance
-        self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_attention_heads)
+        self.shared = config.t5_shared
+        self.config = config
+        if self.shared:
+            self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_attention_heads)
 
     def buckets(self, distance: torch.Tensor) -> torch.Tensor:
         """Bucket index of each query-minus-key distance."""
@@ -77,27 +85,101 @@ class T5Bias(RelativeBias):
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         buckets = self.buckets(relative_distance(ctx))[:, 0]
-        ctx.bias = self.relative_attention_bias(buckets).permute(0, 3, 1, 2).to(dtype)
+        if self.shared:
+            ctx.bias = t5_bias(self.relative_attention_bias, buckets, dtype)
+        else:
+            ctx.tables["t5_buckets"] = buckets
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        return LayerPositional() if self.shared else T5Layer(self.config)
 
 
-class FIRE(RelativeBias):
-    """Functional interpolation for relative positions (Li et al. 2024): MLP_h(psi(i-j) / psi(max(i, L))) with
-    psi(x) = log(c x + 1) and learnable c and L."""
+def t5_bias(table: nn.Embedding, buckets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bias (B, H, N, T) from bucket indices (B, N, T)."""
+    return table(buckets).permute(0, 3, 1, 2).to(dtype)
+
+
+class T5Layer(LayerPositional):
+    """One layer's own T5 bias table (the default, `t5_shared=False`)."""
 
     def __init__(self, config):
         super().__init__()
+        self.relative_attention_bias = nn.Embedding(config.t5_num_buckets, config.num_attention_heads)
+
+    def logit_bias(self, q, k, valid, ctx):
+        return t5_bias(self.relative_attention_bias, ctx.tables["t5_buckets"], q.dtype)
+
+
+class FireFunction(nn.Module):
+    """FIRE's learned function of (query, key) positions (Li et al. 2024):
+    MLP_h( psi(i - j) / (psi(max(i, L)) + eps) ), psi(x) = log(|c x| + 1), MLP 1 -> fire_hidden_size -> heads.
+
+    Parametrised as the paper's official code (VITA-Group/TAPE, models/llama/fire.py, `FIRE(init_c=0.1,
+    init_L=512.0, eps=1e-6)`): c is learned directly (init `fire_init_c`), the threshold is
+    L = |m * fire_init_threshold| with a learned multiplier m (init 1) and a fixed base."""
+
+    eps = 1e-6
+
+    def __init__(self, config):
+        super().__init__()
+        self.init_c = float(config.fire_init_c)
+        self.init_threshold = float(config.fire_init_threshold)
         self.mlp = nn.Sequential(nn.Linear(1, config.fire_hidden_size), nn.ReLU(),
                                  nn.Linear(config.fire_hidden_size, config.num_attention_heads))
-        self.log_c = nn.Parameter(torch.zeros(()))
-        self.threshold = nn.Parameter(torch.tensor(float(config.max_position_embeddings)))
+        self.c = nn.Parameter(torch.tensor(self.init_c))
+        self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
+
+    def init_weights(self, init) -> None:
+        init.constant_(self.c, self.init_c)
+        init.constant_(self.threshold_multiplier, 1.0)
+
+    def forward(self, ctx: PositionContext, dtype: torch.dtype) -> torch.Tensor:
+        """The bias (B, H, N, T) for the context's query and key positions."""
+        wide = torch.promote_types(self.mlp[0].weight.dtype, torch.float32)
+        distance = relative_distance(ctx).to(wide).abs()
+        query = ctx.query_positions.to(wide)[:, None, :, None]
+        c = self.c.to(wide)
+        threshold = (self.threshold_multiplier.to(wide) * self.init_threshold).abs()
+        normaliser = torch.log((c * torch.maximum(query, threshold)).abs() + 1)
+        features = torch.log((c * distance).abs() + 1) / (normaliser + self.eps)
+        return self.mlp(features[..., None].to(self.mlp[0].weight.dtype))[:, 0].permute(0, 3, 1, 2).to(dtype)
+
+
+class FIRE(RelativeBias):
+    """FIRE (see `FireFunction`). By default every layer has its own module, as the official code builds
+    `FIRE(num_heads)` inside each attention layer; `fire_shared=True` shares one module across layers."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.shared = config.fire_shared
+        if self.shared:
+            self.fire = FireFunction(config)
+
+    def init_weights(self, init, std: float) -> None:
+        if self.shared:
+            self.fire.init_weights(init)
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
-        distance = relative_distance(ctx).abs()
-        c = self.log_c.exp()
-        query = ctx.query_positions.float()[:, None, :, None]
-        normaliser = torch.log(c * torch.maximum(query, self.threshold.abs()) + 1)
-        features = torch.log(c * distance + 1) / normaliser
-        ctx.bias = self.mlp(features[..., None].to(self.mlp[0].weight.dtype))[:, 0].permute(0, 3, 1, 2).to(dtype)
+        if self.shared:
+            ctx.bias = self.fire(ctx, dtype)
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        return LayerPositional() if self.shared else FIRELayer(self.config)
+
+
+class FIRELayer(LayerPositional):
+    """One layer's own FIRE module (the default, `fire_shared=False`)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.fire = FireFunction(config)
+
+    def init_weights(self, init, std: float) -> None:
+        self.fire.init_weights(init)
+
+    def logit_bias(self, q, k, valid, ctx):
+        return self.fire(ctx, q.dtype)
 
 
 class CoPE(PositionalEncoding):

@@ -67,7 +67,12 @@ class RoPE(PositionalEncoding):
 
 class RandPE(RoPE):
     """Randomised positions (Ruoss et al. 2023): while training, positions become a sorted random subset of
-    [0, randpe_max_position); at evaluation the given positions are used unchanged."""
+    [0, randpe_max_position); at evaluation the given positions are used unchanged.
+
+    The subset is drawn once per forward pass and shared by all layers, as Ruoss et al. describe. The paper's official
+    code (VITA-Group/TAPE, models/llama/randrope.py, `RandomRotaryEmbedding`) differs: every attention layer draws its
+    own subset, at evaluation too. tapelm keeps Ruoss et al.'s choice: evaluation stays deterministic and a cache
+    stays valid between decoding steps."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -88,7 +93,9 @@ class XPos(RoPE):
     """xPos (Sun et al. 2022): RoPE whose frequency pairs also decay as zeta_b ** ((i - j) / scale_base).
 
     q is scaled by zeta ** (t - c) / scale_base and k by its inverse, with a fixed centre c =
-    max_position_embeddings // 2 so that cached keys stay valid and the factors stay in range."""
+    max_position_embeddings // 2 so that cached keys stay valid and the factors stay in range. zeta_b =
+    (b / (d/2) + 0.4) / 1.4 and the default `xpos_scale_base` 2048 are the paper's official code's
+    (VITA-Group/TAPE, models/llama/xpos.py, `XposRotaryEmbedding(scale_base=2048)`)."""
 
     def __init__(self, config):
         super().__init__(config)

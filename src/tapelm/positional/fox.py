@@ -1,0 +1,70 @@
+"""FoX, the Forgetting Transformer (Lin, Nikishin, He, Courville 2025, "Forgetting Transformer: Softmax Attention
+with a Forget Gate"): a data-dependent ALiBi, no rotation.
+
+Every layer has a forget gate per query head and token, f_t = sigmoid(w . x_t + b), where x_t is the layer's attention
+input after the norm (as the reference zhixuan-lin/forgetting-transformer: `fgate_proj` reads the normed hidden
+states). Query i sees key j with the additive logit bias sum_{s=j+1..i} log f_s = c_i - c_j, c the cumulative sum of
+log f. Initialisation follows the reference's data-dependent ("full") gate: weight normal(initializer_range), bias 0
+(`fox_gate_bias_init`), so f starts near 1/2.
+
+The cumulative sums are computed and cached in float32 (float64 in a float64 model) whatever the model dtype, one
+value per head and token in an extra cache layer per decoder layer; padding tokens get log f = 0, so a left-padded
+sequence computes what it computes alone. As in the reference, c_i - c_j is a difference of two running sums: over
+very long contexts float32 keeps about 1e-7 of |c| as absolute error in the bias.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache import cached_state, layer_state_slot, store_state
+from .base import LayerPositional, PositionalEncoding, PositionContext
+
+
+class FoX(PositionalEncoding):
+    """Model level: nothing but the per-layer gates; the bias needs an explicit float mask."""
+
+    adds_logit_bias = True
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        return FoXLayer(self.config, layer_idx)
+
+
+class FoXLayer(LayerPositional):
+    """One layer's forget gate (hidden -> heads, with bias) and its cumulative log gates in the cache."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.gate = nn.Linear(config.hidden_size, config.num_attention_heads, bias=True)
+        self.gate_bias_init = float(config.fox_gate_bias_init)
+        self.slot = layer_state_slot(config.num_hidden_layers, layer_idx)
+        with torch.no_grad():
+            self.gate.bias.fill_(self.gate_bias_init)
+
+    def init_weights(self, init, std: float) -> None:
+        init.normal_(self.gate.weight, mean=0.0, std=std)
+        init.constant_(self.gate.bias, self.gate_bias_init)
+
+    def log_forget(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+        """log f (B, H, N) in float32 or wider; 0 at padding tokens."""
+        log_f = F.logsigmoid(self.gate(x).to(torch.promote_types(x.dtype, torch.float32)))
+        if ctx.token_mask is not None:
+            log_f = log_f.masked_fill(~ctx.token_mask[..., None], 0.0)
+        return log_f.transpose(1, 2)
+
+    def attention_inputs(self, x, q, k, stream, cache, layer_idx, valid, ctx):
+        cumulative = self.log_forget(x, ctx).cumsum(-1)[..., None]  # (B, H, N, 1)
+        past = cached_state(cache, self.slot)
+        if past is not None:
+            cumulative = cumulative + past[:, :, -1:, :]
+        every = store_state(cache, self.slot, cumulative)  # (B, H, T, 1)
+        if cache is not None:
+            k, stream = cache.update(k, stream, layer_idx)
+        bias = cumulative - every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
+        return q, k, stream, bias.to(q.dtype)

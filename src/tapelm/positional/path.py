@@ -1,0 +1,152 @@
+"""PaTH (Yang, Shen, Wen, Tan, Mishra, Ren, Panda, Kim 2025, "PaTH Attention: Position Encoding via Accumulating
+Householder Transformations"): contextual positions as a product of data-dependent Householder-like transforms.
+
+Every token s brings H_s = I - beta_s w_s w_s^T, per key/value head. Query i sees key j through the transforms of the
+tokens after j up to and including i:
+
+    logit(i, j) = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(d)          (H_i applied last; i = j: plain q_i . k_j)
+
+Conventions read from the reference, fla (fla-org/flash-linear-attention: fla/layers/path_attn.py and
+fla/ops/path_attn/naive.py), not copied:
+
+- w_s: the layer's attention input x_s (after the norm) through a low-rank projection hidden -> 32 -> kv_dim
+  (`path_low_rank`, fla's `use_low_rank_w`; 0 gives one full-rank projection), a depthwise causal convolution of
+  kernel 3 without bias (`path_conv_size`, fla's `ShortConvolution`) and SiLU, then L2-normalised per head.
+- beta_s = 2 sigmoid(linear(x_s)) in (0, 2) per key/value head (with bias): negative eigenvalues allowed; beta = 2 is
+  an exact reflection (orthogonal), beta = 0 the identity.
+- The transform acts on keys; with cached decoding the cached keys are multiplied by the new token's H (fla's
+  `rank_one_update`), so the cache always holds k_j transformed up to the last token. Query heads of one KV group
+  share w and beta. No RoPE.
+- fla normalises w with x / sqrt(|x|^2 + 1e-6); tapelm divides by max(|x|, 1e-6), so w is exactly a unit vector
+  (H exactly a reflection at beta = 2) unless it is (nearly) zero, e.g. at padding tokens, where H = I.
+
+Computation: exact, chunkwise (chunks of 64 tokens). Within a chunk the product of its Householders has the
+"UT" form P = I - W^T T B W with T = (I + B strictly_lower(W W^T))^{-1} (B = diag(beta)), and the product over any
+contiguous sub-range is the same expression with T's matching diagonal block, so one triangular solve per chunk gives
+every pairwise product. The logits of a chunk against all earlier keys (already transformed up to the chunk's start)
+and against its own keys cost O(chunk x keys x (d + chunk)); the earlier keys are then carried across the chunk.
+In all O(N^2 (d + 64)) time, the N x N logits are materialised. tests/test_path.py checks this against the explicit
+product of Householder matrices for every pair, in float64.
+
+PaTH's logits are not q . k for one fixed key per token, so the layer hands them to attention as the additive bias and
+gives attention a zero query: softmax, masking and the value mixing stay the decoder's. The cache holds the transformed
+keys (rewritten in place at every step), the values, and, in one extra layer, the convolution's inputs (kv_dim
+numbers per token). A cropped cache cannot be un-transformed: `crop` (assisted / contrastive decoding) is not
+supported for PaTH.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache import cached_keys, cached_state, layer_state_slot, rewrite_keys, store_state
+from .base import LayerPositional, PositionalEncoding
+
+CHUNK = 64
+NORM_EPS = 1e-6
+
+
+def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                past_keys: torch.Tensor | None = None, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """PaTH's raw dot products for N new tokens after T_past cached ones.
+
+    q (B, Hkv, G, N, d): queries grouped by KV head; k, w (B, Hkv, N, d); beta (B, Hkv, N); past_keys
+    (B, Hkv, T_past, d): the cached keys, already transformed up to the last cached token. Returns the dot products
+    q_i^T H_i ... H_{j+1} k_j (B, Hkv, G, N, T_past + N), with zeros where j > i, and every key transformed up to the
+    last new token (B, Hkv, T_past + N, d), the cache's next content."""
+    batch, kv_heads, _, length, dim = q.shape
+    keys = past_keys if past_keys is not None else k.new_zeros(batch, kv_heads, 0, dim)
+    past = keys.shape[-2]
+    total = past + length
+    rows = []
+    for start in range(0, length, chunk):
+        end = min(start + chunk, length)
+        size = end - start
+        qc, wc, bc = q[..., start:end, :], w[:, :, start:end], beta[:, :, start:end]
+        keys = torch.cat([keys, k[:, :, start:end]], dim=-2)  # (B, Hkv, past + end, d)
+        key_index = torch.arange(past + end, device=q.device)
+        token_index = torch.arange(past + start, past + end, device=q.device)
+        ww = wc @ wc.transpose(-1, -2)
+        strict = torch.ones(size, size, dtype=torch.bool, device=q.device).tril(-1)
+        lower = torch.eye(size, dtype=q.dtype, device=q.device) + bc[..., :, None] * ww * strict
+        # G[s', j] = beta_s' w_s' . k_j, kept only where token s' comes after key j
+        g = (bc[..., :, None] * (wc @ keys.transpose(-1, -2))) * (token_index[:, None] > key_index[None, :])
+        m = torch.linalg.solve_triangular(lower, g, upper=False, unitriangular=True)  # T @ G: (B, Hkv, size, keys)
+        seen = (qc @ wc[:, :, None].transpose(-1, -2)) * (token_index[:, None] >= token_index[None, :])
+        logits = qc @ keys[:, :, None].transpose(-1, -2) - seen @ m[:, :, None]  # (B, Hkv, G, size, keys)
+        causal = key_index[None, :] <= token_index[:, None]
+        rows.append(F.pad(logits * causal, (0, total - keys.shape[-2])))
+        keys = keys - m.transpose(-1, -2) @ wc  # every key carried across this chunk
+    return torch.cat(rows, dim=-2), keys
+
+
+class PaTH(PositionalEncoding):
+    """Model level: nothing but the per-layer transforms; the logits arrive as an explicit float bias."""
+
+    adds_logit_bias = True
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        return PaTHLayer(self.config, layer_idx)
+
+
+class PaTHLayer(LayerPositional):
+    """One layer's Householder vectors (low-rank projection, short convolution, SiLU, L2 norm) and strengths."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        kv_dim = self.kv_heads * self.head_dim
+        rank = config.path_low_rank
+        if rank:
+            self.w_proj = nn.Sequential(nn.Linear(config.hidden_size, rank, bias=False),
+                                        nn.Linear(rank, kv_dim, bias=False))
+        else:
+            self.w_proj = nn.Linear(config.hidden_size, kv_dim, bias=False)
+        self.conv_size = config.path_conv_size
+        self.w_conv = nn.Conv1d(kv_dim, kv_dim, self.conv_size, groups=kv_dim, bias=False)
+        self.beta_proj = nn.Linear(config.hidden_size, self.kv_heads, bias=True)
+        self.slot = layer_state_slot(config.num_hidden_layers, layer_idx)
+
+    def householder(self, x, ctx, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """w (B, Hkv, N, d), unit vectors, and beta (B, Hkv, N) in float32 or wider, for the new tokens. The
+        convolution reads the inputs of the previous tokens from the cache and stores the new ones."""
+        wide = torch.promote_types(x.dtype, torch.float32)
+        batch, length, _ = x.shape
+        inputs = self.w_proj(x)  # (B, N, kv_dim)
+        beta = 2 * torch.sigmoid(self.beta_proj(x).to(wide))  # (B, N, Hkv)
+        if ctx.token_mask is not None:  # padding brings no history to the convolution and H = I
+            inputs = inputs * ctx.token_mask[..., None].to(inputs.dtype)
+            beta = beta * ctx.token_mask[..., None]
+        history = self.conv_size - 1
+        if history:
+            past = cached_state(cache, self.slot)
+            store_state(cache, self.slot, inputs[:, None])
+            before = inputs.new_zeros(batch, history, inputs.shape[-1])
+            if past is not None:
+                kept = min(history, past.shape[-2])
+                before[:, history - kept:] = past[:, 0, past.shape[-2] - kept:].to(inputs.dtype)
+            inputs = torch.cat([before, inputs], dim=1)
+        w = F.silu(F.conv1d(inputs.transpose(1, 2), self.w_conv.weight, groups=self.w_conv.groups))
+        w = w.to(wide).view(batch, self.kv_heads, self.head_dim, length).transpose(-1, -2)
+        w = w / w.norm(dim=-1, keepdim=True).clamp(min=NORM_EPS)
+        return w, beta.transpose(1, 2)
+
+    def attention_inputs(self, x, q, k, stream, cache, layer_idx, valid, ctx):
+        w, beta = self.householder(x, ctx, cache)
+        wide = w.dtype
+        batch, heads, length, dim = q.shape
+        grouped = q.to(wide).view(batch, self.kv_heads, heads // self.kv_heads, length, dim)
+        past = cached_keys(cache, layer_idx)
+        logits, keys = path_logits(grouped, k.to(wide), w, beta, None if past is None else past.to(wide))
+        if cache is not None:
+            k, stream = cache.update(k, stream, layer_idx)
+            rewrite_keys(cache, layer_idx, keys.to(k.dtype))
+        bias = (logits * self.logit_scale(dim)).view(batch, heads, length, -1)
+        return torch.zeros_like(q), k, stream, bias.to(q.dtype)

@@ -1,0 +1,102 @@
+"""The baselines as the paper ran them (official code VITA-Group/TAPE, models/llama/*.py), and their options."""
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_config, tiny_model, tokens
+from test_cache import decode_in_chunks
+
+from tapelm import TapeConfig
+from tapelm.positional import PositionContext
+from tapelm.positional.bias import FireFunction
+
+VALID = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+
+
+def test_official_defaults():
+    config = TapeConfig(**VALID)
+    assert config.xpos_scale_base == 2048.0
+    assert not config.fire_shared and not config.t5_shared
+    assert config.fire_init_c == 0.1 and config.fire_init_threshold == 512.0
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(fire_shared="yes"), "fire_shared"),
+    (dict(t5_shared=1), "t5_shared"),
+    (dict(fire_init_c=0.0), "fire_init_c"),
+    (dict(fire_init_threshold=-1.0), "fire_init_threshold"),
+    (dict(xpos_scale_base=0), "xpos_scale_base"),
+    (dict(xpos_scale_base=float("inf")), "xpos_scale_base"),
+])
+def test_invalid_baseline_options_are_named(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        TapeConfig(**{**VALID, **overrides})
+
+
+@pytest.mark.parametrize("pe_type, table", [("fire", "fire"), ("t5", "relative_attention_bias")])
+def test_relative_biases_are_per_layer_unless_shared(pe_type, table):
+    per_layer = tiny_model(pe_type, num_hidden_layers=3)
+    shared = tiny_model(pe_type, num_hidden_layers=3, **{f"{pe_type}_shared": True})
+    assert all(hasattr(layer.positional, table) for layer in per_layer.model.layers)
+    assert not hasattr(per_layer.model.positional, table)
+    assert hasattr(shared.model.positional, table)
+    assert not any(hasattr(layer.positional, table) for layer in shared.model.layers)
+    one = sum(p.numel() for p in getattr(shared.model.positional, table).parameters())
+    assert per_layer.num_parameters() - shared.num_parameters() == 2 * one
+
+
+@pytest.mark.parametrize("pe_type, table", [("fire", "fire"), ("t5", "relative_attention_bias")])
+def test_per_layer_copies_of_one_table_equal_the_shared_table(pe_type, table):
+    """Per-layer biases with identical parameters compute what the shared bias computes."""
+    shared = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3, **{f"{pe_type}_shared": True})
+    per_layer = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3)
+    state = {k: v for k, v in shared.state_dict().items() if not k.startswith(f"model.positional.{table}")}
+    for i in range(3):
+        for name, value in getattr(shared.model.positional, table).state_dict().items():
+            state[f"model.layers.{i}.positional.{table}.{name}"] = value
+    per_layer.load_state_dict(state)
+    ids = tokens(2, 20)
+    torch.testing.assert_close(per_layer(ids).logits, shared(ids).logits, atol=1e-12, rtol=0)
+    randomized = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3)
+    assert not torch.allclose(randomized(ids).logits, shared(ids).logits)
+
+
+@pytest.mark.parametrize("pe_type", ["fire", "t5"])
+def test_shared_relative_bias_cache_parity(pe_type):
+    model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3, **{f"{pe_type}_shared": True})
+    ids = tokens(2, 14)
+    full = model(ids, use_cache=False).logits
+    torch.testing.assert_close(decode_in_chunks(model, ids, [5, 1, 1, 7]), full, atol=1e-10, rtol=0)
+
+
+def test_fresh_fire_has_the_official_initialisation():
+    model = tiny_model("fire")
+    fresh = type(model)(tiny_config("fire"))
+    for layer in fresh.model.layers:
+        assert layer.positional.fire.c.item() == pytest.approx(0.1)
+        assert layer.positional.fire.threshold_multiplier.item() == 1.0
+        assert layer.positional.fire.init_threshold == 512.0
+
+
+def test_fire_bias_is_the_official_formula():
+    """MLP(log(|c (i-j)| + 1) / (log(|c max(i, L)| + 1) + 1e-6)), in float64."""
+    fire = FireFunction(tiny_config("fire", fire_init_c=0.3, fire_init_threshold=6.0)).double()
+    with torch.no_grad():
+        fire.threshold_multiplier.fill_(-1.5)  # L = |-1.5 * 6| = 9
+    positions = torch.arange(14)[None]
+    ctx = PositionContext(query_positions=positions[:, 10:], key_positions=positions)
+    bias = fire(ctx, torch.float64)
+    c = fire.c.item()  # 0.3 rounded to float32 at construction
+    for i in range(10, 14):
+        for j in range(14):
+            x = math.log(abs(c * (i - j)) + 1) / (math.log(c * max(i, 9.0) + 1) + 1e-6)
+            expected = fire.mlp(torch.tensor([[x]], dtype=torch.float64))[0]
+            torch.testing.assert_close(bias[0, :, i - 10, j], expected, atol=1e-12, rtol=0)
+
+
+def test_xpos_scale_base_changes_the_decay():
+    ids = tokens(1, 16)
+    default = tiny_model("xpos", dtype=torch.float64)
+    other = tiny_model("xpos", dtype=torch.float64, xpos_scale_base=512.0)
+    assert not torch.allclose(default(ids).logits, other(ids).logits)
