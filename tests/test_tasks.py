@@ -74,14 +74,39 @@ def oracle(vocab_size: int, shift: int = 0):
     return logits_fn
 
 
-def assert_well_formed(batch: Batch, pad_id: int) -> None:
+def word_problem_oracle(task, shift: int = 0):
+    """A logits_fn predicting, at each element token, the running product of the elements so far (plus `shift`
+    elements, cyclically), computed with permutation matrices: the oracle of the tagging task `word_problem`."""
+    from test_word_problem import matrix_running_products
+
+    def logits_fn(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        first, size = task.first_element_id, len(task.elements)
+        targets = torch.zeros_like(input_ids)
+        for row, ids in enumerate(input_ids.tolist()):
+            positions = [t for t, i in enumerate(ids) if first <= i < first + size]
+            states = matrix_running_products(task.elements, [ids[t] - first for t in positions])
+            for t, state in zip(positions, states):
+                targets[row, t] = first + (state + shift) % size
+        return torch.nn.functional.one_hot(targets, task.tokenizer.vocab_size).float()
+
+    return logits_fn
+
+
+ORACLES = {"word_problem": word_problem_oracle}
+
+
+def assert_well_formed(batch: Batch, pad_id: int, tagging: bool = False) -> None:
+    """Left padding, labels only on real tokens, at least one per row; labels == ids unless the task tags."""
     ids, labels, mask = batch.input_ids, batch.labels, batch.attention_mask
     assert ids.dtype == labels.dtype == mask.dtype == torch.long
     assert ids.shape == labels.shape == mask.shape
     assert bool((mask[:, 1:] >= mask[:, :-1]).all()), "padding must be on the left"
     assert bool((mask[:, -1] == 1).all())
     assert bool((ids[mask == 0] == pad_id).all()) and bool((ids[mask == 1] != pad_id).all())
-    assert bool(((labels == IGNORE_INDEX) | (labels == ids)).all())
+    if tagging:
+        assert bool(((labels == IGNORE_INDEX) | ((labels >= 0) & (labels != pad_id))).all())
+    else:
+        assert bool(((labels == IGNORE_INDEX) | (labels == ids)).all())
     assert bool((labels[mask == 0] == IGNORE_INDEX).all())
     assert bool(((labels != IGNORE_INDEX).sum(dim=1) > 0).all())
 
@@ -91,7 +116,8 @@ def assert_well_formed(batch: Batch, pad_id: int) -> None:
 
 def test_registry_names() -> None:
     assert sorted(TASKS) == sorted(
-        ["addition", "passkey", "multikey", "mqar", "flipflop", "selective_copy", "counting", "copy", "text"]
+        ["addition", "passkey", "multikey", "mqar", "flipflop", "selective_copy", "counting", "copy", "text",
+         "word_problem"]
     )
     assert all(TASKS[name].name == name for name in TASKS)
 
@@ -130,6 +156,9 @@ def test_unknown_option_is_named() -> None:
         ("text", "stride", 32),
         ("text", "bpe_vocab_size", 100),
         ("text", "train_length", 1),
+        ("word_problem", "group", "S6"),
+        ("word_problem", "num_elements", 0),
+        ("word_problem", "eval_multipliers", (2, 0)),
     ],
 )
 def test_bad_option_names_the_option(name: str, option: str, value: object, corpus: str) -> None:
@@ -151,7 +180,7 @@ def test_train_batches_are_seeded_and_well_formed(name: str, corpus: str) -> Non
     assert torch.equal(first.input_ids, again.input_ids) and torch.equal(first.labels, again.labels)
     assert not torch.equal(first.input_ids, other.input_ids)
     for batch in (first, other):
-        assert_well_formed(batch, task.tokenizer.pad_id)
+        assert_well_formed(batch, task.tokenizer.pad_id, task.tagging)
         assert batch.input_ids.shape[1] <= task.train_length
         assert int(batch.input_ids.max()) < task.tokenizer.vocab_size
 
@@ -168,19 +197,20 @@ def test_eval_batches_depend_only_on_condition_and_seed(name: str, corpus: str) 
     assert examples(3, 5) == examples(3, 12)
     assert examples(3, 5) != examples(4, 5)
     for batch in task.eval_batches(condition, 3, n, 5):
-        assert_well_formed(batch, task.tokenizer.pad_id)
+        assert_well_formed(batch, task.tokenizer.pad_id, task.tagging)
         assert batch.input_ids.shape[1] <= condition["length"] <= task.max_eval_length
 
 
 @pytest.mark.parametrize("name", SYNTHETIC)
 def test_oracle_scores_one_and_a_wrong_model_scores_less(name: str) -> None:
     task = make_task(name, "")
-    perfect = evaluate_task(task, oracle(task.tokenizer.vocab_size), seed=0, n_per_condition=4, batch_size=3)
+    make_oracle = ORACLES.get(name, lambda task, shift=0: oracle(task.tokenizer.vocab_size, shift))
+    perfect = evaluate_task(task, make_oracle(task), seed=0, n_per_condition=4, batch_size=3)
     assert perfect["metric"] == task.metric_name and perfect["task"] == name
     assert perfect["mean"] == 1.0
     assert len(perfect["conditions"]) == len(task.eval_conditions())
     assert all(row["n"] == 4 and row["value"] == 1.0 for row in perfect["conditions"])
-    wrong = evaluate_task(task, oracle(task.tokenizer.vocab_size, shift=1), seed=0, n_per_condition=4, batch_size=3)
+    wrong = evaluate_task(task, make_oracle(task, shift=1), seed=0, n_per_condition=4, batch_size=3)
     assert wrong["mean"] == 0.0
 
 
@@ -201,7 +231,7 @@ def test_collate_left_pads(sequences: list[list[int]], data: st.DataObject) -> N
     batch = collate(examples, pad_id=0)
     width = max(map(len, sequences))
     assert batch.input_ids.shape == (len(sequences), width)
-    for row, (ids, targets) in enumerate(examples):
+    for row, (ids, targets, _) in enumerate(examples):
         pad = width - len(ids)
         assert batch.input_ids[row].tolist() == [0] * pad + ids
         assert batch.attention_mask[row].tolist() == [0] * pad + [1] * len(ids)

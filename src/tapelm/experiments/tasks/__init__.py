@@ -29,6 +29,7 @@ from .passkey import MultiKeyTask, PasskeyTask
 from .selective_copy import SelectiveCopyTask
 from .text import TextTask
 from .tokenization import BPETokenizer, ByteTokenizer, SymbolTokenizer, Tokenizer
+from .word_problem import WordProblemTask
 
 _ALPHABETICAL = (
     AdditionTask,
@@ -40,6 +41,7 @@ _ALPHABETICAL = (
     PasskeyTask,
     SelectiveCopyTask,
     TextTask,
+    WordProblemTask,
 )
 TASKS: dict[str, type[Task]] = {task.name: task for task in _ALPHABETICAL}
 
@@ -76,6 +78,7 @@ __all__ = [
     "Task",
     "TextTask",
     "Tokenizer",
+    "WordProblemTask",
     "collate",
     "evaluate_task",
     "exact_match_per_example",

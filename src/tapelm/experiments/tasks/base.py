@@ -28,8 +28,9 @@ LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class Batch:
     """LongTensors of shape (batch, seq), left-padded.
 
-    `labels` equals `input_ids` where the loss applies and IGNORE_INDEX elsewhere; it is not shifted
-    (the model predicts labels[:, t] from positions < t). `attention_mask` is 1 on real tokens.
+    `labels` equals `input_ids` where the loss applies and IGNORE_INDEX elsewhere (tagging tasks such as the word
+    problem put their own label there instead); it is not shifted (the model predicts labels[:, t] from positions
+    < t). `attention_mask` is 1 on real tokens.
     """
 
     input_ids: torch.Tensor
@@ -41,10 +42,13 @@ class Batch:
 
 
 class Example(NamedTuple):
-    """One unpadded sequence: token ids and, per token, whether the loss applies."""
+    """One unpadded sequence: token ids and, per token, whether the loss applies; `labels`, when given, are the
+    label ids of a tagging task (one per token; the label at a target token is what the positions before it must
+    predict), otherwise the labels are the ids themselves (language modelling of the target tokens)."""
 
     ids: list[int]
     targets: list[bool]
+    labels: list[int] | None = None
 
     @classmethod
     def from_segments(cls, tokenizer: Tokenizer, segments: Iterable[tuple[str, bool]]) -> Example:
@@ -63,14 +67,16 @@ def collate(examples: Sequence[Example], pad_id: int) -> Batch:
     lengths = np.array([len(example.ids) for example in examples])
     width = int(lengths.max())
     ids = np.full((len(examples), width), pad_id, dtype=np.int64)
+    label_ids = np.full((len(examples), width), pad_id, dtype=np.int64)
     targets = np.zeros((len(examples), width), dtype=bool)
     for row, example in enumerate(examples):
         ids[row, width - lengths[row] :] = example.ids
+        label_ids[row, width - lengths[row] :] = example.ids if example.labels is None else example.labels
         targets[row, width - lengths[row] :] = example.targets
     attention_mask = np.arange(width)[None, :] >= (width - lengths)[:, None]
     return Batch(
         torch.from_numpy(ids),
-        torch.from_numpy(np.where(targets, ids, IGNORE_INDEX)),
+        torch.from_numpy(np.where(targets, label_ids, IGNORE_INDEX)),
         torch.from_numpy(attention_mask.astype(np.int64)),
     )
 
@@ -128,6 +134,8 @@ class Task(ABC):
 
     name: ClassVar[str]
     metric_name: ClassVar[str]
+    # True for tagging tasks, whose labels are not the next input tokens (Example.labels); False: labels == ids.
+    tagging: ClassVar[bool] = False
     tokenizer: Tokenizer
     train_length: int  # longest training sequence, in tokens
 
