@@ -98,6 +98,33 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     assert out.read_text() == first
 
 
+def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
+    """The report archives each comparison's small files next to itself; without the cache it rebuilds the same
+    text from the archive, and a later cache with other seeds is merged into it, not swapped for it."""
+    import shutil
+
+    out = tmp_path / "docs" / "RESULTS.md"
+    build_report(compared, out)
+    first = out.read_text()
+    archived = tmp_path / "docs" / "results" / "compare" / "addition" / comparison(compared).name
+    assert sorted(p.relative_to(archived).as_posix() for p in archived.rglob("*.json*")) == [
+        "comparison.json", *[f"{pe}/seed{s}/{f}" for pe, seeds in (("nope", [0]), ("rope", [0, 1]), ("tape", [0, 1]))
+                             for s in seeds for f in ("eval.json", "metrics.jsonl", "result.json")]]
+    assert not list(archived.rglob("*.safetensors"))
+    elsewhere = tmp_path / "other-machine"
+    (elsewhere / "compare").mkdir(parents=True)
+    assert build_report(elsewhere, out) == ["claims", "task-comparison"]
+    assert out.read_text() == first
+    partial = elsewhere / "compare" / "addition" / archived.name
+    shutil.copytree(comparison(compared), partial)
+    shutil.rmtree(partial / "tape" / "seed1")
+    record = json.loads((partial / "comparison.json").read_text())
+    (partial / "comparison.json").write_text(json.dumps({**record, "seeds": [0], "commands": record["commands"][:1]}))
+    build_report(elsewhere, out)
+    assert out.read_text() == first
+    assert json.loads((archived / "comparison.json").read_text())["seeds"] == [0, 1]
+
+
 def test_splice_replaces_only_its_block() -> None:
     doc = "top\n<!-- tapelm-report:begin a -->\nold\n<!-- tapelm-report:end a -->\nbottom\n"
     assert splice(doc, "a", "new") == "top\n<!-- tapelm-report:begin a -->\nnew\n<!-- tapelm-report:end a -->\nbottom\n"

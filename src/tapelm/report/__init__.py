@@ -4,7 +4,8 @@ The file is made of sections. Each registered section owns the text between its 
 
     <!-- tapelm-report:begin NAME -->  ...  <!-- tapelm-report:end NAME -->
 
-and is rewritten from its results every time; a section with no results yet keeps what it had; everything outside
+and is rewritten from its results every time (comparisons are first archived next to the file, in results/compare,
+and read from there, so that they outlive the `runs/` cache: see `archive`); a section with no results yet keeps what it had; everything outside
 the markers (text other people or tools wrote) is kept as it is. A new kind of result adds a section with
 `register_section(name, title, build)`, where `build(context) -> markdown | None`.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiments.markdown import HEADER, splice
+from .archive import archive_comparisons
 from .sections import SECTIONS, ReportContext, register_section
 
 
@@ -35,7 +37,8 @@ def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
         link = figures.resolve().relative_to(out.parent.resolve()).as_posix()
     except ValueError:
         link = figures.resolve().as_posix()
-    context = ReportContext(root=root, figures=figures, figures_link=link)
+    context = ReportContext(root=root, figures=figures, figures_link=link, comparisons=out.parent / "results" / "compare")
+    archive_comparisons(root, context.comparisons)
     contents = {}
     for name in chosen:
         content = SECTIONS[name].build(context)

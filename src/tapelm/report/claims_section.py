@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from ..experiments import claims
-from ..experiments.compare import aggregate
+from ..experiments.compare import COMPARISON_FILE, aggregate
+from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
 
-def _best_comparison(root: Path, task: str) -> dict[str, Any] | None:
-    """The comparison of `task` with TAPE that has the most finished runs (ties: the newest)."""
+def _best_comparison(archive: Path, task: str) -> dict[str, Any] | None:
+    """The archived comparison of `task` with TAPE that has the most finished runs (ties: the newest)."""
     best, best_key = None, None
-    for record in sorted((root / "compare" / task).glob("*/comparison.json"), key=lambda p: p.stat().st_mtime):
-        summary = aggregate(record.parent, write=False)
+    for directory in sorted(archived_comparisons(archive, task),
+                            key=lambda p: (p / COMPARISON_FILE).stat().st_mtime):
+        summary = aggregate(directory, write=False)
         if "tape" not in summary["rows"]:
             continue
         key = sum(len(row["seeds"]) for row in summary["rows"].values())
@@ -27,7 +29,7 @@ def _best_comparison(root: Path, task: str) -> dict[str, Any] | None:
 def build(context: ReportContext) -> str | None:
     judged = []
     for claim in claims.CLAIMS:
-        summary = _best_comparison(context.root, claim.task)
+        summary = _best_comparison(context.comparisons, claim.task)
         judged.append((claim, summary, *claims.judge(claim, summary)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None

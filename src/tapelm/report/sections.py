@@ -10,12 +10,13 @@ from pathlib import Path
 
 @dataclass
 class ReportContext:
-    """What a section builder may read and write: the results cache and the figures folder (with its path as seen
-    from the markdown file)."""
+    """What a section builder may read and write: the results cache, the comparisons' archive (see `archive`) and
+    the figures folder (with its path as seen from the markdown file)."""
 
     root: Path
     figures: Path
     figures_link: str
+    comparisons: Path
 
 
 @dataclass(frozen=True)

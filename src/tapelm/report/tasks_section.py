@@ -9,6 +9,7 @@ from typing import Any
 
 from ..experiments.evaluate import higher_is_better
 from ..experiments.statistics import verdict
+from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
 TASK_ORDER = ("addition", "passkey", "text")
@@ -16,8 +17,8 @@ PAPER_ADDITION = {"rope": 26.32, "randpe": 26.56, "nope": 22.45, "fire": 26.98, 
 LEARNED_FLOOR = 0.95  # an encoding under this in-distribution accuracy did not learn the task at this budget
 
 
-def _comparisons(root: Path) -> list[Path]:
-    found = [p.parent for p in sorted((root / "compare").glob("*/*/comparison.json"))]
+def _comparisons(archive: Path) -> list[Path]:
+    found = archived_comparisons(archive)
     rank = {task: i for i, task in enumerate(TASK_ORDER)}
     return sorted(found, key=lambda p: (rank.get(p.parent.name, len(rank)), p.parent.name, p.name))
 
@@ -26,7 +27,7 @@ def build(context: ReportContext) -> str | None:
     from ..experiments.compare import aggregate, load_results, write_figures
 
     parts = []
-    for directory in _comparisons(context.root):
+    for directory in _comparisons(context.comparisons):
         summary = aggregate(directory, write=False)
         if not summary["rows"]:
             continue
