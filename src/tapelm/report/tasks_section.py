@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..experiments.claims import learned_threshold
 from ..experiments.evaluate import higher_is_better
 from ..experiments.statistics import verdict
 from .archive import archived_comparisons
@@ -14,7 +15,6 @@ from .sections import ReportContext, register_section
 
 TASK_ORDER = ("addition", "passkey", "text")
 PAPER_ADDITION = {"rope": 26.32, "randpe": 26.56, "nope": 22.45, "fire": 26.98, "tape": 32.82}
-LEARNED_FLOOR = 0.95  # an encoding under this in-distribution accuracy did not learn the task at this budget
 
 
 def _comparisons(archive: Path) -> list[Path]:
@@ -150,13 +150,14 @@ def reading(summary: dict[str, Any]) -> list[str]:
     out = []
     seeds = sorted({s for row in rows.values() for s in row["seeds"]})
     if higher:
-        unlearned = [pe for pe, row in rows.items() if row["in_distribution"]["mean"] < LEARNED_FLOOR]
+        floor = learned_threshold(task)
+        unlearned = [pe for pe, row in rows.items() if row["in_distribution"]["mean"] < floor]
         learned = [pe for pe in rows if pe not in unlearned]
         if learned:
-            out.append(f"Learned in distribution (≥ {_pct(LEARNED_FLOOR)} {metric.replace('_', ' ')}): " + ", ".join(
+            out.append(f"Learned in distribution (≥ {_pct(floor)} {metric.replace('_', ' ')}): " + ", ".join(
                 f"{pe} {_value(rows[pe]['in_distribution'], metric)}" for pe in learned) + ".")
         if unlearned:
-            out.append(f"Below {_pct(LEARNED_FLOOR)} {metric.replace('_', ' ')} in distribution, i.e. the task is not "
+            out.append(f"Below {_pct(floor)} {metric.replace('_', ' ')} in distribution, i.e. the task is not "
                        f"learned at this budget and exact-match length generalisation cannot show: "
                        f"{', '.join(unlearned)}.")
         if tokens:
