@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "cosine", "polynomial")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
@@ -61,11 +61,13 @@ class TrainSettings:
     """Everything the loop needs besides the model and the data. Steps count optimizer updates.
 
     lr: peak learning rate of AdamW; warmup: linear warm-up steps from 0; schedule: "cosine" (decays to
-    min_lr_ratio * lr at the last step) or "constant"; batch_size: micro-batch size per process (informational for
-    the loop, used by stream builders); grad_accum: micro-batches per update; clip: max global gradient norm (0 = no
-    clipping); mixed_precision: "no" | "bf16" | "fp16"; grad_checkpointing: recompute activations in backward;
-    eval_every / checkpoint_every: in steps (0 = only at the end / never during the run); keep_last: checkpoints
-    kept; log_every: steps between metric lines; seed: seeds torch, numpy and random before the model's forward passes.
+    min_lr_ratio * lr at the last step), "polynomial" (power 1, as transformers' default polynomial schedule: a
+    straight line from lr to min_lr_ratio * lr at the last step) or "constant"; batch_size: micro-batch size per
+    process (informational for the loop, used by stream builders); grad_accum: micro-batches per update; clip: max
+    global gradient norm (0 = no clipping); mixed_precision: "no" | "bf16" | "fp16"; grad_checkpointing: recompute
+    activations in backward; eval_every / checkpoint_every: in steps (0 = only at the end / never during the run);
+    keep_last: checkpoints kept; log_every: steps between metric lines; seed: seeds torch, numpy and random before
+    the model's forward passes.
     """
 
     steps: int = 1000
@@ -143,7 +145,8 @@ class TrainResult:
 
 
 def learning_rate_lambda(settings: TrainSettings) -> Callable[[int], float]:
-    """The multiplier of the peak learning rate after `step` updates: linear warm-up, then constant or cosine."""
+    """The multiplier of the peak learning rate after `step` updates: linear warm-up, then constant, cosine or
+    polynomial (linear) decay."""
 
     def factor(step: int) -> float:
         if step < settings.warmup:
@@ -152,6 +155,8 @@ def learning_rate_lambda(settings: TrainSettings) -> Callable[[int], float]:
             return 1.0
         span = max(1, settings.steps - settings.warmup)
         progress = min(1.0, (step - settings.warmup) / span)
+        if settings.schedule == "polynomial":
+            return settings.min_lr_ratio + (1 - settings.min_lr_ratio) * (1 - progress)
         return settings.min_lr_ratio + (1 - settings.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
