@@ -49,6 +49,9 @@ CLAIMS = (
           "in_distribution", ("rope", "randpe", "nope", "fire", "alibi")),
     Claim("lm-extrapolation", "Language modelling: TAPE extrapolates best (lowest perplexity beyond the training "
           "length).", "text", "longer", ("rope", "randpe", "nope", "fire", "alibi")),
+    Claim("state-tracking", "State tracking (word problem over a permutation group, exact match of every running "
+          "product): TAPE is ahead beyond the training length.", "word_problem", "longer",
+          ("rope", "nope", "fox", "path")),
 )
 
 
