@@ -9,6 +9,7 @@ from .bench import speed, training
 from .experiments import commands as experiment_commands
 from .pretrained import commands as pretrained_commands
 from .report import add_commands as add_report_commands
+from .scrolls import commands as scrolls_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_commands.add_commands(commands)  # train, eval, compare
     add_report_commands(commands)  # report
     pretrained_commands.add_commands(commands)  # convert, finetune
+    scrolls_commands.add_commands(commands)  # scrolls finetune / predict / score / run / laptop
     return parser
 
 

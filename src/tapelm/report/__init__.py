@@ -23,7 +23,12 @@ def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
                  figures: str | Path | None = None, sections: list[str] | None = None) -> list[str]:
     """Rebuild the sections (all registered ones, or `sections`) of `out` from the results under `root`; returns
     the names of the sections written."""
-    from . import claims_section, pretrained_section, tasks_section  # noqa: F401  (each registers its section)
+    from . import (  # noqa: F401  (each registers its section)
+        claims_section,
+        pretrained_section,
+        scrolls_section,
+        tasks_section,
+    )
 
     root, out = Path(root), Path(out)
     figures = Path(figures) if figures is not None else out.parent / "figures"

@@ -78,11 +78,15 @@ def _load_dataset(task: str, split: str, data: str | Path | None):
                                  "task's release zip and pass its folder with --data") from None
     path = resolve_file(data, split)
     logging_was = datasets.utils.logging.get_verbosity()
+    bars_were_off = datasets.utils.are_progress_bars_disabled()
     datasets.utils.logging.set_verbosity_error()
+    datasets.utils.disable_progress_bars()  # a bar per small local file is noise
     try:
         return datasets.load_dataset(FORMATS[path.suffix], data_files=str(path), split="train")
     finally:
         datasets.utils.logging.set_verbosity(logging_was)
+        if not bars_were_off:
+            datasets.utils.enable_progress_bars()
 
 
 def load_rows(task: str, split: str, data: str | Path | None = None, limit: int | None = None) -> list[Row]:

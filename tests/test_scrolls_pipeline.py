@@ -1,0 +1,138 @@
+"""The SCROLLS pipeline end to end on a tiny tapelm text model: fine-tuning at 4x the pretraining length through
+tapelm's training loop (with and without position interpolation), cached batched generation that resumes, scoring
+from the command line, and bad arguments refused before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tapelm.cli import main
+from tapelm.experiments.runs import RunSpec, run_task
+from tapelm.scrolls.data import Example
+from tapelm.scrolls.generate import DecodeSettings, predict
+from tapelm.scrolls.models import load_source
+from tapelm.scrolls.prompting import PromptSettings
+from tapelm.scrolls.tasks import get_task
+
+TINY_MODEL = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2}
+CORPUS = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n    y: int = 0\n" * 20
+
+
+@pytest.fixture(scope="module")
+def text_runs(tmp_path_factory):
+    """Tiny `tapelm train --task text` runs (TAPE and RoPE), pretrained on 16-byte windows of a small corpus."""
+    root = tmp_path_factory.mktemp("scrolls")
+    corpus = root / "corpus.py"
+    corpus.write_text(CORPUS)
+    runs = {}
+    for pe in ("tape", "rope"):
+        spec = RunSpec(task="text", pe=pe, task_options={"corpus": str(corpus), "train_length": 16,
+                                                         "eval_multipliers": (1, 2)},
+                       model_options=TINY_MODEL, train_options={"steps": 2, "batch_size": 2, "warmup": 0,
+                                                                "log_every": 1},
+                       eval_n=4, eval_batch_size=4)
+        run_task(spec, root / f"text-{pe}", progress=False)
+        runs[pe] = root / f"text-{pe}"
+    data = root / "data"
+    data.mkdir()
+    rows = {"train": [{"id": f"t{i}", "pid": f"t{i}_0", "input": f"What is {i}?\n\n{i} is a number. " * 3,
+                       "output": f"number {i}"} for i in range(6)],
+            "validation": [{"id": "v0", "pid": "v0_0", "input": "What is 7?\n\n7 is a number.", "output": "number 7"},
+                           {"id": "v0", "pid": "v0_1", "input": "What is 7?\n\n7 is a number.", "output": "seven"},
+                           {"id": "v1", "pid": "v1_0", "input": "What is 8?\n\nEight.", "output": "number 8"},
+                           {"id": "v2", "pid": "v2_0", "input": "Q?\n\n" + "long " * 30, "output": "long"}]}
+    for split, split_rows in rows.items():
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in split_rows))
+    return root, runs, data
+
+
+def test_finetune_predict_score_end_to_end(text_runs, tmp_path, capsys):
+    root, runs, data = text_runs
+    out = tmp_path / "qasper-tape"
+    assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data), "--out", str(out),
+                 "--target-cap", "10", "--steps", "3", "--batch-size", "2", "--warmup", "1", "--log-every", "1",
+                 "--no-progress"]) == 0
+    record = json.loads((out / "scrolls.json").read_text())
+    assert record["context"] == 64 and record["pretrained_length"] == 16  # the cpu-small preset: 4x pretraining
+    assert record["finished"] and record["training_rows"] == 6
+    assert (out / "model" / "config.json").is_file() and (out / "checkpoints").is_dir()
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)
+
+    assert main(["scrolls", "predict", "qasper", "--model", str(out), "--data", str(data), "--no-progress",
+                 "--predict-batch-size", "2"]) == 0
+    predictions = json.loads((out / "predictions-validation.json").read_text())
+    assert sorted(predictions) == ["v0", "v1", "v2"] and all(isinstance(v, str) for v in predictions.values())
+    capsys.readouterr()
+    assert main(["scrolls", "score", "qasper", "--predictions", str(out / "predictions-validation.json"),
+                 "--data", str(data), "--out", str(tmp_path / "scores.json")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((tmp_path / "scores.json").read_text())
+    assert set(printed) == {"f1", "num_predicted", "mean_prediction_length_characters", "scrolls_score"}
+    assert printed["num_predicted"] == 3 and 0 <= printed["f1"] <= 100
+
+    # a finished run is not trained again with --resume; without it the folder is refused
+    assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data), "--out",
+                 str(out), "--target-cap", "10", "--steps", "3", "--batch-size", "2", "--warmup", "1", "--log-every", "1",
+                 "--no-progress", "--resume"]) == 0
+    assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data), "--out",
+                 str(out), "--target-cap", "10", "--steps", "3", "--batch-size", "2", "--warmup", "1", "--log-every", "1",
+                 "--no-progress"]) == 2
+
+
+def test_position_interpolation_for_the_rope_family_only(text_runs):
+    _, runs, _ = text_runs
+    source = load_source(runs["rope"], context=64, position_interpolation=True)
+    assert source.model.config.rope_parameters["rope_type"] == "linear"
+    assert source.model.config.rope_parameters["factor"] == pytest.approx(4.0)
+    plain = load_source(runs["rope"], context=64)
+    ids = torch.tensor([list(b"def add(a, b):\n    return a + b\n")])
+    with torch.no_grad():
+        # position 0 and 1 at factor 4 differ from the original model's: the angles really shrank
+        assert not torch.allclose(source.model(ids).logits, plain.model(ids).logits)
+    with pytest.raises(ValueError, match="needs context=16 > the pretraining length 16"):
+        load_source(runs["tape"], context=16, position_interpolation=True)
+
+
+def test_predictions_resume_and_batches_equal_single_examples(text_runs, tmp_path):
+    _, runs, _ = text_runs
+    source = load_source(runs["tape"], context=64)
+    task = get_task("narrative_qa")
+    prompts = PromptSettings(64, 8)
+    examples = [Example(f"e{i}", f"Question {i}?\n\n" + "text " * i, ["x"]) for i in range(5)]
+    out = tmp_path / "predictions.json"
+    out.write_text(json.dumps({"e1": "SENTINEL"}))
+    batched = predict(source.model, source.codec, task, examples, out, prompts, DecodeSettings(batch_size=4),
+                      progress=False)
+    assert batched["e1"] == "SENTINEL"  # already predicted: skipped, kept
+    assert json.loads(out.read_text()) == batched and sorted(batched) == [f"e{i}" for i in range(5)]
+    alone = predict(source.model, source.codec, task, examples, tmp_path / "alone.json", prompts,
+                    DecodeSettings(batch_size=1), progress=False)
+    assert {k: v for k, v in alone.items() if k != "e1"} == {k: v for k, v in batched.items() if k != "e1"}
+    before = out.read_text()
+    predict(source.model, source.codec, task, examples, out, prompts, DecodeSettings(batch_size=4), progress=False)
+    assert out.read_text() == before  # nothing left to do
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["scrolls", "score", "squad", "--predictions", "p.json"], "task='squad' is not allowed"),
+    (["scrolls", "predict", "qasper", "--model", "MODEL", "--split", "dev"], "split='dev' is not allowed"),
+    (["scrolls", "finetune", "qasper", "--model", "MODEL", "--out", "OUT", "--preset", "gpu"],
+     "preset='gpu' is not allowed; choose one of: paper, cpu-small"),
+    (["scrolls", "finetune", "qasper", "--model", "MODEL", "--out", "OUT", "--schedule", "linear"],
+     "schedule='linear' is not allowed"),
+    (["scrolls", "finetune", "qasper", "--model", "missing-model", "--out", "OUT"], "--model 'missing-model' does not exist"),
+    (["scrolls", "run", "all", "--model", "MODEL", "--out", "OUT", "--context", "0"], "context=0 is not allowed"),
+])
+def test_bad_arguments_fail_in_one_line_before_any_work(text_runs, tmp_path, capsys, argv, message):
+    _, runs, data = text_runs
+    argv = [str(runs["tape"]) if a == "MODEL" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    argv += ["--data", str(data)] if argv[1] != "score" else ["--data", str(data)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert not (tmp_path / "out").exists()
