@@ -211,23 +211,28 @@ def _ablate_command(args) -> None:
 
 def _add_sweep(commands) -> None:
     parser = commands.add_parser(
-        "sweep", help="learning curves of one encoding at several learning rates (JSON + PNG), to choose a recipe")
+        "sweep", help="learning curves over encodings, seeds, learning rates and schedules (JSON + PNG), to choose "
+                      "a recipe that learns on every seed")
     parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--pe", default="rope", help=f"positional encoding (default: %(default)s); one of: "
-                                                     f"{', '.join(PE_TYPES)}")
-    parser.add_argument("--seed", type=int, default=0, help="training seed (default: %(default)s)")
+    parser.add_argument("--pe", nargs="+", default=["rope"], help=f"positional encodings (default: %(default)s); "
+                                                                  f"from: {', '.join(PE_TYPES)}")
+    parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="training seeds (default: 0)")
     parser.add_argument("--lr", type=float, nargs="+", required=True, help="peak learning rates to try")
+    parser.add_argument("--schedule", nargs="+", help="learning-rate schedules to try (default: the preset's)")
+    parser.add_argument("--name", help="file name of the JSON and PNG, without suffix (default: TASK-PE...-sweep)")
     parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
     parser.add_argument("--out", default="docs/sweeps", help="folder for the JSON and PNG (default: %(default)s)")
-    add_run_arguments(parser, exclude=("lr",))
+    add_run_arguments(parser, exclude=("lr", "schedule"))
     parser.set_defaults(handler=_sweep_command)
 
 
 def _sweep_command(args) -> None:
-    spec = spec_from_args(argparse.Namespace(**{**vars(args), "lr": None}), args.pe, args.seed)  # --lr is swept
-    resolve(spec)  # refuses a bad task, encoding or option before anything runs
+    swept = argparse.Namespace(**{**vars(args), "lr": None, "schedule": None})  # swept settings come from the grid
+    for pe in args.pe:
+        resolve(spec_from_args(swept, pe, args.seeds[0]))  # refuses a bad task, encoding or option before any run
     apply_threads(args)
-    sweep(spec, args.lr, root=args.root, out=args.out, progress=not args.no_progress)
+    sweep(spec_from_args(swept, args.pe[0], args.seeds[0]), args.lr, root=args.root, out=args.out,
+          progress=not args.no_progress, pes=args.pe, seeds=args.seeds, schedules=args.schedule, name=args.name)
 
 
 def add_commands(commands) -> None:

@@ -1,11 +1,13 @@
-"""`tapelm sweep TASK --pe P --lr ...`: learning curves of one encoding at several learning rates (or any other
-training setting held fixed), from which a preset's recipe is chosen. Each run records its in-distribution metric
-every `--eval-every` steps; the curves and the final evaluations go to one JSON and one PNG, so the choice can be
-checked and redone. Runs are cached per settings under ROOT/sweep/TASK/PE/, like comparisons.
+"""`tapelm sweep TASK --pe P... --seeds S... --lr ... [--schedule ...]`: learning curves over a grid of encodings,
+seeds, learning rates and schedules, from which a preset's recipe is chosen — a recipe that learns must learn on
+every seed, so the grid has seeds. Each run records its in-distribution metric every `--eval-every` steps; the curves
+and the final evaluations go to one JSON and one PNG (a panel per encoding), so the choice can be checked and redone.
+Runs are cached per settings under ROOT/sweep/TASK/PE/, like comparisons.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
 from dataclasses import replace
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .runs import RunSpec, option_flags, resolve, run_task
-from .train import write_json_atomically
+from .train import SCHEDULES, write_json_atomically
 
 
 def learning_curve(run_dir: Path) -> dict[str, list]:
@@ -24,69 +26,98 @@ def learning_curve(run_dir: Path) -> dict[str, list]:
     return {"loss": losses, "in_distribution": evaluations}
 
 
+def _label(lr: float, schedule: str, seed: int, pe: str) -> str:
+    return f"{pe} lr {lr:g} {schedule} seed {seed}"
+
+
 def sweep(base: RunSpec, learning_rates: list[float], root: str | Path = "runs", out: str | Path = "docs/sweeps",
-          progress: bool = True) -> dict[str, Any]:
-    """Train `base` once per learning rate (cached), then write OUT/TASK-PE-sweep.json and .png."""
+          progress: bool = True, pes: list[str] | None = None, seeds: list[int] | None = None,
+          schedules: list[str] | None = None, name: str | None = None) -> dict[str, Any]:
+    """Train `base` once per (encoding, learning rate, schedule, seed) (cached), then write OUT/NAME.json and .png;
+    NAME defaults to TASK-PE[-PE...]-sweep. Encodings, seeds and schedules default to `base`'s."""
+    pes, seeds = pes or [base.pe], seeds if seeds is not None else [base.seed]
+    schedules = schedules or [None]
     if not learning_rates or any(lr <= 0 for lr in learning_rates):
         raise ValueError(f"--lr {learning_rates!r} is not allowed; give one or more positive learning rates")
-    runs = {lr: resolve(replace(base, train_options={**base.train_options, "lr": lr})) for lr in learning_rates}
+    bad = [s for s in schedules if s is not None and s not in SCHEDULES]
+    if bad:
+        raise ValueError(f"--schedule {bad[0]!r} is not allowed; choose from: {', '.join(SCHEDULES)}")
+    runs = {}
+    for pe, lr, schedule, seed in itertools.product(pes, learning_rates, schedules, seeds):
+        train_options = {**base.train_options, "lr": lr, **({"schedule": schedule} if schedule else {})}
+        run = resolve(replace(base, pe=pe, seed=seed, train_options=train_options))
+        runs[_label(lr, run.settings.schedule, seed, pe)] = run
     if not all(run.settings.eval_every for run in runs.values()):
         raise ValueError("a sweep needs in-training evaluations for its curves; pass --eval-every N")
-    command = shlex.join(["tapelm", "sweep", base.task, "--pe", base.pe, "--seed", str(base.seed), "--lr",
-                          *map(str, learning_rates), *option_flags(base)])
+    command = shlex.join(["tapelm", "sweep", base.task, "--pe", *pes, "--seeds", *map(str, seeds), "--lr",
+                          *map(str, learning_rates), *(["--schedule", *schedules] if schedules[0] else []),
+                          *(["--name", name] if name else []), *option_flags(replace(base, train_options={
+                              k: v for k, v in base.train_options.items() if k != "schedule"}))])
     entries = {}
-    for index, (lr, run) in enumerate(runs.items(), 1):
-        run_dir = Path(root) / "sweep" / base.task / base.pe / f"lr{lr:g}-{run.settings_hash}"
-        print(f"[{index}/{len(runs)}] {base.task} / {base.pe} / lr {lr:g} ({run_dir})", flush=True)
+    for index, (label, run) in enumerate(runs.items(), 1):
+        spec = run.spec
+        run_dir = (Path(root) / "sweep" / base.task / spec.pe /
+                   f"lr{run.settings.lr:g}-{run.settings.schedule}-seed{spec.seed}-{run.settings_hash}")
+        print(f"[{index}/{len(runs)}] {base.task} / {label} ({run_dir})", flush=True)
         result = run_task(run, run_dir, resume=True, progress=progress, command=command)
         if result is None:
             continue
-        entries[f"{lr:g}"] = {"lr": lr, "run_dir": str(run_dir), "curve": learning_curve(run_dir),
-                              "summary": result["summary"], "metric": result["metric"],
-                              "seconds": result.get("session_seconds"), "final_loss": result["final_loss"],
-                              "environment": result.get("environment")}
+        entries[label] = {"pe": spec.pe, "seed": spec.seed, "lr": run.settings.lr, "schedule": run.settings.schedule,
+                          "run_dir": str(run_dir), "curve": learning_curve(run_dir), "summary": result["summary"],
+                          "metric": result["metric"], "seconds": result.get("session_seconds"),
+                          "final_loss": result["final_loss"], "environment": result.get("environment")}
     first = next(iter(runs.values()))
-    record = {"task": base.task, "pe": base.pe, "seed": base.seed, "command": command,
-              "settings": {k: v for k, v in first.identity["train"].items() if k != "lr"},
+    record = {"task": base.task, "pes": pes, "seeds": seeds, "command": command,
+              "settings": {k: v for k, v in first.identity["train"].items() if k not in ("lr", "schedule", "seed")},
               "model": {k: first.identity["model"][k] for k in ("hidden_size", "intermediate_size",
                                                                  "num_hidden_layers", "num_attention_heads")},
               "task_options": first.identity["task_options"], "runs": entries}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{base.task}-{base.pe}-sweep"
+    stem = out / (name or f"{base.task}-{'-'.join(pes)}-sweep")
     write_json_atomically(stem.with_suffix(".json"), record)
     _plot(record, stem.with_suffix(".png"))
-    for lr, entry in entries.items():
+    for label, entry in entries.items():
         summary = entry["summary"]
-        print(f"lr {lr}: {entry['metric']} in-distribution {summary['in_distribution']:.4f}, longer "
+        print(f"{label}: {entry['metric']} in-distribution {summary['in_distribution']:.4f}, longer "
               f"{summary['longer']:.4f}; final loss {entry['final_loss']:.4f}; {entry['seconds'] / 60:.1f} min")
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
     return record
 
 
 def _plot(record: dict[str, Any], path: Path) -> None:
+    """Training loss (top) and the in-distribution metric (bottom) against step, a column per encoding; a colour per
+    (learning rate, schedule), a line style per seed."""
     from .plots import _pyplot
 
     plt = _pyplot()
-    fig, (loss_axis, metric_axis) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for lr, entry in record["runs"].items():
-        steps, losses = zip(*entry["curve"]["loss"]) if entry["curve"]["loss"] else ((), ())
-        loss_axis.plot(steps, losses, label=f"lr {lr}")
-        if entry["curve"]["in_distribution"]:
-            steps, values = zip(*entry["curve"]["in_distribution"])
-            metric_axis.plot(steps, [v * 100 for v in values], marker=".", label=f"lr {lr}")
-    loss_axis.set_yscale("log")
-    loss_axis.set_xlabel("step")
-    loss_axis.set_ylabel("training loss")
-    metric_axis.set_xlabel("step")
-    metric_axis.set_ylabel("in-distribution metric (%), quick evaluation")
-    metric_axis.set_ylim(-2, 102)
-    for axis in (loss_axis, metric_axis):
-        axis.legend(fontsize=8)
-        axis.grid(alpha=0.3)
-    fig.suptitle(f"{record['task']} / {record['pe']}: learning curves by learning rate", fontsize=10)
+    pes = record["pes"]
+    fig, axes = plt.subplots(2, len(pes), figsize=(5 * len(pes), 7), squeeze=False)
+    settings = sorted({(e["lr"], e["schedule"]) for e in record["runs"].values()})
+    colours = {s: f"C{i}" for i, s in enumerate(settings)}
+    styles = {seed: style for seed, style in zip(record["seeds"], itertools.cycle(["-", "--", ":", "-."]))}
+    for column, pe in enumerate(pes):
+        loss_axis, metric_axis = axes[0][column], axes[1][column]
+        for entry in (e for e in record["runs"].values() if e["pe"] == pe):
+            style = {"color": colours[(entry["lr"], entry["schedule"])], "linestyle": styles[entry["seed"]],
+                     "label": f"lr {entry['lr']:g} {entry['schedule']} seed {entry['seed']}"}
+            if entry["curve"]["loss"]:
+                loss_axis.plot(*zip(*entry["curve"]["loss"]), **style)
+            if entry["curve"]["in_distribution"]:
+                steps, values = zip(*entry["curve"]["in_distribution"])
+                metric_axis.plot(steps, [v * 100 for v in values], marker=".", **style)
+        loss_axis.set_yscale("log")
+        loss_axis.set_title(pe, fontsize=10)
+        loss_axis.set_ylabel("training loss")
+        metric_axis.set_xlabel("step")
+        metric_axis.set_ylabel("in-distribution metric (%), quick evaluation")
+        metric_axis.set_ylim(-2, 102)
+        for axis in (loss_axis, metric_axis):
+            axis.legend(fontsize=7)
+            axis.grid(alpha=0.3)
+    fig.suptitle(f"{record['task']}: learning curves", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
