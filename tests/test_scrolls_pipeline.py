@@ -84,6 +84,22 @@ def test_finetune_predict_score_end_to_end(text_runs, tmp_path, capsys):
                  "--no-progress"]) == 2
 
 
+def test_run_is_finetune_then_predict_then_score(text_runs, tmp_path):
+    _, runs, data = text_runs
+    out = tmp_path / "runs"
+    assert main(["scrolls", "run", "narrative_qa", "--model", str(runs["rope"]), "--data", str(data), "--out", str(out),
+                 "--target-cap", "6", "--steps", "2", "--batch-size", "2", "--warmup", "0", "--position-interpolation",
+                 "--predict-batch-size", "3", "--no-progress"]) == 0
+    record = json.loads((out / "narrative_qa" / "scrolls.json").read_text())
+    assert record["identity"]["position_interpolation"] and record["context"] == 64
+    config = json.loads((out / "narrative_qa" / "model" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "linear" and config["rope_parameters"]["factor"] == 4.0
+    scores = json.loads((out / "narrative_qa" / "scores-validation.json").read_text())
+    assert scores["num_predicted"] == 3 and "f1" in scores
+    predictions = json.loads((out / "narrative_qa" / "predictions-validation.json").read_text())
+    assert sorted(predictions) == ["v0", "v1", "v2"]
+
+
 def test_position_interpolation_for_the_rope_family_only(text_runs):
     _, runs, _ = text_runs
     source = load_source(runs["rope"], context=64, position_interpolation=True)
@@ -127,6 +143,7 @@ def test_predictions_resume_and_batches_equal_single_examples(text_runs, tmp_pat
      "schedule='linear' is not allowed"),
     (["scrolls", "finetune", "qasper", "--model", "missing-model", "--out", "OUT"], "--model 'missing-model' does not exist"),
     (["scrolls", "run", "all", "--model", "MODEL", "--out", "OUT", "--context", "0"], "context=0 is not allowed"),
+    (["scrolls", "run", "all", "--model", "MODEL", "--out", "OUT"], "qasper' does not exist"),  # no per-task folders
 ])
 def test_bad_arguments_fail_in_one_line_before_any_work(text_runs, tmp_path, capsys, argv, message):
     _, runs, data = text_runs

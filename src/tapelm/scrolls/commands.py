@@ -177,13 +177,17 @@ def _cli_score(args) -> None:
 
 def _cli_run(args) -> None:
     """finetune -> predict (validation) -> score, for one task or all seven."""
-    from .data import check_split
+    from .data import check_split, resolve_file
 
     tasks = _tasks(args.task)
     check_split(args.split)
     _check_source(args.model)
     out = Path(args.out)
     specs = {task: _spec(args, task, out / task) for task in tasks}
+    if args.data is not None:  # every task's files exist before the first one trains
+        for task in tasks:
+            for split in ("train", args.split):
+                resolve_file(args.data if len(tasks) == 1 else _task_data(args.data, task), split)
     _threads(args)
     from accelerate.state import PartialState
 

@@ -127,6 +127,9 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
     settings = spec.settings()
     task = get_task(spec.task)
     check_run_dir(run_dir, settings, resume)  # refuses a foreign or unfinished-without-resume folder, writes nothing
+    rows = [row for row in load_rows(spec.task, "train", spec.data, spec.limit) if row.output]
+    if not rows:
+        raise ValueError(f"the training split of '{spec.task}' has no row with an output")
     source = load_source(spec.source, spec.context, False, spec.pretrained_length, spec.pe)
     context = resolve_context(spec, source.pretrained_length)
     prompts = PromptSettings(context, spec.target_cap)
@@ -144,9 +147,6 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
                                   f"{', '.join(changed)}); choose another run directory")
         if resume and saved.get("finished"):
             return saved
-    rows = [row for row in load_rows(spec.task, "train", spec.data, spec.limit) if row.output]
-    if not rows:
-        raise ValueError(f"the training split of '{spec.task}' has no row with an output")
     examples = [training_example(task, source.codec, row.input, row.output, prompts) for row in rows]
     record = {"identity": identity, "settings_hash": hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
               .hexdigest()[:10], "tokenizer": source.tokenizer, "pretrained_length": source.pretrained_length,

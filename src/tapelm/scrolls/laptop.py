@@ -373,8 +373,8 @@ def _pretraining(results: dict[str, dict[str, Any]], pes: list[str]) -> str:
     seconds = {pe: _first_of(results, pe).get("pretrain_seconds") for pe in pes}
     if not all(seconds.values()):
         return ""
-    return " (pretraining, measured when they were trained: " + ", ".join(
-        f"{pe} {value / 60:.1f} min" for pe, value in seconds.items()) + ", not included in the time above)"
+    return " — their pretraining took " + ", ".join(
+        f"{value / 60:.1f} min ({pe})" for pe, value in seconds.items()) + " when they were trained, not counted above"
 
 
 def _inline(text: str) -> str:
