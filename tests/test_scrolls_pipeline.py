@@ -153,3 +153,38 @@ def test_bad_arguments_fail_in_one_line_before_any_work(text_runs, tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_llama_family_checkpoint_with_its_own_tokenizer(text_runs, tmp_path):
+    """A Llama checkpoint folder is converted (to TAPE by default), fine-tuned with its tokenizer's EOS ending the
+    targets and linear position interpolation, saved with the tokenizer, and predicts from the run folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    _, _, data = text_runs
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=80, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    backend.train_from_iterator([(data / "train.jsonl").read_text()] * 2, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>")
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=backend.get_vocab_size(), hidden_size=32, intermediate_size=48,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=32, bos_token_id=1, eos_token_id=2))
+    llama.save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    out = tmp_path / "run"
+    assert main(["scrolls", "finetune", "qasper", "--model", str(tmp_path / "llama"), "--data", str(data), "--out",
+                 str(out), "--context", "64", "--target-cap", "6", "--steps", "2", "--batch-size", "2", "--warmup",
+                 "0", "--position-interpolation", "--pretrained-length", "16", "--no-progress"]) == 0
+    record = json.loads((out / "scrolls.json").read_text())
+    assert record["tokenizer"] == {"kind": "hf"} and record["identity"]["pe"] == "tape"
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["rope_parameters"]["factor"] == 4.0 and (out / "model" / "tokenizer.json").is_file()
+    source = load_source(out)
+    assert source.codec.eos_id == 2 and source.codec.pad_id == 2  # no pad token: EOS pads
+    assert source.codec.decode(source.codec.encode("What is 1?")) == "What is 1 ?"  # the checkpoint's own BPE
+    assert main(["scrolls", "predict", "qasper", "--model", str(out), "--data", str(data), "--no-progress"]) == 0
+    assert sorted(json.loads((out / "predictions-validation.json").read_text())) == ["v0", "v1", "v2"]
+
