@@ -77,10 +77,12 @@ def test_finetune_predict_score_end_to_end(text_runs, tmp_path, capsys):
 
     # a finished run is not trained again with --resume; without it the folder is refused
     assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data), "--out",
-                 str(out), "--target-cap", "10", "--steps", "3", "--batch-size", "2", "--warmup", "1", "--log-every", "1",
+                 str(out), "--target-cap", "10", "--steps", "3", "--batch-size", "2", "--warmup", "1",
+                 "--log-every", "1",
                  "--no-progress", "--resume"]) == 0
     assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data), "--out",
-                 str(out), "--target-cap", "10", "--steps", "3", "--batch-size", "2", "--warmup", "1", "--log-every", "1",
+                 str(out), "--target-cap", "10", "--steps", "3", "--batch-size", "2", "--warmup", "1",
+                 "--log-every", "1",
                  "--no-progress"]) == 2
 
 
@@ -110,6 +112,9 @@ def test_position_interpolation_for_the_rope_family_only(text_runs):
     with torch.no_grad():
         # position 0 and 1 at factor 4 differ from the original model's: the angles really shrank
         assert not torch.allclose(source.model(ids).logits, plain.model(ids).logits)
+    tape = load_source(runs["tape"], context=64, position_interpolation=True)  # TAPE's initial state is RoPE's
+    with torch.no_grad():
+        assert not torch.allclose(tape.model(ids).logits, load_source(runs["tape"], context=64).model(ids).logits)
     with pytest.raises(ValueError, match="needs context=16 > the pretraining length 16"):
         load_source(runs["tape"], context=16, position_interpolation=True)
 
@@ -141,7 +146,8 @@ def test_predictions_resume_and_batches_equal_single_examples(text_runs, tmp_pat
      "preset='gpu' is not allowed; choose one of: paper, cpu-small"),
     (["scrolls", "finetune", "qasper", "--model", "MODEL", "--out", "OUT", "--schedule", "linear"],
      "schedule='linear' is not allowed"),
-    (["scrolls", "finetune", "qasper", "--model", "missing-model", "--out", "OUT"], "--model 'missing-model' does not exist"),
+    (["scrolls", "finetune", "qasper", "--model", "missing-model", "--out", "OUT"],
+     "--model 'missing-model' does not exist"),
     (["scrolls", "run", "all", "--model", "MODEL", "--out", "OUT", "--context", "0"], "context=0 is not allowed"),
     (["scrolls", "run", "all", "--model", "MODEL", "--out", "OUT"], "qasper' does not exist"),  # no per-task folders
 ])

@@ -7,6 +7,10 @@ null in the test split). In the validation split an example with several referen
 `id`. Local data is a `.jsonl` / `.json` / `.parquet` file, or a folder holding `{split}.jsonl` or
 `{split}.parquet` (the official per-task zip files unpack to `train.jsonl`, `validation.jsonl`, `test.jsonl`).
 
+The Hub path is not exercised here (no network): `tau/scrolls` is a script-based repository, which recent
+`datasets` versions refuse to run, so on failure the Hub's own Parquet conversion (revision "refs/convert/parquet")
+is tried; if both fail, the error says to download the release zip and pass its folder.
+
 `load_rows` gives every row (what fine-tuning trains on: one example per row with a non-empty output);
 `load_examples` groups rows by id, keeping the first row's input and every non-empty output as the references (what
 prediction and scoring use).

@@ -95,19 +95,42 @@ def check_spec(spec: FinetuneSpec) -> None:
             raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
 
 
+class TokenizedRows:
+    """The training examples of `rows`, each tokenized when a batch asks for it, so that memory holds the text only
+    (a GovReport training split is about 17k documents of up to ~10k tokens)."""
+
+    def __init__(self, task, codec, rows, prompts: PromptSettings) -> None:
+        self.task, self.codec, self.rows, self.prompts = task, codec, rows, prompts
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int):
+        row = self.rows[index]
+        return training_example(self.task, self.codec, row.input, row.output, self.prompts)
+
+
 class TrainingStream:
     """index -> one micro-batch: a pure function of (seed, index). Rows are visited in a fresh seeded order each
     epoch; micro-batch `index` takes rows index * batch_size ... of that endless sequence."""
 
     def __init__(self, examples, pad_id: int, batch_size: int, seed: int) -> None:
         self.examples, self.pad_id, self.batch_size, self.seed = examples, pad_id, batch_size, seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            if len(self._orders) > 2:
+                self._orders.clear()
+            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
+        return self._orders[epoch]
 
     def __call__(self, index: int) -> dict[str, torch.Tensor]:
         count = len(self.examples)
         chosen = []
         for position in range(index * self.batch_size, (index + 1) * self.batch_size):
             epoch, offset = divmod(position, count)
-            chosen.append(self.examples[int(np.random.default_rng([self.seed, epoch]).permutation(count)[offset])])
+            chosen.append(self.examples[int(self._order(epoch)[offset])])
         batch = collate(chosen, self.pad_id)
         return {"input_ids": batch.input_ids, "labels": batch.labels, "attention_mask": batch.attention_mask}
 
@@ -147,12 +170,13 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
                                   f"{', '.join(changed)}); choose another run directory")
         if resume and saved.get("finished"):
             return saved
-    examples = [training_example(task, source.codec, row.input, row.output, prompts) for row in rows]
+    examples = TokenizedRows(task, source.codec, rows, prompts)
+    sample = np.random.default_rng(spec.seed).permutation(len(rows))[:256]
     record = {"identity": identity, "settings_hash": hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
               .hexdigest()[:10], "tokenizer": source.tokenizer, "pretrained_length": source.pretrained_length,
               "context": context, "target_cap": prompts.cap(task), "task": spec.task,
               "training_rows": len(examples), "source_description": source.description,
-              "mean_training_tokens": float(np.mean([len(e.ids) for e in examples]))}
+              "mean_training_tokens_of_256_rows": float(np.mean([len(examples[int(i)].ids) for i in sample]))}
     # The Accelerator comes first (see tapelm.experiments.runs.run_task); only the main process writes.
     accelerator = make_accelerator(settings)
     if accelerator.is_main_process:
@@ -177,4 +201,5 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
     return record
 
 
-__all__ = ["FinetuneSpec", "PRESETS", "finetune", "TrainingStream", "get_preset", "check_spec", "resolve_context"]
+__all__ = ["FinetuneSpec", "PRESETS", "finetune", "TrainingStream", "TokenizedRows", "get_preset", "check_spec",
+           "resolve_context"]

@@ -46,7 +46,8 @@ from .metrics import score
 from .prompting import PromptSettings
 from .tasks import LAPTOP_TASKS, get_task
 
-SECTION, TITLE = "scrolls-laptop", "SCROLLS pipeline, laptop end-to-end run (toy tasks from the Python sources, not SCROLLS)"
+SECTION = "scrolls-laptop"
+TITLE = "SCROLLS pipeline, laptop end-to-end run (toy tasks from the Python sources, not SCROLLS)"
 COMMAND = "tapelm scrolls laptop"
 QA_TASK, SUMMARY_TASK = "stdlib_docstring_qa", "stdlib_docstring_summary"
 CAPS = {QA_TASK: 48, SUMMARY_TASK: 64}
@@ -136,7 +137,8 @@ def _qa_input(function: _Function, budget: int, rng: np.random.Generator) -> str
         return None
     before = int(rng.integers(0, 6))
     start = function.first
-    while start > 0 and function.first - start < before and len("".join(lines[start - 1 : function.doc_line + 1])) <= room:
+    while start > 0 and function.first - start < before and \
+            len("".join(lines[start - 1 : function.doc_line + 1])) <= room:
         start -= 1
     window = "".join(lines[start:])[:room]
     if not window.isascii() or function.summary not in window:
