@@ -153,3 +153,16 @@ def test_collate_puts_tagging_labels_under_left_padding() -> None:
     batch = collate([Example([1, 5, 6], [False, True, True], [0, 8, 9]), Example([1, 5], [False, True])], 0)
     assert batch.input_ids.tolist() == [[1, 5, 6], [0, 1, 5]]
     assert batch.labels.tolist() == [[IGNORE_INDEX, 8, 9], [IGNORE_INDEX, IGNORE_INDEX, 5]]
+
+
+def test_report_reading_gives_the_chance_level_of_the_group() -> None:
+    from tapelm.report.tasks_section import reading
+
+    def stats(mean: float) -> dict:
+        return {"mean": mean, "std": 0.0, "n": 1, "half_width": float("nan")}
+
+    row = {"seeds": [0], "in_distribution": stats(0.9), "longer": stats(0.0),
+           "token_accuracy": {"in_distribution": stats(0.99), "longer": stats(0.5)}}
+    summary = {"rows": {"tape": row, "rope": row}, "metric": "exact_match", "task": "word_problem", "paired": {},
+               "record": {"task_options": {"group": "A5", "num_elements": 8}}}
+    assert any("1/|A5| = 1.7%" in sentence for sentence in reading(summary))

@@ -182,6 +182,14 @@ def reading(summary: dict[str, Any]) -> list[str]:
     if tokens and task == "addition":
         out.append("Token accuracy on longer operands counts mostly the first (least significant) answer digits, "
                    "so it measures partial length generalisation, not the ability to add longer numbers.")
+    if tokens and task == "word_problem":
+        from ..experiments.tasks.word_problem import group_elements
+
+        group = summary["record"]["task_options"].get("group", "S3")
+        out.append(f"Word-problem token accuracy is the share of running products right; guessing gives "
+                   f"1/|{group}| = {_pct(1 / len(group_elements(group)))}. A longer sequence starts with as many "
+                   "products as training had, so its token accuracy stays above chance even for a model that "
+                   "tracks nothing beyond the training length; exact match needs every product right.")
     if task == "addition":
         shown = ", ".join(f"{pe} {v}" for pe, v in PAPER_ADDITION.items() if pe in rows)
         if shown:
