@@ -108,3 +108,17 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="average_score"):
         tapelm.scrolls.average_score({})
     assert tapelm.scrolls.average_score({"a": {"scrolls_score": 10.0}, "b": {"scrolls_score": 20.0}}) == 15.0
+
+
+def test_rouge_lsum_is_reported_on_sentences_when_a_splitter_is_installed(monkeypatch):
+    """With nltk's punkt data SCROLLS puts one sentence per line, which rougeLsum scores sentence by sentence; a
+    stand-in splitter replaces punkt (absent offline) to check that wiring."""
+    from tapelm.scrolls import metrics
+
+    monkeypatch.setattr(metrics, "_sentence_splitter", lambda: lambda text: [s for s in text.split(". ") if s])
+    scores = score("gov_report", ["a b. c d."], [["c d. a b."]])
+    assert scores["rouge/rougeL"] == pytest.approx(50.0)  # one sequence: the longest common subsequence is 2 of 4
+    assert scores["rouge/rougeLsum"] == pytest.approx(100.0)  # each reference sentence is matched whole
+    assert scores["rouge/rouge2"] == pytest.approx(66.6667)  # bigrams a-b and c-d of a-b, b-c, c-d
+    # rougeLsum stays out of the geometric mean
+    assert scores["rouge/geometric_mean"] == pytest.approx(round((100 * 200 / 3 * 50) ** (1 / 3), 4))
