@@ -47,6 +47,17 @@ TRAIN_FLAGS = {  # command-line flag -> TrainSettings field
 }
 
 
+def add_train_flags(parser, exclude: tuple[str, ...] = (), flags: dict[str, type] | None = None) -> None:
+    """One flag per TrainSettings field in `flags` (default TRAIN_FLAGS; less `exclude`), default None = the
+    preset's, and --grad-checkpointing."""
+    for name, kind in (flags or TRAIN_FLAGS).items():
+        if name in exclude:
+            continue
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                            help=f"training setting {name} (default: the preset's)")
+    parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
+
+
 def add_run_arguments(parser, exclude: tuple[str, ...] = ()) -> None:
     """The options shared by `tapelm train`, `compare` and `sweep` (less the training flags in `exclude`)."""
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} "
@@ -55,12 +66,7 @@ def add_run_arguments(parser, exclude: tuple[str, ...] = ()) -> None:
                         help="a task option over the preset's, e.g. max_train_digits=10 (repeatable)")
     parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                         help="a TapeConfig field over the preset's, e.g. num_hidden_layers=6 (repeatable)")
-    for name, kind in TRAIN_FLAGS.items():
-        if name in exclude:
-            continue
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
-                            help=f"training setting {name} (default: the preset's)")
-    parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
+    add_train_flags(parser, exclude)
     parser.add_argument("--eval-n", type=int, help="examples per evaluation condition (default: the preset's)")
     parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size (default: the preset's)")
     parser.add_argument("--match-params", action="store_true",

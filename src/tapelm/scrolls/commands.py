@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..experiments.commands import add_train_flags
 from .tasks import ALL_TASKS, TASKS, get_task
 
 TRAIN_FLAGS = {"steps": int, "lr": float, "warmup": int, "batch_size": int, "grad_accum": int,
@@ -52,10 +53,7 @@ def _finetune_arguments(parser) -> None:
                                                               "text run's train_length or max_position_embeddings)")
     parser.add_argument("--pe", default="tape", help="tape or rope: the encoding a Llama-family source is "
                                                      "converted to (default: %(default)s)")
-    for name, kind in TRAIN_FLAGS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"training setting {name} "
-                                                                            "(default: the preset's)")
-    parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
+    add_train_flags(parser, flags=TRAIN_FLAGS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, help="use at most this many training ids")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out")
