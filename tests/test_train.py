@@ -255,6 +255,19 @@ def test_match_params_widens_the_baseline_mlp_to_tape() -> None:
     assert matched.settings_hash != plain.settings_hash
 
 
+def test_a_presets_model_size_is_part_of_the_comparison_identity(monkeypatch) -> None:
+    from dataclasses import replace
+
+    from tapelm.experiments import presets
+
+    before = resolve(RunSpec(task="addition", pe="rope", task_options=TINY_TASK))
+    small = presets.PRESETS["cpu-small"]
+    resized = replace(small["addition"], model=replace(small["addition"].model, num_hidden_layers=2))
+    monkeypatch.setitem(presets.PRESETS, "cpu-small", {**small, "addition": resized})
+    after = resolve(RunSpec(task="addition", pe="rope", task_options=TINY_TASK))
+    assert after.config.num_hidden_layers == 2 and after.settings_hash != before.settings_hash
+
+
 def test_the_data_stream_is_seeded_by_index_and_seed() -> None:
     run = resolve(tiny_spec())
     a, b = batch_stream(run.task, 0, 8), batch_stream(run.task, 1, 8)

@@ -156,6 +156,7 @@ def resolve(spec: RunSpec) -> ResolvedRun:
     shared = {k: v for k, v in identity.items() if k not in ("pe", "seed", "model")}
     shared["train"] = {k: v for k, v in identity["train"].items() if k != "seed"}
     shared["model_options"] = _jsonable(spec.model_options)
+    shared["model_size"] = preset.model.as_config_kwargs()  # a preset's new size is a new comparison
     return ResolvedRun(spec=spec, preset=preset, task=task, task_options=task_options, config=config,
                        settings=settings, identity=identity, settings_hash=_hash(shared),
                        parameters=count_parameters(config))
