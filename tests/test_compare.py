@@ -15,7 +15,8 @@ from tapelm.experiments.runs import RunSpec
 TINY = ["--steps", "6", "--batch-size", "8", "--warmup", "1", "--eval-n", "2", "--no-progress",
         "--task-option", "max_train_digits=2", "--task-option", "eval_max_digits=3",
         "--model-option", "hidden_size=32", "--model-option", "intermediate_size=48",
-        "--model-option", "num_hidden_layers=1", "--model-option", "num_attention_heads=4"]
+        "--model-option", "num_hidden_layers=1", "--model-option", "num_attention_heads=4",
+        "--model-option", "num_key_value_heads=4"]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     out.write_text("# Results\n\nIntro by a person.\n\n## Fine-tuning\n\nWritten by another tool.\n")
     assert build_report(compared, out) == ["claims", "task-comparison"]
     text = out.read_text()
-    assert "TAPE did not learn addition in distribution" in text and "| **inconclusive** |" in text
+    assert "tape did not learn addition in distribution" in text and "| **inconclusive** |" in text
     assert "Intro by a person." in text and "Written by another tool." in text
     assert "<!-- tapelm-report:begin task-comparison -->" in text
     assert "tapelm compare addition --pe tape rope --seeds 0 1" in text and "| tape |" in text

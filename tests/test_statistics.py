@@ -38,12 +38,15 @@ def test_proportion_error():
     assert proportion_error(1.0, 100) == 0.0 and math.isnan(proportion_error(0.5, 0))
 
 
-def summary_with(in_distribution: dict[str, float], differences: dict[str, float], half: float = 0.02):
+def summary_with(in_distribution: dict[str, float], differences: dict[str, float]):
+    """TAPE at 0.5 on every seed and headline; each baseline `difference` below it, with a spread of 0.01."""
     stat = lambda value: {"mean": value, "std": 0.0, "n": 5, "half_width": 0.0}  # noqa: E731
-    paired = {pe: {key: {"mean": d, "half_width": half, "n": 5, "std": 0.0, "seeds": [0, 1, 2, 3, 4]}
-                   for key in ("in_distribution", "longer", "all")} for pe, d in differences.items()}
-    return {"task": "addition", "metric": "exact_match", "settings_hash": "h",
-            "rows": {pe: {"in_distribution": stat(v)} for pe, v in in_distribution.items()}, "paired": paired}
+    spread = (-0.01, 0.01, 0.0, -0.01, 0.01)
+    below = {"tape": (0.0,) * 5, **{pe: tuple(e - d for e in spread) for pe, d in differences.items()}}
+    rows = {pe: {"in_distribution": stat(v), "per_seed": {key: {s: 0.5 + below.get(pe, spread)[s] for s in range(5)}
+                                                         for key in ("in_distribution", "longer", "all")}}
+            for pe, v in in_distribution.items()}
+    return {"task": "addition", "metric": "exact_match", "settings_hash": "h", "rows": rows}
 
 
 ARITHMETIC = next(claim for claim in CLAIMS if claim.name == "arithmetic")
@@ -65,3 +68,13 @@ def test_a_claim_needs_models_that_learned_and_results_that_exist():
     assert result == "inconclusive" and any("nope: did not learn" in line for line in lines)
     assert judge(ARITHMETIC, summary_with({**LEARNED, "tape": 0.2}, {}))[0] == "inconclusive"
     assert judge(ARITHMETIC, None)[0] == "not run"
+    assert judge(ARITHMETIC, summary_with({"rope": 1.0}, {}))[0] == "not run"
+
+
+def test_a_claim_about_two_variants_pairs_its_subject_with_its_baseline():
+    layers = next(claim for claim in CLAIMS if claim.name == "ablation-layers-addition")
+    learned = {"tape-second-half": 1.0, "tape-first-half": 1.0}
+    result, lines = judge(layers, summary_with(learned, {"tape-first-half": 0.05}))
+    assert result == "confirmed" and lines[0].startswith("tape-second-half − tape-first-half: +5.0")
+    assert judge(layers, summary_with(learned, {"tape-first-half": -0.05}))[0] == "refuted"
+    assert judge(layers, summary_with({"tape": 1.0, "tape-first-half": 1.0}, {}))[0] == "not run"

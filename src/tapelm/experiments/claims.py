@@ -1,12 +1,13 @@
 """The paper's claims that the laptop comparisons can test, and their verdicts — confirmed, refuted or inconclusive —
 computed from a comparison's summary (see `compare.aggregate`).
 
-Criterion, for every claim: TAPE is compared with each baseline by the paired-by-seed difference of the claim's
-headline number and its 95% t interval. A comparison only counts when both encodings learned the task in
-distribution (the task's threshold in `LEARNED`); otherwise that baseline is "not testable". The claim is
-*confirmed* when TAPE is better than every named baseline (every interval excludes zero in TAPE's favour),
-*refuted* when TAPE is worse than at least one (an interval excludes zero against it), and *inconclusive* otherwise
-(some interval includes zero, or a baseline is missing or not testable).
+Criterion, for every claim: the claim's subject (TAPE, or for the layer ablation TAPE in the second half of the
+layers) is compared with each baseline by the paired-by-seed difference of the claim's headline number and its 95% t
+interval. A comparison only counts when both learned the task in distribution (the task's threshold in `LEARNED`);
+otherwise that baseline is "not testable". The claim is *confirmed* when the subject is better than every named
+baseline (every interval excludes zero in its favour), *refuted* when it is worse than at least one (an interval
+excludes zero against it), and *inconclusive* otherwise (some interval includes zero, or a baseline is missing or
+not testable).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .evaluate import higher_is_better
-from .statistics import format_difference, verdict
+from .statistics import format_difference, paired_difference, verdict
 
 # In-distribution accuracy an encoding must reach before its length generalisation says anything (issue 8); tasks
 # not named here use DEFAULT_LEARNED.
@@ -35,6 +36,7 @@ class Claim:
     task: str
     headline: str  # in_distribution | longer | all
     baselines: tuple[str, ...]
+    subject: str = "tape"
 
 
 CLAIMS = (
@@ -52,6 +54,14 @@ CLAIMS = (
     Claim("state-tracking", "State tracking (word problem over a permutation group, exact match of every running "
           "product): TAPE is ahead beyond the training length.", "word_problem", "longer",
           ("rope", "nope", "fox", "path")),
+    *(claim for task in ("addition", "mqar") for claim in (
+        Claim(f"ablation-context-{task}", f"Ablation ({task}): full TAPE beats TAPE without context (positions "
+              "fixed at E0: RoPE).", task, "all", ("rope",)),
+        Claim(f"ablation-equivariance-{task}", f"Ablation ({task}): full TAPE beats TAPE without orthogonal "
+              "equivariance (see the state-norm figure for the paper's instability claim).", task, "all",
+              ("tape-non-equivariant",)),
+        Claim(f"ablation-layers-{task}", f"Ablation ({task}): TAPE in the second half of the layers beats TAPE in "
+              "the first half.", task, "all", ("tape-first-half",), subject="tape-second-half"))),
 )
 
 
@@ -64,13 +74,13 @@ def _learned(summary: dict[str, Any], pe: str) -> bool:
 
 def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]:
     """The verdict and one line per baseline."""
-    if summary is None:
-        return "not run", [f"no `tapelm compare {claim.task}` results with TAPE yet"]
-    metric, rows = summary["metric"], summary["rows"]
+    if summary is None or claim.subject not in summary["rows"]:
+        return "not run", [f"no `tapelm compare {claim.task}` results with {claim.subject} yet"]
+    metric, rows, subject = summary["metric"], summary["rows"], claim.subject
     lines, outcomes = [], []
-    if not _learned(summary, "tape"):
-        return "inconclusive", [f"TAPE did not learn {claim.task} in distribution "
-                                f"({rows['tape']['in_distribution']['mean'] * 100:.1f}% < "
+    if not _learned(summary, subject):
+        return "inconclusive", [f"{subject} did not learn {claim.task} in distribution "
+                                f"({rows[subject]['in_distribution']['mean'] * 100:.1f}% < "
                                 f"{learned_threshold(claim.task) * 100:.0f}%): nothing to compare"]
     for pe in claim.baselines:
         if pe not in rows:
@@ -82,11 +92,11 @@ def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]
             lines.append(f"{pe}: did not learn in distribution ({rows[pe]['in_distribution']['mean'] * 100:.1f}%), "
                          "not testable")
             continue
-        difference = summary["paired"][pe][claim.headline]
+        difference = paired_difference(rows[subject]["per_seed"][claim.headline], rows[pe]["per_seed"][claim.headline])
         outcome = verdict(difference, higher_is_better(metric))
         outcomes.append(outcome)
         unit = "" if metric == "perplexity" else " pts"
-        lines.append(f"TAPE − {pe}: {format_difference(difference, metric == 'perplexity')}{unit} over seeds "
+        lines.append(f"{subject} − {pe}: {format_difference(difference, metric == 'perplexity')}{unit} over seeds "
                      f"{','.join(map(str, difference['seeds']))} → {outcome}")
     if "worse" in outcomes:
         return "refuted", lines
@@ -99,7 +109,7 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
     """One line per claim about this comparison's task: the claim, its verdict and the criterion in brief."""
     lines = []
     for claim in CLAIMS:
-        if claim.task == summary["task"] and "tape" in summary["rows"]:
+        if claim.task == summary["task"] and claim.subject in summary["rows"]:
             result, details = judge(claim, summary)
             lines.append(f"Claim ({claim.name}): {claim.statement} Verdict: {result.upper()} "
                          f"({'; '.join(details)}).")

@@ -137,15 +137,18 @@ def _headline(result: dict[str, Any], key: str, metric: str) -> float:
     return math.log(value) if metric == "perplexity" else value
 
 
-def paired_differences(results: dict[str, dict[int, dict[str, Any]]], metric: str) -> dict[str, Any]:
-    """{baseline: {headline: interval of TAPE minus baseline over shared seeds}} (log-ratios for perplexity)."""
-    if REFERENCE not in results:
+def per_seed_headlines(by_seed: dict[int, dict[str, Any]], metric: str) -> dict[str, dict[int, float]]:
+    """{headline: {seed: value}} of one encoding's runs (log perplexities), the input of every paired difference."""
+    return {key: {seed: _headline(result, key, metric) for seed, result in by_seed.items()} for key in HEADLINES}
+
+
+def paired_differences(rows: dict[str, dict[str, Any]], reference: str = REFERENCE) -> dict[str, Any]:
+    """{baseline: {headline: interval of reference minus baseline over shared seeds}} (log-ratios for perplexity)."""
+    if reference not in rows:
         return {}
-    tape = results[REFERENCE]
-    return {pe: {key: paired_difference({s: _headline(r, key, metric) for s, r in tape.items()},
-                                        {s: _headline(r, key, metric) for s, r in by_seed.items()})
-                 for key in HEADLINES}
-            for pe, by_seed in results.items() if pe != REFERENCE}
+    mine = rows[reference]["per_seed"]
+    return {pe: {key: paired_difference(mine[key], row["per_seed"][key]) for key in HEADLINES}
+            for pe, row in rows.items() if pe != reference}
 
 
 def evaluation_error(summary: dict[str, Any], key: str, metric: str) -> float:
@@ -178,6 +181,7 @@ def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
         first = next(iter(by_seed.values()))
         lengths = list(first["summary"]["by_length"])
         rows[pe] = {"seeds": sorted(by_seed), "parameters": first["parameters"],
+                    "per_seed": per_seed_headlines(by_seed, first["metric"]),
                     **_summary_stats([r["summary"] for r in by_seed.values()], lengths),
                     "evaluation_error": {key: interval([evaluation_error(r["summary"], key, r["metric"])
                                                         for r in by_seed.values()])["mean"] for key in HEADLINES},
@@ -195,7 +199,7 @@ def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
                evaluation["training_edge"] if evaluation else None,
                "missing": [f"{pe}/seed{s}" for pe in record["pes"] for s in record["seeds"]
                            if s not in results.get(pe, {})],
-               "paired": paired_differences(results, metric)}
+               "paired": paired_differences(rows)}
     summary["table"] = format_table(summary)
     if write and results:
         summary["figures"] = write_figures(summary, results, directory)

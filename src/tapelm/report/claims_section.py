@@ -12,13 +12,13 @@ from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
 
-def _best_comparison(archive: Path, task: str) -> dict[str, Any] | None:
-    """The archived comparison of `task` with TAPE that has the most finished runs (ties: the newest)."""
+def _best_comparison(archive: Path, task: str, subject: str) -> dict[str, Any] | None:
+    """The archived comparison of `task` with `subject` that has the most finished runs (ties: the newest)."""
     best, best_key = None, None
     for directory in sorted(archived_comparisons(archive, task),
                             key=lambda p: (p / COMPARISON_FILE).stat().st_mtime):
         summary = aggregate(directory, write=False)
-        if "tape" not in summary["rows"]:
+        if subject not in summary["rows"]:
             continue
         key = sum(len(row["seeds"]) for row in summary["rows"].values())
         if best_key is None or key >= best_key:
@@ -29,7 +29,7 @@ def _best_comparison(archive: Path, task: str) -> dict[str, Any] | None:
 def build(context: ReportContext) -> str | None:
     judged = []
     for claim in claims.CLAIMS:
-        summary = _best_comparison(context.comparisons, claim.task)
+        summary = _best_comparison(context.comparisons, claim.task, claim.subject)
         judged.append((claim, summary, *claims.judge(claim, summary)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None
