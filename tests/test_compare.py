@@ -177,3 +177,40 @@ def test_ablation_variants_are_encodings_with_options(tmp_path, capsys) -> None:
     with pytest.raises(ValueError, match="or a variant: tape-per-head"):
         resolve(RunSpec(task="addition", pe="tape-sideways"))
     assert list(tmp_path.iterdir()) == []
+
+
+def _process_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) from /proc, or None once the process is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def _children(pid: int) -> set[int]:
+    return {int(p.name) for p in Path("/proc").glob("[0-9]*")
+            if (state := _process_state(int(p.name))) and state[1] == pid}
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_killing_a_parallel_comparison_ends_its_workers(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    long = [arg if arg != "6" else "100000" for arg in TINY]  # runs that would outlive the test
+    parent = subprocess.Popen([sys.executable, "-m", "tapelm.cli", "compare", "addition", "--pe", "tape", "rope",
+                               "--jobs", "2", "--root", str(tmp_path), *long],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(workers := _children(parent.pid)) < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # past the workers' start-up
+    parent.send_signal(signal.SIGTERM)
+    parent.wait(30)
+    deadline = time.time() + 30
+    while (alive := {pid for pid in workers if (_process_state(pid) or ("Z",))[0] != "Z"}) and time.time() < deadline:
+        time.sleep(0.5)
+    assert len(workers) >= 2 and not alive

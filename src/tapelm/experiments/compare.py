@@ -8,10 +8,14 @@ stopped and a later comparison with more encodings or seeds reuses what is done.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import multiprocessing
+import os
 import shlex
+import signal
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -74,7 +78,8 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     else:
         import torch
 
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(_run_one, run, run_dir, False, command, torch.get_num_threads())
                        for run, run_dir in pending]
             for future in as_completed(futures):
@@ -86,6 +91,15 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     for figure in summary["figures"]:
         print(f"figure: {directory / figure}")
     return summary
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a worker: end when the comparison's process ends (killed or not), instead of training on as an orphan;
+    the unfinished run resumes from its checkpoint next time. Linux only (prctl); elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent ended before the request took effect
+            os._exit(1)
 
 
 def _run_one(run, run_dir: Path, progress: bool, command: str, threads: int | None = None) -> None:
