@@ -200,7 +200,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys) -> None:
     (["train", "--task", "addition", "--pe", "tape", "--preset", "huge"], "unknown preset 'huge'; choose one of"),
     (["train", "--task", "addition", "--pe", "tape", "--schedule", "linear"], "schedule='linear' is not allowed"),
     (["train", "--task", "addition", "--pe", "tape", "--model-option", "hidden_size=30"],
-     "hidden_size=30 must be divisible by num_attention_heads=4"),
+     "hidden_size=30 must be divisible by num_attention_heads=8"),
     (["compare", "addition", "--pe", "tape", "sine"], "unknown encoding 'sine'"),
     (["eval", "/no/such/run"], "'/no/such/run' is not a tapelm run directory"),
     (["report", "--root", "/no/such/root"], "results folder '/no/such/root' does not exist"),
