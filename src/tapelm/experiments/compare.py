@@ -156,13 +156,13 @@ def per_seed_headlines(by_seed: dict[int, dict[str, Any]], metric: str) -> dict[
     return {key: {seed: _headline(result, key, metric) for seed, result in by_seed.items()} for key in HEADLINES}
 
 
-def paired_differences(rows: dict[str, dict[str, Any]], reference: str = REFERENCE) -> dict[str, Any]:
-    """{baseline: {headline: interval of reference minus baseline over shared seeds}} (log-ratios for perplexity)."""
-    if reference not in rows:
+def paired_differences(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """{baseline: {headline: interval of TAPE minus baseline over shared seeds}} (log-ratios for perplexity)."""
+    if REFERENCE not in rows:
         return {}
-    mine = rows[reference]["per_seed"]
-    return {pe: {key: paired_difference(mine[key], row["per_seed"][key]) for key in HEADLINES}
-            for pe, row in rows.items() if pe != reference}
+    tape = rows[REFERENCE]["per_seed"]
+    return {pe: {key: paired_difference(tape[key], row["per_seed"][key]) for key in HEADLINES}
+            for pe, row in rows.items() if pe != REFERENCE}
 
 
 def evaluation_error(summary: dict[str, Any], key: str, metric: str) -> float:

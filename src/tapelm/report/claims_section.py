@@ -12,12 +12,11 @@ from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
 
-def _best_comparison(archive: Path, task: str, subject: str) -> dict[str, Any] | None:
-    """The archived comparison of `task` with `subject` that has the most finished runs (ties: the newest)."""
+def _best_comparison(summaries: list[dict[str, Any]], subject: str) -> dict[str, Any] | None:
+    """Of one task's archived comparisons (oldest first), the one with `subject` that has the most finished runs
+    (ties: the newest)."""
     best, best_key = None, None
-    for directory in sorted(archived_comparisons(archive, task),
-                            key=lambda p: (p / COMPARISON_FILE).stat().st_mtime):
-        summary = aggregate(directory, write=False)
+    for summary in summaries:
         if subject not in summary["rows"]:
             continue
         key = sum(len(row["seeds"]) for row in summary["rows"].values())
@@ -26,10 +25,18 @@ def _best_comparison(archive: Path, task: str, subject: str) -> dict[str, Any] |
     return best
 
 
+def _summaries(archive: Path, task: str) -> list[dict[str, Any]]:
+    """The archived comparisons of `task`, aggregated, oldest first."""
+    return [aggregate(directory, write=False) for directory in
+            sorted(archived_comparisons(archive, task), key=lambda p: (p / COMPARISON_FILE).stat().st_mtime)]
+
+
 def build(context: ReportContext) -> str | None:
-    judged = []
+    judged, by_task = [], {}
     for claim in claims.CLAIMS:
-        summary = _best_comparison(context.comparisons, claim.task, claim.subject)
+        if claim.task not in by_task:
+            by_task[claim.task] = _summaries(context.comparisons, claim.task)
+        summary = _best_comparison(by_task[claim.task], claim.subject)
         judged.append((claim, summary, *claims.judge(claim, summary)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None
