@@ -26,6 +26,7 @@ from .attention import (
 )
 from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
+from .layout import TokenLayout
 from .positional import LayerPositional, PositionalEncoding, PositionContext, TapeLayer, build_encoding
 
 logger = logging.get_logger(__name__)
@@ -52,20 +53,21 @@ class TapeAttention(nn.Module):
         self.attention_function: AttentionFunction | None = None
 
     def forward(self, hidden, positional: LayerPositional, state, ctx: PositionContext, mask: AttentionMask,
-                cache: Cache | None, output_attentions: bool = False):
-        """Returns the sublayer output (B, N, C); when the positional state joined the value stream, the whole
-        attention output (B, H, N, head_dim + F) whose first head_dim features are V's (else None); and the attention
-        probabilities (B, H, N, T) when `output_attentions` (else None)."""
-        batch, length, _ = hidden.shape
+                cache: Cache | None, layout: TokenLayout, output_attentions: bool = False):
+        """`hidden` holds the tokens as `layout` lays them out. Returns the sublayer output (same layout); when the
+        positional state joined the value stream, the whole attention output (B, H, N, head_dim + F) whose first
+        head_dim features are V's (else None); and the attention probabilities (B, H, N, T) when `output_attentions`
+        (else None)."""
+        batch, length = layout.batch, layout.length
         shape = (batch, length, -1, self.head_dim)
-        q = self.q_proj(hidden).view(shape).transpose(1, 2)
-        k = self.k_proj(hidden).view(shape).transpose(1, 2)
-        v = self.v_proj(hidden).view(shape).transpose(1, 2)
+        q = layout.unpack(self.q_proj(hidden)).view(shape).transpose(1, 2)
+        k = layout.unpack(self.k_proj(hidden)).view(shape).transpose(1, 2)
+        v = layout.unpack(self.v_proj(hidden)).view(shape).transpose(1, 2)
         q, k = positional.transform_qk(q, k, state, ctx)
         extra = positional.value_extra(state)
         stream = v if extra is None else torch.cat([v, extra.to(v.dtype)], dim=-1)
-        q, k, stream, bias = positional.attention_inputs(hidden, q, k, stream, cache, self.layer_idx, mask.valid,
-                                                         ctx)
+        q, k, stream, bias = positional.attention_inputs(layout.unpack(hidden), q, k, stream, cache, self.layer_idx,
+                                                         mask.valid, ctx)
         bias = _sum_optional(ctx.bias, bias)
         scale, probs = positional.logit_scale(self.head_dim), None
         if output_attentions:
@@ -77,7 +79,7 @@ class TapeAttention(nn.Module):
             out = self.attention_function(q, k, stream, mask, bias, scale)
         else:
             out = attend(q, k, stream, mask, bias, scale, eager=self.config._attn_implementation == "eager")
-        out_v = out[..., : self.head_dim].transpose(1, 2).reshape(batch, length, -1)
+        out_v = layout.pack(out[..., : self.head_dim].transpose(1, 2).reshape(batch, length, -1))
         return self.o_proj(out_v), (out if extra is not None else None), probs
 
 
@@ -98,15 +100,16 @@ class TapeDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.positional = positional
 
-    def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, past_key_values=None,
-                output_attentions: bool = False):
+    def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, layout: TokenLayout,
+                past_key_values=None, output_attentions: bool = False):
+        """`hidden` holds the tokens as `layout` lays them out (the real tokens only, when the batch is padded)."""
         attn_out, attended, probs = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
-                                                   past_key_values, output_attentions)
+                                                   past_key_values, layout, output_attentions)
         hidden = hidden + attn_out
         state = self.positional.after_attention(state, attended)
         mlp_out = self.mlp(self.post_attention_layernorm(hidden))
         hidden = hidden + mlp_out
-        return hidden, self.positional.after_mlp(state, mlp_out), probs
+        return hidden, self.positional.after_mlp(state, layout.unpack(mlp_out)), probs
 
 
 def attention_modules(model: nn.Module) -> list[TapeAttention]:
@@ -136,7 +139,11 @@ class TapePreTrainedModel(PreTrainedModel):
 
 
 class TapeModel(TapePreTrainedModel):
-    """Embeddings, decoder layers and final norm; returns hidden states and the cache."""
+    """Embeddings, decoder layers and final norm; returns hidden states and the cache.
+
+    `skip_padding` (default True): in a padded batch the per-token work (norms, projections, MLP) runs on the real
+    tokens only (`tapelm.layout`); False runs it on the whole padded grid, the same function at more cost (kept for
+    the tests and the training benchmark)."""
 
     def __init__(self, config: TapeConfig):
         super().__init__(config)
@@ -147,6 +154,7 @@ class TapeModel(TapePreTrainedModel):
         )
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.gradient_checkpointing = False
+        self.skip_padding = True
         self.post_init()
 
     def get_input_embeddings(self):
@@ -193,17 +201,19 @@ class TapeModel(TapePreTrainedModel):
                                     dense=self.positional.adds_logit_bias)
         hidden = self.positional.embed(inputs_embeds, ctx)
         state = self.positional.initial_state(ctx, hidden.dtype)
+        layout = TokenLayout.of(ctx.token_mask if self.skip_padding else None, batch, length)
+        hidden = layout.pack(hidden)
 
         all_hidden = [] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
         for layer in self.layers:
             if all_hidden is not None:
-                all_hidden.append(hidden)
-            hidden, state, probs = layer(hidden, state, ctx, mask, past_key_values=cache,
+                all_hidden.append(layout.unpack(hidden))
+            hidden, state, probs = layer(hidden, state, ctx, mask, layout, past_key_values=cache,
                                          output_attentions=output_attentions)
             if all_attentions is not None:
                 all_attentions.append(probs)
-        hidden = self.norm(hidden)
+        hidden = layout.unpack(self.norm(hidden))
         if all_hidden is not None:
             all_hidden.append(hidden)
         return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values,
