@@ -132,6 +132,15 @@ class TapePreTrainedModel(PreTrainedModel):
         for module in attention_modules(self):
             module.attention_function = function
 
+    def compile_layers(self, **options) -> None:
+        """Compile each decoder layer with torch.compile (regional compilation: the layers share one compiled graph,
+        so compiling takes seconds, not minutes); shapes are dynamic by default, so batches of other lengths reuse
+        it. The model's own code around the layers (masks, padding, the loss) stays eager."""
+        options.setdefault("dynamic", True)
+        for module in self.modules():
+            if isinstance(module, TapeDecoderLayer):
+                module.compile(**options)
+
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, (LayerPositional, PositionalEncoding)) and hasattr(module, "init_weights"):
