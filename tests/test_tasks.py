@@ -422,6 +422,17 @@ def test_flipflop_reads_return_the_last_write() -> None:
         assert abs(ignores / instructions - condition["p_ignore"]) < 0.05
 
 
+def test_in_distribution_means_what_training_draws() -> None:
+    flipflop = get_task("flipflop", num_instructions=40)
+    inside = [c for c in flipflop.eval_conditions() if flipflop.in_distribution(c)]
+    assert inside == [{"split": "in_distribution", "p_ignore": 0.8, "num_instructions": 40, "length": 81}]
+    addition = get_task("addition", max_train_digits=3, eval_max_digits=5)
+    assert sorted((c["len_a"], c["len_b"]) for c in addition.eval_conditions() if addition.in_distribution(c)) == [
+        (a, b) for a in range(1, 4) for b in range(1, 4)]
+    mqar = get_task("mqar", num_pairs=4, eval_multipliers=(1, 2))
+    assert [mqar.in_distribution(c) for c in mqar.eval_conditions()] == [True, False]
+
+
 def test_selective_copy_outputs_the_data_tokens_in_order() -> None:
     task = get_task("selective_copy", num_tokens=5, region_length=20)
     for ids, labelled in rows(task.train_batch(np.random.default_rng(0), 50)):

@@ -26,13 +26,6 @@ def higher_is_better(metric: str) -> bool:
     return metric != "perplexity"
 
 
-def in_distribution(task: Task, condition: dict[str, Any]) -> bool:
-    """Whether a condition lies within the training lengths (addition: both operands within max_train_digits)."""
-    if task.name == "addition":
-        return max(condition["len_a"], condition["len_b"]) <= task.max_train_digits
-    return condition["length"] <= task.train_length
-
-
 def length_key(task: Task, condition: dict[str, Any]) -> int:
     """The x value of the metric-against-length curve (addition: the longer operand's digit count)."""
     if task.name == "addition":
@@ -65,8 +58,8 @@ def summarize(task: Task, conditions: list[dict[str, Any]], metric: str) -> dict
     """Headline numbers: the mean over all conditions ('all', the paper's heatmap average for addition), over the
     in-distribution ones and over the longer ones, the metric per length (mean over other condition fields), and how
     many test examples each headline number rests on."""
-    headlines = {"all": conditions, "in_distribution": [c for c in conditions if in_distribution(task, c)],
-                 "longer": [c for c in conditions if not in_distribution(task, c)]}
+    headlines = {"all": conditions, "in_distribution": [c for c in conditions if task.in_distribution(c)],
+                 "longer": [c for c in conditions if not task.in_distribution(c)]}
     groups: dict[int, list[float]] = defaultdict(list)
     for c in conditions:
         groups[length_key(task, c)].append(c["value"])
@@ -135,4 +128,4 @@ def plot_evaluation(evaluation: dict[str, Any], path: Path, title: str) -> Path:
     return path
 
 
-__all__ = ["evaluate_model", "summarize", "in_distribution", "EVAL_SEED", "plot_evaluation"]
+__all__ = ["evaluate_model", "summarize", "EVAL_SEED", "plot_evaluation"]

@@ -251,9 +251,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
 def _quick_evaluation(run: ResolvedRun):
     """In-training evaluation: the in-distribution conditions only, few examples (the full grid runs at the end),
     and, for encodings that carry a positional state (TAPE), its norm entering each layer (`state_norms`)."""
-    from .evaluate import in_distribution
-
-    conditions = [c for c in run.task.eval_conditions() if in_distribution(run.task, c)]
+    conditions = [c for c in run.task.eval_conditions() if run.task.in_distribution(c)]
     n = max(1, min(run.preset.eval_n, 16))
 
     def evaluate(model, step):

@@ -48,6 +48,10 @@ class AdditionTask(SyntheticTask):
         cells = range(1, self.eval_max_digits + 1)
         return [{"len_a": a, "len_b": b, "length": sequence_length(a, b)} for a in cells for b in cells]
 
+    def in_distribution(self, condition: Condition) -> bool:
+        """Both operands within the training digits."""
+        return max(condition["len_a"], condition["len_b"]) <= self.max_train_digits
+
     def train_example(self, rng: np.random.Generator) -> Example:
         len_a, len_b = (int(n) for n in rng.integers(1, self.max_train_digits + 1, size=2))
         return self._example(rng, len_a, len_b, want_held_out=False)

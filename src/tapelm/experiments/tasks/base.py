@@ -157,6 +157,10 @@ class Task(ABC):
     ) -> tuple[float, int]:
         """(metric value, number of examples or tokens it averages over) for one condition."""
 
+    def in_distribution(self, condition: Condition) -> bool:
+        """Whether a condition is what training drew from (by default: not longer than the training sequences)."""
+        return condition["length"] <= self.train_length
+
     @property
     def max_eval_length(self) -> int:
         """The longest sequence any evaluation condition produces (for sizing position tables)."""
