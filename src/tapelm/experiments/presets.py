@@ -75,6 +75,11 @@ PRESETS: dict[str, dict[str, Preset]] = {
             _SMALL, {"train_length": 256, "eval_multipliers": (1, 2, 4)},
             TrainSettings(steps=300, lr=3e-3, warmup=30, schedule="cosine", batch_size=8, log_every=10),
             eval_n=10, eval_batch_size=10, threads=1),
+        "flipflop": Preset(  # docs/sweeps/flipflop: RoPE at 99.7-100% of reads from step 400 at lr 1e-3 and 3e-3
+            _SMALL, {"num_instructions": 64, "p_ignore": 0.8, "eval_multipliers": (1, 2, 4)},
+            TrainSettings(steps=600, lr=1e-3, warmup=50, schedule="cosine", batch_size=32, eval_every=100,
+                          log_every=25),
+            eval_n=100, eval_batch_size=50, threads=1),
         "text": Preset(
             _SMALL, {"train_length": 64, "eval_multipliers": (1, 2, 4, 8)},
             TrainSettings(steps=400, lr=3e-3, warmup=30, schedule="cosine", batch_size=16, log_every=10),
