@@ -13,7 +13,7 @@ from ..experiments.statistics import verdict
 from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
-TASK_ORDER = ("addition", "passkey", "text")
+TASK_ORDER = ("addition", "passkey", "mqar", "flipflop", "text")
 PAPER_ADDITION = {"rope": 26.32, "randpe": 26.56, "nope": 22.45, "fire": 26.98, "tape": 32.82}
 
 
@@ -50,9 +50,11 @@ INTRO = (
     "seed, same steps, batch, learning-rate schedule) and evaluated on the same held-out test data (evaluation "
     "seed fixed, so the spread across seeds is the training's). Every number below is read from the cached "
     "`result.json` / `eval.json` of `tapelm compare`; the figures and per-comparison `*-summary.json` files are in "
-    "`docs/figures/`. *In-distribution* means lengths seen in training (addition: both operands within the "
-    "training digits), *longer* the rest; *all* is the mean over every evaluation condition (for addition the "
-    "paper's heatmap average). Perplexities are averaged as log-perplexities.")
+    "`docs/figures/`. *In-distribution* means what training drew from: lengths seen in training (addition: both "
+    "operands within the training digits; flip-flop: the training length and ignore rate), *longer* the rest "
+    "(for flip-flop also its sparse and dense splits at the training length); *all* is the mean over every "
+    "evaluation condition (for addition the paper's heatmap average). Perplexities are averaged as "
+    "log-perplexities.")
 
 
 def _settings_line(summary: dict[str, Any], results: dict) -> str:
