@@ -144,6 +144,7 @@ def test_unknown_option_is_named() -> None:
         ("multikey", "num_keys", 1),
         ("mqar", "num_keys", 16),
         ("mqar", "num_pairs", 0),
+        ("mqar", "min_pairs", 9),
         ("flipflop", "p_ignore", 1.5),
         ("flipflop", "num_instructions", 1),
         ("selective_copy", "region_length", 4),
@@ -388,18 +389,22 @@ def test_multikey_asks_for_one_of_several_labelled_keys() -> None:
 # --- mqar, flip-flop, selective copy, copy, counting ------------------------------------------------------------
 
 
-def test_mqar_queries_recall_their_values() -> None:
-    task = get_task("mqar", num_pairs=6)
+@pytest.mark.parametrize("min_pairs", [1, 4])
+def test_mqar_queries_recall_their_values(min_pairs: int) -> None:
+    task = get_task("mqar", num_pairs=6, min_pairs=min_pairs)
+    counts = set()
     for ids, labelled in rows(task.train_batch(np.random.default_rng(0), 50)):
         symbols = [task.tokenizer.symbols[i] for i in ids]
         pairs = len(symbols[1:]) // 4
         context = dict(zip(symbols[1 : 2 * pairs + 1 : 2], symbols[2 : 2 * pairs + 1 : 2]))
         queries = symbols[2 * pairs + 1 :]
-        assert symbols[0] == "<bos>" and len(context) == pairs and 1 <= pairs <= 6
+        assert symbols[0] == "<bos>" and len(context) == pairs and min_pairs <= pairs <= 6
+        counts.add(pairs)
         assert all(k.startswith("k") and v.startswith("v") for k, v in context.items())
         assert sorted(queries[::2]) == sorted(context)
         assert all(context[k] == v for k, v in zip(queries[::2], queries[1::2]))
         assert labelled == [i > 2 * pairs and i % 2 == 0 for i in range(len(ids))]
+    assert counts == set(range(min_pairs, 7))
 
 
 def test_flipflop_reads_return_the_last_write() -> None:

@@ -71,10 +71,11 @@ PRESETS: dict[str, dict[str, Preset]] = {
             TrainSettings(steps=4000, lr=3e-3, warmup=100, schedule="cosine", batch_size=64, eval_every=250,
                           log_every=50),
             eval_n=100, eval_batch_size=256, threads=1),
-        "passkey": Preset(
+        "passkey": Preset(  # docs/sweeps/passkey: RoPE retrieves 97.5% at step 600 and 100% from 1200 at lr 1e-3
             _SMALL, {"train_length": 256, "eval_multipliers": (1, 2, 4)},
-            TrainSettings(steps=300, lr=3e-3, warmup=30, schedule="cosine", batch_size=8, log_every=10),
-            eval_n=10, eval_batch_size=10, threads=1),
+            TrainSettings(steps=1200, lr=1e-3, warmup=100, schedule="cosine", batch_size=8, eval_every=200,
+                          log_every=50),
+            eval_n=50, eval_batch_size=25, threads=1),
         "flipflop": Preset(  # docs/sweeps/flipflop: RoPE at 99.7-100% of reads from step 400 at lr 1e-3 and 3e-3
             _SMALL, {"num_instructions": 64, "p_ignore": 0.8, "eval_multipliers": (1, 2, 4)},
             TrainSettings(steps=600, lr=1e-3, warmup=50, schedule="cosine", batch_size=32, eval_every=100,

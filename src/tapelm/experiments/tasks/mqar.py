@@ -3,7 +3,8 @@
 `<bos> k v k v ... k v  k v k v ...`: num_pairs distinct keys each bound to a value, then every key again
 in a random order, each followed by its value. Keys ("k0", "k1", ...) and values ("v0", ...) are disjoint
 vocabularies. The loss and the metric ("accuracy": the fraction of queries answered) cover the values
-in the query half. Training draws num_pairs uniformly from 1..num_pairs; conditions multiply it.
+in the query half. Training draws the number of pairs uniformly from min_pairs..num_pairs (default 1..num_pairs);
+conditions multiply num_pairs.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ class MQARTask(ScaledTask):
         num_keys: int = 64,
         num_values: int = 64,
         eval_multipliers: tuple[int, ...] = (1, 2, 4),
+        min_pairs: int = 1,
     ) -> None:
         self.num_pairs = check_int("num_pairs", num_pairs, 1, 4096)
+        self.min_train_size = check_int("min_pairs", min_pairs, 1, self.num_pairs)
         self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
         most_pairs = self.num_pairs * self.eval_multipliers[-1]
         self.num_keys = check_int("num_keys", num_keys, most_pairs, 100_000)
