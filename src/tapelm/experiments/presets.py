@@ -81,10 +81,11 @@ PRESETS: dict[str, dict[str, Preset]] = {
             TrainSettings(steps=600, lr=1e-3, warmup=50, schedule="cosine", batch_size=32, eval_every=100,
                           log_every=25),
             eval_n=100, eval_batch_size=50, threads=1),
-        "text": Preset(
+        "text": Preset(  # docs/sweeps/text: RoPE's held-out perplexity 2.75 -> 2.69 over the last 500 of 3000 steps
             _SMALL, {"train_length": 64, "eval_multipliers": (1, 2, 4, 8)},
-            TrainSettings(steps=400, lr=3e-3, warmup=30, schedule="cosine", batch_size=16, log_every=10),
-            eval_n=32, eval_batch_size=16, threads=1),
+            TrainSettings(steps=3000, lr=1e-3, warmup=100, schedule="cosine", batch_size=16, eval_every=250,
+                          log_every=50),
+            eval_n=128, eval_batch_size=32, threads=1),
         "word_problem": Preset(  # docs/sweeps/word_problem-S3-T8: RoPE 98.6% of products, 91% exact in distribution
             _SMALL, {"group": "S3", "num_elements": 8, "eval_multipliers": (1, 2, 3, 4)},
             TrainSettings(steps=2500, lr=1e-3, warmup=100, schedule="cosine", batch_size=64, eval_every=250,
