@@ -96,6 +96,7 @@ def _plot(record: dict[str, Any], path: Path) -> None:
     settings = sorted({(e["lr"], e["schedule"]) for e in record["runs"].values()})
     colours = {s: f"C{i}" for i, s in enumerate(settings)}
     styles = {seed: style for seed, style in zip(record["seeds"], itertools.cycle(["-", "--", ":", "-."]))}
+    perplexity = any(e["metric"] == "perplexity" for e in record["runs"].values())
     for column, pe in enumerate(pes):
         loss_axis, metric_axis = axes[0][column], axes[1][column]
         for entry in (e for e in record["runs"].values() if e["pe"] == pe):
@@ -105,13 +106,17 @@ def _plot(record: dict[str, Any], path: Path) -> None:
                 loss_axis.plot(*zip(*entry["curve"]["loss"]), **style)
             if entry["curve"]["in_distribution"]:
                 steps, values = zip(*entry["curve"]["in_distribution"])
-                metric_axis.plot(steps, [v * 100 for v in values], marker=".", **style)
+                metric_axis.plot(steps, values if perplexity else [v * 100 for v in values], marker=".", **style)
         loss_axis.set_yscale("log")
         loss_axis.set_title(pe, fontsize=10)
         loss_axis.set_ylabel("training loss")
         metric_axis.set_xlabel("step")
-        metric_axis.set_ylabel("in-distribution metric (%), quick evaluation")
-        metric_axis.set_ylim(-2, 102)
+        if perplexity:
+            metric_axis.set_yscale("log")
+            metric_axis.set_ylabel("in-distribution perplexity, quick evaluation")
+        else:
+            metric_axis.set_ylabel("in-distribution metric (%), quick evaluation")
+            metric_axis.set_ylim(-2, 102)
         for axis in (loss_axis, metric_axis):
             axis.legend(fontsize=7)
             axis.grid(alpha=0.3)
