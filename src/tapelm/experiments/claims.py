@@ -54,7 +54,7 @@ CLAIMS = (
     Claim("state-tracking", "State tracking (word problem over a permutation group, exact match of every running "
           "product): TAPE is ahead beyond the training length.", "word_problem", "longer",
           ("rope", "nope", "fox", "path")),
-    *(claim for task in ("addition", "mqar") for claim in (
+    *(claim for task in ("addition", "passkey") for claim in (
         Claim(f"ablation-context-{task}", f"Ablation ({task}): full TAPE beats TAPE without context (positions "
               "fixed at E0: RoPE).", task, "all", ("rope",)),
         Claim(f"ablation-equivariance-{task}", f"Ablation ({task}): full TAPE beats TAPE without orthogonal "
