@@ -72,6 +72,15 @@ def test_warmup_then_cosine_or_constant() -> None:
     assert all(constant(s) == 1.0 for s in range(10, 100))
 
 
+def test_wsd_is_constant_then_a_cosine_over_the_last_fifth() -> None:
+    wsd = learning_rate_lambda(TrainSettings(steps=100, warmup=10, schedule="wsd", min_lr_ratio=0.1))
+    assert all(wsd(s) == 1.0 for s in range(10, 81))
+    assert wsd(90) == pytest.approx(0.55)
+    assert wsd(100) == pytest.approx(0.1)
+    decay = [wsd(s) for s in range(80, 101)]
+    assert decay == sorted(decay, reverse=True)
+
+
 def test_smoke_training_loss_falls(tmp_path) -> None:
     run = resolve(tiny_spec(steps=60, batch_size=16))
     result = run_task(run, tmp_path / "run", progress=False)

@@ -42,7 +42,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-SCHEDULES = ("constant", "cosine", "polynomial")
+SCHEDULES = ("constant", "cosine", "polynomial", "wsd")
+WSD_DECAY = 0.2  # the share of the steps over which "wsd" decays
 MIXED_PRECISION = ("no", "bf16", "fp16")
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
@@ -62,7 +63,8 @@ class TrainSettings:
 
     lr: peak learning rate of AdamW; warmup: linear warm-up steps from 0; schedule: "cosine" (decays to
     min_lr_ratio * lr at the last step), "polynomial" (power 1, as transformers' default polynomial schedule: a
-    straight line from lr to min_lr_ratio * lr at the last step) or "constant"; batch_size: micro-batch size per
+    straight line from lr to min_lr_ratio * lr at the last step), "constant", or "wsd" (warm-up, stable, decay:
+    constant, then a cosine to min_lr_ratio * lr over the last WSD_DECAY of the steps); batch_size: micro-batch size per
     process (informational for the loop, used by stream builders); grad_accum: micro-batches per update; clip: max
     global gradient norm (0 = no clipping); mixed_precision: "no" | "bf16" | "fp16"; grad_checkpointing: recompute
     activations in backward; eval_every / checkpoint_every: in steps (0 = only at the end / never during the run);
@@ -145,16 +147,21 @@ class TrainResult:
 
 
 def learning_rate_lambda(settings: TrainSettings) -> Callable[[int], float]:
-    """The multiplier of the peak learning rate after `step` updates: linear warm-up, then constant, cosine or
-    polynomial (linear) decay."""
+    """The multiplier of the peak learning rate after `step` updates: linear warm-up, then constant, cosine,
+    polynomial (linear) decay, or constant followed by a cosine over the last WSD_DECAY of the steps ("wsd")."""
 
     def factor(step: int) -> float:
         if step < settings.warmup:
             return (step + 1) / (settings.warmup + 1)
         if settings.schedule == "constant":
             return 1.0
-        span = max(1, settings.steps - settings.warmup)
-        progress = min(1.0, (step - settings.warmup) / span)
+        start = settings.warmup
+        if settings.schedule == "wsd":
+            start = max(start, settings.steps - round(WSD_DECAY * settings.steps))
+            if step < start:
+                return 1.0
+        span = max(1, settings.steps - start)
+        progress = min(1.0, (step - start) / span)
         if settings.schedule == "polynomial":
             return settings.min_lr_ratio + (1 - settings.min_lr_ratio) * (1 - progress)
         return settings.min_lr_ratio + (1 - settings.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
