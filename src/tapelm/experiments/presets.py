@@ -1,19 +1,21 @@
 """Presets: model size, task options, training budget and evaluation size per (preset, task).
 
 `cpu-small` (the default) is a laptop preset: about 0.8M parameters, one torch thread per run, at most about ten
-minutes per run (training and evaluation) on one core. Its addition recipe was chosen from measured learning curves
-(`tapelm sweep`, docs/sweeps/) but is not yet seed-robust: over seeds 0-4, RoPE reaches 99-100% exact match in
+minutes per run (training and evaluation) on one core. The recipes of addition, passkey, flip-flop, text and the
+word problem were chosen from RoPE's measured learning curves (`tapelm sweep`, docs/sweeps/; docs/RECIPES.md says
+how and what each reaches). Addition's is not yet seed-robust: over seeds 0-4, RoPE reaches 99-100% exact match in
 distribution on four seeds and 86% on one, TAPE 95-100% on three, 87% and 49% on two (docs/RESULTS.md). The other
-tasks' entries are older, shorter budgets that have not been re-chosen yet. `paper` uses the sizes TAPE.md §7 states (12 layers, hidden
+tasks use the preset's "*" entry, a short budget not chosen from curves (MQAR does not learn at it: RoPE stays at
+the 34% of queries that elimination alone answers). `paper` uses the sizes TAPE.md §7 states (12 layers, hidden
 768, 12 heads, TAPE position size 48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and
-needs GPUs. A task without its own entry uses the preset's "*" entry. Models this small gain nothing from intra-op
-threads, and on a shared 2-core machine two threads measured 7x slower per step (1.84 s against 0.25 s), so
-cpu-small runs one thread per run and `--jobs` runs several runs at once instead.
+needs GPUs. Models this small gain nothing from intra-op threads, and on a shared 2-core machine two threads
+measured 7x slower per step (1.84 s against 0.25 s), so cpu-small runs one thread per run and `--jobs` runs several
+runs at once instead.
 
-`word_problem` in cpu-small (S3, 8 elements, evaluated at 8..32) was chosen from learning curves as well
-(docs/sweeps/word_problem-*): at 16 elements RoPE had learned only the first 5 running products after 2,000 steps;
-at 8 it gets 98.6% of them (91% of whole sequences) right in 2,500 steps at lr 1e-3, about 5 minutes. A5 and S5
-are options; with A5 the same recipe learns only the first product (16.6% right, docs/sweeps/word_problem-A5-T8).
+`word_problem` in cpu-small (S3, 8 elements, evaluated at 8..32): at 16 elements RoPE had learned only the first 5
+running products after 2,000 steps; at 8 it gets 98.6% of them (91% of whole sequences) right in 2,500 steps at lr
+1e-3, about 5 minutes. A5 and S5 are options; with A5 the same recipe learns only the first product (16.6% right,
+docs/sweeps/word_problem-A5-T8).
 """
 
 from __future__ import annotations
