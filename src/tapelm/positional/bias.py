@@ -134,15 +134,22 @@ class FireFunction(nn.Module):
         init.constant_(self.threshold_multiplier, 1.0)
 
     def forward(self, ctx: PositionContext, dtype: torch.dtype) -> torch.Tensor:
-        """The bias (B, H, N, T) for the context's query and key positions."""
+        """The bias (B, H, N, T), or (1, H, N, T) when every sequence has the same positions, for the context's query
+        and key positions. The MLP runs once per distinct row of positions (one for a batch without padding), not
+        once per sequence: its hidden layer is the largest tensor FIRE makes."""
+        length = ctx.query_positions.shape[1]
+        rows, index = torch.unique(torch.cat([ctx.query_positions, ctx.key_positions], dim=1), dim=0,
+                                   return_inverse=True)
+        queries, keys = rows[:, :length], rows[:, length:]
         wide = torch.promote_types(self.mlp[0].weight.dtype, torch.float32)
-        distance = relative_distance(ctx).to(wide).abs()
-        query = ctx.query_positions.to(wide)[:, None, :, None]
+        distance = (queries[:, None, :, None] - keys[:, None, None, :]).to(wide).abs()
+        query = queries.to(wide)[:, None, :, None]
         c = self.c.to(wide)
         threshold = (self.threshold_multiplier.to(wide) * self.init_threshold).abs()
         normaliser = torch.log((c * torch.maximum(query, threshold)).abs() + 1)
         features = torch.log((c * distance).abs() + 1) / (normaliser + self.eps)
-        return self.mlp(features[..., None].to(self.mlp[0].weight.dtype))[:, 0].permute(0, 3, 1, 2).to(dtype)
+        bias = self.mlp(features[..., None].to(self.mlp[0].weight.dtype))[:, 0].permute(0, 3, 1, 2).to(dtype)
+        return bias if len(rows) == 1 else bias[index]
 
 
 class FIRE(RelativeBias):
