@@ -155,6 +155,20 @@ def test_reading_states_tape_against_each_baseline_from_paired_intervals() -> No
     assert any(s.startswith("TAPE is behind fire on the longer lengths") for s in sentences)  # higher perplexity
     assert any("includes zero against rope" in s for s in sentences)
 
+def test_reading_flags_a_gap_to_a_baseline_that_did_not_learn_in_distribution() -> None:
+    from tapelm.report.tasks_section import reading
+
+    learned = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.9, 0.01)}
+    unlearned = {"seeds": [0, 1], "in_distribution": stat(0.8, 0.01), "longer": stat(0.7, 0.01)}
+    ahead = {key: {"mean": 0.1, "half_width": 0.05, "n": 2, "std": 0.0, "seeds": [0, 1]}
+             for key in ("in_distribution", "longer", "all")}
+    summary = {"rows": {"tape": learned, "rope": learned, "nope": unlearned}, "metric": "accuracy",
+               "task": "flipflop", "paired": {"rope": ahead, "nope": ahead}}
+    sentences = [s for s in reading(summary) if s.startswith("TAPE is ahead of rope, nope")]
+    assert len(sentences) == 1 and "nope did not learn the task in distribution" in sentences[0]
+    assert "rope did not learn" not in sentences[0]
+
+
 def test_parallel_jobs_give_the_same_runs_as_one_at_a_time(compared, tmp_path) -> None:
     """--jobs 2 trains the same models: every run's losses and evaluation equal the sequential ones."""
     assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(tmp_path),

@@ -117,8 +117,9 @@ def _value(stats: dict[str, float], metric: str) -> str:
     return _pct(stats["mean"])
 
 
-def _versus_tape(summary: dict[str, Any]) -> list[str]:
-    """TAPE against each baseline on the longer lengths, from the paired-by-seed intervals."""
+def _versus_tape(summary: dict[str, Any], unlearned: list[str]) -> list[str]:
+    """TAPE against each baseline on the longer lengths, from the paired-by-seed intervals; a difference in either
+    direction says little about length when one side (in `unlearned`) did not learn the task in distribution."""
     metric = summary["metric"]
     groups: dict[str, list[str]] = {}
     for pe, differences in summary.get("paired", {}).items():
@@ -130,7 +131,14 @@ def _versus_tape(summary: dict[str, Any]) -> list[str]:
                  "no difference shown": "On the longer lengths the paired 95% interval includes zero against {}: "
                                         "no difference shown at this number of seeds.",
                  "too few seeds": "Against {} there are fewer than two shared seeds: no interval."}
-    return [sentences[name].format(", ".join(pes)) for name, pes in groups.items()]
+    out = []
+    for name, pes in groups.items():
+        out.append(sentences[name].format(", ".join(pes)))
+        confounded = pes if "tape" in unlearned else [pe for pe in pes if pe in unlearned]
+        if name in ("better", "worse") and confounded:
+            out[-1] += (f" {'TAPE' if 'tape' in unlearned else ', '.join(confounded)} did not learn the task in "
+                        "distribution, so this gap mixes learning with length generalisation.")
+    return out
 
 
 def _ranking(rows: dict[str, Any], metric: str, label: str, higher: bool) -> str:
@@ -151,6 +159,7 @@ def reading(summary: dict[str, Any]) -> list[str]:
     tokens = {pe: row["token_accuracy"] for pe, row in rows.items() if "token_accuracy" in row}
     out = []
     seeds = sorted({s for row in rows.values() for s in row["seeds"]})
+    unlearned: list[str] = []
     if higher:
         floor = learned_threshold(task)
         unlearned = [pe for pe, row in rows.items() if row["in_distribution"]["mean"] < floor]
@@ -177,7 +186,7 @@ def reading(summary: dict[str, Any]) -> list[str]:
     out.append(_ranking(rows, metric, metric.replace("_", " ").capitalize(), higher))
     if tokens:
         out.append(_ranking(tokens, "accuracy", "Token accuracy", True))
-    out += _versus_tape(summary)
+    out += _versus_tape(summary, unlearned)
     if tokens and task in ("passkey", "multikey"):
         out.append("Passkey token accuracy includes the space and the closing period of the answer ' K.', 2 of "
                    "its (mostly 7) tokens: an encoding near 30% on it may retrieve no digit at all.")
