@@ -2,7 +2,8 @@
 computed from a comparison's summary (see `compare.aggregate`).
 
 Criterion, for every claim: the claim's subject (TAPE, or for the layer ablation TAPE in the second half of the
-layers) is compared with each baseline by the paired-by-seed difference of the claim's headline number and its 95% t
+layers) is compared with each baseline by the paired-by-seed difference of the claim's headline number (for a
+perplexity, of its logarithm: the ratio's interval then excludes 1 where the difference's excludes zero) and its 95% t
 interval. A comparison only counts when both learned the task in distribution (the task's threshold in `LEARNED`);
 otherwise that baseline is "not testable". The claim is *confirmed* when the subject is better than every named
 baseline (every interval excludes zero in its favour), *refuted* when it is worse than at least one (an interval
@@ -95,8 +96,9 @@ def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]
         difference = paired_difference(rows[subject]["per_seed"][claim.headline], rows[pe]["per_seed"][claim.headline])
         outcome = verdict(difference, higher_is_better(metric))
         outcomes.append(outcome)
-        unit = "" if metric == "perplexity" else " pts"
-        lines.append(f"{subject} − {pe}: {format_difference(difference, metric == 'perplexity')}{unit} over seeds "
+        operator, unit = (" / ", "") if metric == "perplexity" else (" − ", " pts")
+        shown = format_difference(difference, metric == "perplexity")
+        lines.append(f"{subject}{operator}{pe}: {shown}{unit} over seeds "
                      f"{','.join(map(str, difference['seeds']))} → {outcome}")
     if "worse" in outcomes:
         return "refuted", lines

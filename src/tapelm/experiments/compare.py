@@ -189,6 +189,7 @@ def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
     record = json.loads((directory / COMPARISON_FILE).read_text())
     results = load_results(directory)
     order = [pe for pe in record["pes"] if pe in results] + sorted(set(results) - set(record["pes"]))
+    order.sort(key=lambda pe: pe != REFERENCE)  # TAPE's row first: the paired table is read against it
     rows = {}
     for pe in order:
         by_seed = results[pe]
@@ -280,7 +281,7 @@ def format_paired(summary: dict[str, Any]) -> str:
     metric = summary["metric"]
     higher = higher_is_better(metric)
     log = metric == "perplexity"
-    header = ["TAPE minus", "seeds"] + [f"{key.replace('_', '-')}" for key in HEADLINES]
+    header = ["TAPE divided by" if log else "TAPE minus", "seeds"] + [f"{key.replace('_', '-')}" for key in HEADLINES]
     lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * len(HEADLINES)]
     for pe, differences in summary["paired"].items():
         cells = [pe, ",".join(map(str, differences["all"]["seeds"]))]
@@ -295,7 +296,7 @@ def format_paired(summary: dict[str, Any]) -> str:
     unit = ("perplexity ratio TAPE / baseline with its 95% interval" if log
             else "difference in points, ± half-width of the 95% interval")
     return "\n".join(lines + ["", f"Paired by seed (same training data stream and test set): {unit}; 'better' / "
-                                   "'worse' when the interval excludes zero."])
+                                   f"'worse' when the interval excludes {'1' if log else 'zero'}."])
 
 
 def state_norm_history(run_dir: Path) -> tuple[list[int], np.ndarray] | None:

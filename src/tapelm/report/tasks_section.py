@@ -124,12 +124,13 @@ def _versus_tape(summary: dict[str, Any], unlearned: list[str]) -> list[str]:
     groups: dict[str, list[str]] = {}
     for pe, differences in summary.get("paired", {}).items():
         groups.setdefault(verdict(differences["longer"], higher_is_better(metric)), []).append(pe)
-    sentences = {"better": "TAPE is ahead of {} on the longer lengths (the 95% interval of the paired difference "
-                           "excludes zero).",
-                 "worse": "TAPE is behind {} on the longer lengths (the 95% interval of the paired difference "
-                          "excludes zero).",
-                 "no difference shown": "On the longer lengths the paired 95% interval includes zero against {}: "
-                                        "no difference shown at this number of seeds.",
+    measure, unchanged = ("ratio", "1") if metric == "perplexity" else ("difference", "zero")
+    sentences = {"better": f"TAPE is ahead of {{}} on the longer lengths (the 95% interval of the paired {measure} "
+                           f"excludes {unchanged}).",
+                 "worse": f"TAPE is behind {{}} on the longer lengths (the 95% interval of the paired {measure} "
+                          f"excludes {unchanged}).",
+                 "no difference shown": f"On the longer lengths the paired 95% interval includes {unchanged} against "
+                                        "{}: no difference shown at this number of seeds.",
                  "too few seeds": "Against {} there are fewer than two shared seeds: no interval."}
     out = []
     for name, pes in groups.items():
