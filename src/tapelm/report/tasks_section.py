@@ -194,6 +194,13 @@ def reading(summary: dict[str, Any]) -> list[str]:
     if tokens and task == "addition":
         out.append("Token accuracy on longer operands counts mostly the first (least significant) answer digits, "
                    "so it measures partial length generalisation, not the ability to add longer numbers.")
+    if task == "flipflop":
+        from ..experiments.tasks.flipflop import DENSE_P_IGNORE, SPARSE_P_IGNORE
+
+        out.append(f"Each 'len' column (and each point of the by-length figure) averages flip-flop's three "
+                   f"splits at that length: the training ignore rate, sparse (ignore rate {SPARSE_P_IGNORE}) and "
+                   f"dense ({DENSE_P_IGNORE}); so the column at the training length sits below the in-distribution "
+                   "number, which is the training split alone.")
     if tokens and task == "word_problem":
         from ..experiments.tasks.word_problem import group_elements
 
