@@ -19,6 +19,7 @@ def test_official_defaults():
     assert config.xpos_scale_base == 2048.0
     assert not config.fire_shared and not config.t5_shared
     assert config.fire_init_c == 0.1 and config.fire_init_threshold == 512.0
+    assert config.randpe_eval_positions == "random"
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -28,6 +29,7 @@ def test_official_defaults():
     (dict(fire_init_threshold=-1.0), "fire_init_threshold"),
     (dict(xpos_scale_base=0), "xpos_scale_base"),
     (dict(xpos_scale_base=float("inf")), "xpos_scale_base"),
+    (dict(randpe_eval_positions="fixed"), "randpe_eval_positions"),
 ])
 def test_invalid_baseline_options_are_named(overrides, field):
     with pytest.raises(ValueError, match=field):
@@ -100,3 +102,52 @@ def test_xpos_scale_base_changes_the_decay():
     default = tiny_model("xpos", dtype=torch.float64)
     other = tiny_model("xpos", dtype=torch.float64, xpos_scale_base=512.0)
     assert not torch.allclose(default(ids).logits, other(ids).logits)
+
+
+def randpe_positions(model, ids: torch.Tensor) -> torch.Tensor:
+    """The positions RandPE rotates q and k by in one forward pass of `model` on `ids`."""
+    seen = []
+    original = model.model.positional.positions
+
+    def recording(position_ids, past=0):
+        seen.append(original(position_ids, past))
+        return seen[-1]
+
+    model.model.positional.positions = recording
+    try:
+        model(input_ids=ids, use_cache=False)
+    finally:
+        del model.model.positional.positions
+    return seen[0]
+
+
+def test_randpe_evaluates_on_random_positions_like_training():
+    """Ruoss et al.'s code and the official code draw RandPE's positions at evaluation too: each forward pass gets a
+    sorted subset of [0, randpe_max_position), drawn from torch's random state."""
+    model = tiny_model("randpe", randpe_eval_positions="random", max_position_embeddings=32, randpe_max_position=64)
+    ids = tokens(3, 20)
+    for mode in (model.train, model.eval):
+        mode()
+        first, second = randpe_positions(model, ids), randpe_positions(model, ids)
+        assert (first.diff(dim=-1) > 0).all() and first.min() >= 0 and first.max() < 64
+        assert not torch.equal(first, second)
+    torch.manual_seed(3)
+    one = model(input_ids=ids, use_cache=False).logits
+    torch.manual_seed(3)
+    assert torch.equal(one, model(input_ids=ids, use_cache=False).logits)
+
+
+def test_randpe_with_given_positions_evaluates_on_them():
+    model = tiny_model("randpe", randpe_eval_positions="given")
+    ids = tokens(2, 9)
+    assert torch.equal(randpe_positions(model, ids), torch.arange(9).expand(2, 9))
+    torch.testing.assert_close(model(input_ids=ids).logits,
+                               tiny_model("rope")(input_ids=ids).logits)  # same weights (seed 0), same positions
+
+
+def test_randpe_random_positions_refuse_to_continue_a_cache():
+    model = tiny_model("randpe", randpe_eval_positions="random")
+    ids = tokens(1, 6)
+    cache = model(input_ids=ids[:, :5], use_cache=True).past_key_values
+    with pytest.raises(ValueError, match="randpe_eval_positions='given'"):
+        model(input_ids=ids[:, 5:], past_key_values=cache, use_cache=True)

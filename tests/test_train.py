@@ -246,6 +246,48 @@ def test_eval_command_writes_json_and_png(tmp_path, capsys) -> None:
     assert row["value"] == value and row["token_accuracy"] >= row["value"]
 
 
+def test_reevaluating_a_finished_run_updates_its_result(tmp_path) -> None:
+    """`tapelm eval` at the run's own test-set size and seed writes its numbers into result.json (what a comparison
+    reads); another size leaves result.json alone."""
+    out = tmp_path / "run"
+    assert main(tiny_cli(out, "--pe", "randpe")) == 0
+    result = json.loads((out / "result.json").read_text())
+    own = dict(result, summary={"stale": True}, mean=-1.0)
+    (out / "result.json").write_text(json.dumps(own))
+    assert main(["eval", str(out), "--n", "3", "--no-progress"]) == 0
+    assert json.loads((out / "result.json").read_text())["mean"] == -1.0
+    assert main(["eval", str(out), "--no-progress"]) == 0
+    evaluation = json.loads((out / "eval.json").read_text())
+    refreshed = json.loads((out / "result.json").read_text())
+    assert refreshed["summary"] == evaluation["summary"] == result["summary"] and refreshed["mean"] == result["mean"]
+
+
+def test_evaluation_is_seeded_and_leaves_the_training_random_stream_alone() -> None:
+    """RandPE draws its evaluation positions at random: the evaluation seeds torch's random state for itself and
+    restores it afterwards."""
+    from tapelm.experiments.evaluate import evaluate_model
+
+    run = resolve(tiny_spec("randpe"))
+    model = run.build_model()
+    before = torch.random.get_rng_state()
+    first = evaluate_model(model, run.task, 4, 64, progress=False)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    torch.manual_seed(99)
+    assert evaluate_model(model, run.task, 4, 64, progress=False) == first
+
+
+def test_a_run_written_before_a_config_field_existed_is_still_its_own(tmp_path) -> None:
+    """A finished run whose saved config lacks a field TapeConfig gained later (at its default) is the same run."""
+    out = tmp_path / "run"
+    assert main(tiny_cli(out)) == 0
+    saved = json.loads((out / "run.json").read_text())
+    del saved["identity"]["model"]["randpe_eval_positions"]
+    (out / "run.json").write_text(json.dumps(saved))
+    before = snapshot(out)
+    assert main(tiny_cli(out, "--resume")) == 0
+    assert snapshot(out) == before
+
+
 def test_position_tables_cover_the_longest_evaluation() -> None:
     for pe in ("learned", "randpe"):
         run = resolve(RunSpec(task="addition", pe=pe, task_options=TINY_TASK, model_options=TINY_MODEL))

@@ -14,6 +14,7 @@ CAUSAL_ONLY_PE_TYPES = ("fox", "path")
 TAPE_ATTN_MIXING = ("heads", "per_head")
 TAPE_UPDATES = ("both", "attention", "mlp", "none")
 TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
+RANDPE_EVAL_POSITIONS = ("random", "given")
 
 
 def _choice(field: str, value, allowed) -> None:
@@ -57,8 +58,12 @@ class TapeConfig(PreTrainedConfig):
     - `fire_shared` False: one FIRE module per layer (models/llama/fire.py builds `FIRE(num_heads)` inside each
       attention layer), with `fire_init_c` 0.1 and `fire_init_threshold` L = 512 (`FIRE(init_c=0.1, init_L=512.0)`);
       True shares one module across layers.
-    - RandPE keeps Ruoss et al.'s choice (positions drawn once per forward pass, in training only), not the official
-      code's (redrawn in every layer and also at evaluation).
+    - `randpe_eval_positions` "random": RandPE draws a fresh sorted subset of [0, `randpe_max_position`) in every
+      forward pass, at evaluation as in training, as both Ruoss et al.'s code (google-deepmind/
+      randomized_positional_encodings, models/transformer.py applies the noisy rotary encoding unconditionally and
+      experiments/range_evaluation.py evaluates with a random key) and the official code (models/llama/randrope.py) do.
+      "given" evaluates on the given positions 0, 1, 2, ... (cached decoding needs it). One draw per forward pass is
+      shared by all layers (Ruoss et al.'s description); both codes draw per layer.
 
     Contextual peers (`pe_type` "fox" and "path", causal only, no RoPE):
 
@@ -103,6 +108,7 @@ class TapeConfig(PreTrainedConfig):
     tape_layers: str | list[int] = "all"
     causal: bool = True
     randpe_max_position: int | None = None
+    randpe_eval_positions: str = "random"
     xpos_scale_base: float = 2048.0
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
@@ -151,6 +157,7 @@ class TapeConfig(PreTrainedConfig):
         _choice("pe_type", self.pe_type, PE_TYPES)
         _choice("tape_attn_mixing", self.tape_attn_mixing, TAPE_ATTN_MIXING)
         _choice("tape_update", self.tape_update, TAPE_UPDATES)
+        _choice("randpe_eval_positions", self.randpe_eval_positions, RANDPE_EVAL_POSITIONS)
         _choice("hidden_act", self.hidden_act, ("silu",))
         for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "head_dim", "max_position_embeddings", "tape_position_size",

@@ -200,7 +200,7 @@ class TapeModel(TapePreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         position_ids = self._position_ids(position_ids, attention_mask, past, batch, length, inputs_embeds.device)
 
-        ctx = PositionContext(query_positions=self.positional.positions(position_ids))
+        ctx = PositionContext(query_positions=self.positional.positions(position_ids, past))
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
             ctx.token_mask = attention_mask[:, -length:].bool()
         if self.positional.needs_key_positions:

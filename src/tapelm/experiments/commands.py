@@ -11,12 +11,11 @@ import torch
 
 from ..config import PE_TYPES
 from .compare import DEFAULT_PES, compare
-from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation
+from .evaluate import EVAL_SEED, evaluate_model
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
-from .runs import RunSpec, load_run, resolve, run_task
+from .runs import RunSpec, load_run, resolve, run_task, write_evaluation
 from .sweep import sweep
 from .tasks import TASKS
-from .train import write_json_atomically
 from .variants import ABLATIONS
 
 
@@ -137,15 +136,14 @@ def print_evaluation(evaluation: dict[str, Any]) -> None:
 
 def evaluate_run(run_dir: str | Path, n: int | None = None, batch_size: int | None = None,
                  seed: int = EVAL_SEED, progress: bool = True) -> dict[str, Any]:
-    """`tapelm eval RUN_DIR`: evaluate the run's final model; writes eval.json and eval.png in the run directory."""
+    """`tapelm eval RUN_DIR`: evaluate the run's final model; writes eval.json and eval.png in the run directory
+    (and the new numbers into result.json when this is the run's own evaluation)."""
     run = load_run(run_dir)
     model = run.load_model()
     n = n or run.preset.eval_n
     batch_size = batch_size or run.preset.eval_batch_size
     evaluation = evaluate_model(model, run.task, n, batch_size, seed, progress)
-    run_dir = Path(run_dir)
-    write_json_atomically(run_dir / "eval.json", evaluation)
-    plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
+    write_evaluation(run, Path(run_dir), evaluation)
     return evaluation
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,15 @@ from .tasks import (
 )
 
 EVAL_SEED = 1234  # one fixed test set for every training seed: the spread across seeds is the training's
+
+
+@contextmanager
+def seeded_torch_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """torch's random state seeded for one evaluation and restored afterwards: RandPE draws its evaluation positions
+    from it, so an evaluation is reproducible and leaves a training run's random stream untouched."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 def higher_is_better(metric: str) -> bool:
@@ -84,14 +95,15 @@ def evaluate_model(model: torch.nn.Module, task: Task, n: int, batch_size: int, 
 
     conditions = []
     secondary = isinstance(task, SyntheticTask) and task.metric_name == "exact_match"
-    for condition in tqdm(task.eval_conditions(), desc=f"eval {task.name}", disable=not progress,
-                          dynamic_ncols=True):
-        if secondary:
-            row = _score_both(task, logits_fn, condition, seed, n, batch_size)
-        else:
-            value, count = task.evaluate_condition(logits_fn, condition, seed, n, batch_size)
-            row = {"value": value, "n": count}
-        conditions.append({**condition, **row})
+    with seeded_torch_rng(seed, device):
+        for condition in tqdm(task.eval_conditions(), desc=f"eval {task.name}", disable=not progress,
+                              dynamic_ncols=True):
+            if secondary:
+                row = _score_both(task, logits_fn, condition, seed, n, batch_size)
+            else:
+                value, count = task.evaluate_condition(logits_fn, condition, seed, n, batch_size)
+                row = {"value": value, "n": count}
+            conditions.append({**condition, **row})
     mean = float(np.mean([row["value"] for row in conditions]))
     evaluation = {"task": task.name, "metric": task.metric_name, "seed": seed, "n": n, "conditions": conditions,
                   "mean": mean, "summary": summarize(task, conditions, task.metric_name),

@@ -20,6 +20,7 @@ import torch
 
 from ..config import TapeConfig
 from ..modeling import TapeForCausalLM
+from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task
 from .train import (
@@ -162,6 +163,12 @@ def resolve(spec: RunSpec) -> ResolvedRun:
                        parameters=count_parameters(config))
 
 
+def _new_config_defaults(saved_model: dict[str, Any]) -> dict[str, Any]:
+    """The defaults of the TapeConfig fields added after a run was written: such a run reads as having them."""
+    defaults = _jsonable(TapeConfig().to_dict())
+    return {key: value for key, value in defaults.items() if key not in saved_model and key != "transformers_version"}
+
+
 def _check_identity(run: ResolvedRun, run_dir: Path) -> None:
     path = run_dir / RUN_FILE
     if not path.exists():
@@ -170,6 +177,8 @@ def _check_identity(run: ResolvedRun, run_dir: Path) -> None:
         saved = json.loads(path.read_text())["identity"]
     except (json.JSONDecodeError, KeyError):
         raise CheckpointError(f"run directory '{run_dir}' has an unreadable {RUN_FILE}") from None
+    if "model" in saved:
+        saved["model"] = {**_new_config_defaults(saved["model"]), **saved["model"]}
     if saved != run.identity:
         changed = sorted(k for k in set(saved) | set(run.identity) if saved.get(k) != run.identity.get(k))
         raise CheckpointError(f"run directory '{run_dir}' belongs to another configuration (different "
@@ -226,12 +235,9 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         return None
     if not state.is_main_process:
         return None
-    from .evaluate import evaluate_model, plot_evaluation
-
     eval_started = time.time()
     evaluation = evaluate_model(model, run.task, run.preset.eval_n, run.preset.eval_batch_size, progress=progress)
-    write_json_atomically(run_dir / "eval.json", evaluation)
-    plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
+    write_evaluation(run, run_dir, evaluation)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     losses = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
     result = {
@@ -248,6 +254,21 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     return result
 
 
+EVALUATION_FIELDS = ("metric", "summary", "mean", "token_accuracy_summary")
+
+
+def write_evaluation(run: ResolvedRun, run_dir: Path, evaluation: dict[str, Any]) -> None:
+    """eval.json and eval.png of a run; a finished run's result.json takes the new numbers too when the evaluation
+    is the run's own (its test-set size and seed), so that a comparison reads one evaluation, not two."""
+    write_json_atomically(run_dir / "eval.json", evaluation)
+    plot_evaluation(evaluation, run_dir / "eval.png", f"{run.spec.task} / {run.spec.pe} / seed {run.spec.seed}")
+    result_path = run_dir / RESULT_FILE
+    if result_path.exists() and (evaluation["n"], evaluation["seed"]) == (run.preset.eval_n, EVAL_SEED):
+        result = json.loads(result_path.read_text())
+        result.update({key: evaluation.get(key) for key in EVALUATION_FIELDS})
+        write_json_atomically(result_path, result)
+
+
 def _quick_evaluation(run: ResolvedRun):
     """In-training evaluation: the in-distribution conditions only, few examples (the full grid runs at the end),
     and, for encodings that carry a positional state (TAPE), its norm entering each layer (`state_norms`)."""
@@ -260,8 +281,9 @@ def _quick_evaluation(run: ResolvedRun):
         def logits_fn(ids, mask):
             return model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
 
-        values = [run.task.evaluate_condition(logits_fn, c, 4321, n, run.preset.eval_batch_size)[0]
-                  for c in conditions]
+        with seeded_torch_rng(4321, device):
+            values = [run.task.evaluate_condition(logits_fn, c, 4321, n, run.preset.eval_batch_size)[0]
+                      for c in conditions]
         record = {f"in_distribution_{run.task.metric_name}": float(np.mean(values))}
         batch = next(run.task.eval_batches(conditions[-1], 4321, n, run.preset.eval_batch_size))
         norms = state_norms(model, batch.input_ids.to(device), batch.attention_mask.to(device))

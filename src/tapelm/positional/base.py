@@ -98,8 +98,9 @@ class PositionalEncoding(nn.Module):
     needs_key_positions = False
     adds_logit_bias = False
 
-    def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """The positions this encoding actually uses (RandPE resamples them while training)."""
+    def positions(self, position_ids: torch.Tensor, past: int = 0) -> torch.Tensor:
+        """The positions this encoding actually uses for tokens following `past` cached ones (RandPE resamples
+        them)."""
         return position_ids
 
     def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:

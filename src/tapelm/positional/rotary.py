@@ -66,21 +66,23 @@ class RoPE(PositionalEncoding):
 
 
 class RandPE(RoPE):
-    """Randomised positions (Ruoss et al. 2023): while training, positions become a sorted random subset of
-    [0, randpe_max_position); at evaluation the given positions are used unchanged.
-
-    The subset is drawn once per forward pass and shared by all layers, as Ruoss et al. describe. The paper's official
-    code (VITA-Group/TAPE, models/llama/randrope.py, `RandomRotaryEmbedding`) differs: every attention layer draws its
-    own subset, at evaluation too. tapelm keeps Ruoss et al.'s choice: evaluation stays deterministic and a cache
-    stays valid between decoding steps."""
+    """Randomised positions (Ruoss et al. 2023): positions become a sorted random subset of [0, randpe_max_position),
+    drawn afresh in every forward pass, in training and (with `randpe_eval_positions` "random", the default) at
+    evaluation, so that test positions come from the distribution the model was trained on; "given" evaluates on the
+    given positions. See `TapeConfig` for the sources and for the one difference to both reference codes (one draw
+    per forward pass, shared by all layers)."""
 
     def __init__(self, config):
         super().__init__(config)
         self.max_position = config.randpe_max_position
+        self.random_at_eval = config.randpe_eval_positions == "random"
 
-    def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
-        if not self.training:
+    def positions(self, position_ids: torch.Tensor, past: int = 0) -> torch.Tensor:
+        if not (self.training or self.random_at_eval):
             return position_ids
+        if past:
+            raise ValueError("RandPE draws new random positions in every forward pass, so it cannot continue a cache; "
+                             "pass use_cache=False, or set randpe_eval_positions='given' to decode with a cache")
         needed = int(position_ids.max()) + 1
         if needed > self.max_position:
             raise ValueError(f"RandPE needs {needed} distinct positions but randpe_max_position={self.max_position}")
