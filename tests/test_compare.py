@@ -193,6 +193,27 @@ def test_ablation_variants_are_encodings_with_options(tmp_path, capsys) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ablation_rows_get_their_own_report_table(compared, tmp_path) -> None:
+    """Variants added to a comparison (`tapelm ablate`) are reported apart: the encodings' table keeps its rows, and
+    an ablation table holds full TAPE, RoPE and the variants, with their commands and figures."""
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(compared, root)
+    assert main(["ablate", "addition", "--variants", "tape", "rope", "tape-mlp-only", "--seeds", "0", "1",
+                 "--root", str(root), *TINY]) == 0
+    out = tmp_path / "docs" / "RESULTS.md"
+    build_report(root, out)
+    text = out.read_text()
+    encodings, ablation = text.split("### addition — tape, rope")[1].split("### addition — ablation: ")
+    assert ablation.startswith("tape, rope, tape-mlp-only\n") and "| tape-mlp-only |" in ablation
+    assert "tape-mlp-only" not in encodings and "| tape |" in encodings and "| rope |" in encodings
+    assert "--pe tape rope tape-mlp-only" in ablation and "--pe tape rope --seeds 0 1" in encodings
+    figures = [p.name for p in (tmp_path / "docs" / "figures").iterdir()]
+    assert any("-ablation-addition-heatmaps.png" in name for name in figures)
+    assert "| tape-mlp-only | 0,1 |" in ablation  # its paired difference to full TAPE
+
+
 def _process_state(pid: int) -> tuple[str, int] | None:
     """(state letter, parent pid) from /proc, or None once the process is gone."""
     try:

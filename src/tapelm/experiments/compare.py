@@ -182,12 +182,15 @@ def load_results(directory: Path) -> dict[str, dict[int, dict[str, Any]]]:
     return found
 
 
-def aggregate(directory: Path, write: bool = True) -> dict[str, Any]:
+def aggregate(directory: Path, write: bool = True, only: list[str] | None = None) -> dict[str, Any]:
     """Mean ± std across seeds per encoding, from the cached results; writes summary.json, table.md and figures
-    into the comparison folder (when `write`)."""
+    into the comparison folder (when `write`). `only` restricts the rows to those encodings or variants."""
     directory = Path(directory)
     record = json.loads((directory / COMPARISON_FILE).read_text())
     results = load_results(directory)
+    if only is not None:
+        results = {pe: by_seed for pe, by_seed in results.items() if pe in only}
+        record = {**record, "pes": [pe for pe in record["pes"] if pe in only]}
     order = [pe for pe in record["pes"] if pe in results] + sorted(set(results) - set(record["pes"]))
     order.sort(key=lambda pe: pe != REFERENCE)  # TAPE's row first: the paired table is read against it
     rows = {}

@@ -10,6 +10,7 @@ from typing import Any
 from ..experiments.claims import learned_threshold
 from ..experiments.evaluate import higher_is_better
 from ..experiments.statistics import verdict
+from ..experiments.variants import ABLATIONS, VARIANTS
 from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
@@ -28,21 +29,32 @@ def build(context: ReportContext) -> str | None:
 
     parts = []
     for directory in _comparisons(context.comparisons):
-        summary = aggregate(directory, write=False)
-        if not summary["rows"]:
-            continue
-        results = load_results(directory)
-        prefix = f"{summary['settings_hash']}-"
         context.figures.mkdir(parents=True, exist_ok=True)
-        for stale in context.figures.glob(prefix + "*"):
+        for stale in context.figures.glob(f"{directory.name}-*"):
             stale.unlink()
-        figures = write_figures(summary, results, context.figures, prefix=prefix, runs=directory)
-        (context.figures / f"{prefix}{summary['task']}-summary.json").write_text(json.dumps(
-            {k: v for k, v in summary.items() if k != "table"}, indent=1))
-        parts.append(_subsection(summary, results, figures, context))
+        everything = load_results(directory)
+        for group, names in _row_groups(list(everything)):
+            summary = aggregate(directory, write=False, only=names)
+            results = {pe: by_seed for pe, by_seed in everything.items() if pe in names}
+            prefix = f"{summary['settings_hash']}-{group + '-' if group else ''}"
+            figures = write_figures(summary, results, context.figures, prefix=prefix, runs=directory)
+            (context.figures / f"{prefix}{summary['task']}-summary.json").write_text(json.dumps(
+                {k: v for k, v in summary.items() if k != "table"}, indent=1))
+            parts.append(_subsection(summary, results, figures, context, group))
     if not parts:
         return None
     return INTRO + "\n\n" + "\n\n".join(parts)
+
+
+def _row_groups(names: list[str]) -> list[tuple[str, list[str]]]:
+    """A comparison's rows as report subsections: the encodings, then (when it holds TAPE's ablation variants) the
+    ablation table, full TAPE and RoPE (= TAPE without context) with the variants."""
+    variants = [name for name in ABLATIONS if name in names and name in VARIANTS]
+    encodings = [name for name in names if name not in VARIANTS]
+    groups = [("", encodings)] if encodings else []
+    if variants:
+        groups.append(("ablation", [name for name in ABLATIONS if name in names]))
+    return groups
 
 
 INTRO = (
@@ -92,13 +104,18 @@ def _corpus_note(task: str, options: dict[str, Any]) -> str:
     return f" Corpus: {corpus}, tokenizer {options.get('tokenizer', 'byte')}."
 
 
-def _subsection(summary: dict[str, Any], results: dict, figures: list[str], context: ReportContext) -> str:
+def _subsection(summary: dict[str, Any], results: dict, figures: list[str], context: ReportContext,
+                group: str = "") -> str:
     task = summary["task"]
-    record = summary["record"]
-    lines = [f"### {task} — {', '.join(summary['rows'])}", "", _settings_line(summary, results), "",
+    # The encodings' table lists the commands that ran encodings only; the ablation table every command that ran
+    # one of its rows (its TAPE and RoPE rows usually come from the encodings' comparison).
+    commands = [c for c in summary["record"]["commands"] if set(c.split()) & set(summary["rows"])
+                and (group or not set(c.split()) & set(VARIANTS))]
+    title = f"{task} — {'ablation: ' if group else ''}{', '.join(summary['rows'])}"
+    lines = [f"### {title}", "", _settings_line(summary, results), "",
              "Commands (run from the repository root; results are cached in `runs/`, so rerunning continues):", "",
              "```bash"]
-    lines += record["commands"] + ["tapelm report", "```", "", summary["table"], ""]
+    lines += commands + ["tapelm report", "```", "", summary["table"], ""]
     if summary["missing"]:
         lines += [f"Not finished (no cached result yet): {', '.join(summary['missing'])}.", ""]
     for figure in figures:
