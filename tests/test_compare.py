@@ -155,6 +155,7 @@ def test_reading_states_tape_against_each_baseline_from_paired_intervals() -> No
     assert any(s.startswith("TAPE is behind fire on the longer lengths") for s in sentences)  # higher perplexity
     assert any("includes 1 against rope" in s for s in sentences)  # a ratio of perplexities
 
+
 def test_reading_flags_a_gap_to_a_baseline_that_did_not_learn_in_distribution() -> None:
     from tapelm.report.tasks_section import reading
 
@@ -167,6 +168,18 @@ def test_reading_flags_a_gap_to_a_baseline_that_did_not_learn_in_distribution() 
     sentences = [s for s in reading(summary) if s.startswith("TAPE is ahead of rope, nope")]
     assert len(sentences) == 1 and "nope did not learn the task in distribution" in sentences[0]
     assert "rope did not learn" not in sentences[0]
+
+
+def test_reading_reports_the_state_norm_of_the_equivariance_ablation() -> None:
+    from tapelm.report.tasks_section import reading
+
+    row = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.5, 0.01)}
+    growing = {"steps": [10, 20, 30], "norms": [[1.0, 1.2], [1.0, 0.9], [1.0, 1.5]]}
+    summary = {"rows": {"tape": row, "tape-non-equivariant": row}, "metric": "accuracy", "task": "mqar",
+               "paired": {}, "state_norms": {"tape-non-equivariant": growing}}
+    (sentence,) = [s for s in reading(summary) if s.startswith("Norm of TAPE's positional state")]
+    assert "tape-non-equivariant 1.500 at step 30 (range 0.900–1.500)" in sentence
+    assert not any("Norm of TAPE" in s for s in reading({**summary, "state_norms": {"tape": growing}}))
 
 
 def test_parallel_jobs_give_the_same_runs_as_one_at_a_time(compared, tmp_path) -> None:
@@ -208,7 +221,8 @@ def test_ablation_rows_get_their_own_report_table(compared, tmp_path) -> None:
     encodings, ablation = text.split("### addition — tape, rope")[1].split("### addition — ablation: ")
     assert ablation.startswith("tape, rope, tape-mlp-only\n") and "| tape-mlp-only |" in ablation
     assert "tape-mlp-only" not in encodings and "| tape |" in encodings and "| rope |" in encodings
-    assert "--pe tape rope tape-mlp-only" in ablation and "--pe tape rope --seeds 0 1" in encodings
+    assert "tapelm ablate addition --variants tape rope tape-mlp-only --seeds 0 1" in ablation
+    assert "--pe tape rope --seeds 0 1" in encodings and "tapelm ablate" not in encodings
     figures = [p.name for p in (tmp_path / "docs" / "figures").iterdir()]
     assert any("-ablation-addition-heatmaps.png" in name for name in figures)
     assert "| tape-mlp-only | 0,1 |" in ablation  # its paired difference to full TAPE

@@ -210,7 +210,8 @@ def _ablate_command(args) -> None:
         raise ValueError(f"unknown ablation variant '{unknown[0]}'; choose from: {', '.join(ABLATIONS)}")
     base = spec_from_args(args, "tape", 0)
     apply_threads(args)
-    compare(base, args.variants, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs)
+    compare(base, args.variants, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs,
+            ablation=True)
 
 
 def _add_sweep(commands) -> None:

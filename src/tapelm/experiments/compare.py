@@ -44,9 +44,10 @@ def comparison_dir(root: Path, task: str, settings_hash: str) -> Path:
 
 
 def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs", progress: bool = True,
-            command: str | None = None, jobs: int = 1) -> dict[str, Any]:
+            command: str | None = None, jobs: int = 1, ablation: bool = False) -> dict[str, Any]:
     """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
-    With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count)."""
+    With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count).
+    `ablation` records the command as `tapelm ablate` (the encodings are TAPE's variants)."""
     if not pes:
         raise ValueError("give at least one encoding with --pe")
     for pe in pes:
@@ -61,7 +62,8 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     hashes = {run.settings_hash for run in runs.values()}
     assert len(hashes) == 1, "runs of one comparison share their settings hash"
     directory = comparison_dir(Path(root), base.task, hashes.pop())
-    command = command or shlex.join(["tapelm", "compare", base.task, "--pe", *pes, "--seeds", *map(str, seeds),
+    selection = ["ablate", base.task, "--variants", *pes] if ablation else ["compare", base.task, "--pe", *pes]
+    command = command or shlex.join(["tapelm", *selection, "--seeds", *map(str, seeds),
                                      *(["--root", str(root)] if str(root) != "runs" else []), *option_flags(base)])
     _record(directory, base, pes, seeds, command, next(iter(runs.values())))
     pending = []
@@ -217,7 +219,7 @@ def aggregate(directory: Path, write: bool = True, only: list[str] | None = None
                evaluation["training_edge"] if evaluation else None,
                "missing": [f"{pe}/seed{s}" for pe in record["pes"] for s in record["seeds"]
                            if s not in results.get(pe, {})],
-               "paired": paired_differences(rows)}
+               "paired": paired_differences(rows), "state_norms": mean_state_norms(directory, rows)}
     summary["table"] = format_table(summary)
     if write and results:
         summary["figures"] = write_figures(summary, results, directory)
@@ -312,20 +314,22 @@ def state_norm_history(run_dir: Path) -> tuple[list[int], np.ndarray] | None:
     return ([step for step, _ in found], np.array([norms for _, norms in found])) if found else None
 
 
-def _state_norm_panels(directory: Path, summary: dict[str, Any]) -> dict[str, tuple[list[int], np.ndarray]]:
-    """Per variant with a recorded positional state, the mean over seeds of its norm history."""
-    panels = {}
-    for pe, row in summary["rows"].items():
+def mean_state_norms(directory: Path, rows: dict[str, Any]) -> dict[str, dict[str, list]]:
+    """Per row with a recorded positional state: {"steps", "norms" (steps x (layers + 1))}, the mean over seeds of
+    its norm history."""
+    found = {}
+    for pe, row in rows.items():
         histories = [h for seed in row["seeds"] if (h := state_norm_history(directory / pe / f"seed{seed}"))]
         if histories and len({len(steps) for steps, _ in histories}) == 1:
-            panels[pe] = (histories[0][0], np.mean([norms for _, norms in histories], axis=0))
-    return panels
+            found[pe] = {"steps": histories[0][0],
+                         "norms": np.mean([norms for _, norms in histories], axis=0).tolist()}
+    return found
 
 
 def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str, Any]]],
-                  directory: Path, prefix: str = "", runs: Path | None = None) -> list[str]:
+                  directory: Path, prefix: str = "") -> list[str]:
     """Heatmaps (addition), the metric-against-length curves and, for variants with a positional state, its norm
-    over training (run folders under `runs`, the comparison folder by default); returns the file names written."""
+    over training (`summary["state_norms"]`); returns the file names written."""
     from .plots import curves, heatmap_grid, heatmaps, state_norm_panels
 
     task, metric = summary["task"], summary["metric"]
@@ -357,7 +361,7 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
         curves(series, directory / name, f"{task}: {label.replace('_', ' ')} against length (mean ± std over "
                                          "seeds)", summary["x_label"], label, edge=summary["training_edge"])
         names.append(name)
-    panels = _state_norm_panels(runs or directory, summary)
+    panels = {pe: (found["steps"], np.array(found["norms"])) for pe, found in summary["state_norms"].items()}
     if panels:
         name = f"{prefix}{task}-state-norm.png"
         state_norm_panels(panels, directory / name, f"{task}: norm of TAPE's positional state E per layer over "
@@ -366,4 +370,5 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
     return names
 
 
-__all__ = ["compare", "aggregate", "format_table", "load_results", "comparison_dir", "write_figures"]
+__all__ = ["compare", "aggregate", "format_table", "load_results", "comparison_dir", "mean_state_norms",
+           "write_figures"]

@@ -37,7 +37,7 @@ def build(context: ReportContext) -> str | None:
             summary = aggregate(directory, write=False, only=names)
             results = {pe: by_seed for pe, by_seed in everything.items() if pe in names}
             prefix = f"{summary['settings_hash']}-{group + '-' if group else ''}"
-            figures = write_figures(summary, results, context.figures, prefix=prefix, runs=directory)
+            figures = write_figures(summary, results, context.figures, prefix=prefix)
             (context.figures / f"{prefix}{summary['task']}-summary.json").write_text(json.dumps(
                 {k: v for k, v in summary.items() if k != "table"}, indent=1))
             parts.append(_subsection(summary, results, figures, context, group))
@@ -226,6 +226,8 @@ def reading(summary: dict[str, Any]) -> list[str]:
                    f"1/|{group}| = {_pct(1 / len(group_elements(group)))}. A longer sequence starts with as many "
                    "products as training had, so its token accuracy stays above chance even for a model that "
                    "tracks nothing beyond the training length; exact match needs every product right.")
+    if "tape-non-equivariant" in summary.get("state_norms", {}):
+        out.append(_stability(summary["state_norms"]))
     if task == "addition":
         shown = ", ".join(f"{pe} {v}" for pe, v in PAPER_ADDITION.items() if pe in rows)
         if shown:
@@ -237,6 +239,19 @@ def reading(summary: dict[str, Any]) -> list[str]:
         "paper's scale; a null result here is not evidence that TAPE does not help there. The test sets are small "
         "(see the settings line), so per-cell values in the figures are noisy.")
     return out
+
+
+def _stability(state_norms: dict[str, dict[str, list]]) -> str:
+    """The paper's instability claim (without orthogonal equivariance the positions diverge late in training), read
+    from the norm of E leaving the last layer relative to E0."""
+    parts = []
+    for pe, found in state_norms.items():
+        last = [norms[-1] for norms in found["norms"]]
+        parts.append(f"{pe} {last[-1]:.3f} at step {found['steps'][-1]} (range {min(last):.3f}–{max(last):.3f})")
+    return ("Norm of TAPE's positional state leaving the last layer, relative to E0, at the last in-training "
+            "evaluation and its range over training: " + "; ".join(parts) + ". The paper reports that without "
+            "orthogonal equivariance the positions become unstable late in training: that would show as a norm "
+            "that keeps growing.")
 
 
 register_section("task-comparison", "Task comparisons (`tapelm compare`)", build)
