@@ -1,16 +1,15 @@
 """Presets: model size, task options, training budget and evaluation size per (preset, task).
 
 `cpu-small` (the default) is a laptop preset: about 0.8M parameters, one torch thread per run, at most about ten
-minutes per run (training and evaluation) on one core. The recipes of addition, passkey, flip-flop, text and the
-word problem were chosen from RoPE's measured learning curves (`tapelm sweep`, docs/sweeps/; docs/RECIPES.md says
-how and what each reaches). Addition's is not yet seed-robust: over seeds 0-4, RoPE reaches 99-100% exact match in
-distribution on four seeds and 86% on one, TAPE 95-100% on three, 87% and 49% on two (docs/RESULTS.md). The other
-tasks use the preset's "*" entry, a short budget not chosen from curves (MQAR does not learn at it: RoPE stays at
-the 34% of queries that elimination alone answers). `paper` uses the sizes TAPE.md §7 states (12 layers, hidden
-768, 12 heads, TAPE position size 48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and
-needs GPUs. Models this small gain nothing from intra-op threads, and on a shared 2-core machine two threads
-measured 7x slower per step (1.84 s against 0.25 s), so cpu-small runs one thread per run and `--jobs` runs several
-runs at once instead.
+minutes per run (training and evaluation) on one core. The recipes of addition, passkey, MQAR, flip-flop, text and
+the word problem were chosen from RoPE's measured learning curves (`tapelm sweep`, docs/sweeps/; docs/RECIPES.md
+says how and what each reaches). Addition's is not yet seed-robust: over seeds 0-4, RoPE reaches 99-100% exact match
+in distribution on four seeds and 86% on one, TAPE 95-100% on three, 87% and 49% on two (docs/RESULTS.md). The
+other tasks use the preset's "*" entry, a short budget not chosen from curves. `paper` uses the sizes TAPE.md §7
+states (12 layers, hidden 768, 12 heads, TAPE position size 48, 10k steps, lr 1e-4; addition trained up to 40 digits
+and tested up to 80) and needs GPUs. Models this small gain nothing from intra-op threads, and on a shared 2-core
+machine two threads measured 7x slower per step (1.84 s against 0.25 s), so cpu-small runs one thread per run and
+`--jobs` runs several runs at once instead.
 
 `word_problem` in cpu-small (S3, 8 elements, evaluated at 8..32): at 16 elements RoPE had learned only the first 5
 running products after 2,000 steps; at 8 it gets 98.6% of them (91% of whole sequences) right in 2,500 steps at lr
@@ -63,6 +62,9 @@ _SMALL = ModelSize(hidden_size=128, intermediate_size=344, num_hidden_layers=4, 
 # (docs/sweeps/addition-slow-seeds/). Mean over seeds 0-4: RoPE 97%, TAPE 86% (four heads, on an earlier machine:
 # 82% and 79%).
 _SMALL_ADDITION = replace(_SMALL, num_attention_heads=8, num_key_value_heads=8)
+# Two layers (the induction-head circuit's depth): with four, RoPE stayed at the 34% of queries that elimination
+# answers for 4,000 steps (docs/sweeps/mqar/, docs/RECIPES.md).
+_SMALL_MQAR = replace(_SMALL, num_hidden_layers=2)
 _PAPER = ModelSize(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                    num_key_value_heads=12, tape_position_size=48)
 
@@ -78,6 +80,11 @@ PRESETS: dict[str, dict[str, Preset]] = {
             TrainSettings(steps=1200, lr=1e-3, warmup=100, schedule="cosine", batch_size=8, eval_every=200,
                           log_every=50),
             eval_n=50, eval_batch_size=25, threads=1),
+        "mqar": Preset(  # docs/sweeps/mqar/mqar-rope-l2: RoPE answers 97% of queries at step 250, 100% from 500
+            _SMALL_MQAR, {"num_pairs": 8, "num_keys": 64, "num_values": 64, "eval_multipliers": (1, 2, 4)},
+            TrainSettings(steps=2000, lr=1e-3, warmup=100, schedule="cosine", batch_size=64, eval_every=250,
+                          log_every=50),
+            eval_n=100, eval_batch_size=100, threads=1),
         "flipflop": Preset(  # docs/sweeps/flipflop: RoPE at 99.7-100% of reads from step 400 at lr 1e-3 and 3e-3
             _SMALL, {"num_instructions": 64, "p_ignore": 0.8, "eval_multipliers": (1, 2, 4)},
             TrainSettings(steps=600, lr=1e-3, warmup=50, schedule="cosine", batch_size=32, eval_every=100,
