@@ -85,7 +85,7 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     out = tmp_path / "docs" / "RESULTS.md"
     out.parent.mkdir()
     out.write_text("# Results\n\nIntro by a person.\n\n## Fine-tuning\n\nWritten by another tool.\n")
-    assert build_report(compared, out) == ["claims", "task-comparison"]
+    assert build_report(compared, out) == ["claims", "coverage", "task-comparison"]
     text = out.read_text()
     assert "tape did not learn addition in distribution" in text and "| **inconclusive** |" in text
     assert "Intro by a person." in text and "Written by another tool." in text
@@ -95,7 +95,8 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     assert any(name.endswith("addition-heatmaps.png") for name in figures)
     assert all(f"figures/{name}" in text for name in figures if name.endswith(".png"))
     first = text
-    assert build_report(compared, out) == ["claims", "task-comparison"]  # idempotent: the section is replaced, not added
+    # idempotent: each section is replaced, not added
+    assert build_report(compared, out) == ["claims", "coverage", "task-comparison"]
     assert out.read_text() == first
 
 
@@ -116,7 +117,7 @@ def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     assert not list(archived.rglob("*.safetensors"))
     elsewhere = tmp_path / "other-machine"
     (elsewhere / "compare").mkdir(parents=True)
-    assert build_report(elsewhere, out) == ["claims", "task-comparison"]
+    assert build_report(elsewhere, out) == ["claims", "coverage", "task-comparison"]
     assert out.read_text() == first
     partial = elsewhere / "compare" / "addition" / archived.name
     shutil.copytree(comparison(compared), partial)
@@ -263,3 +264,43 @@ def test_killing_a_parallel_comparison_ends_its_workers(tmp_path) -> None:
     while (alive := {pid for pid in workers if (_process_state(pid) or ("Z",))[0] != "Z"}) and time.time() < deadline:
         time.sleep(0.5)
     assert len(workers) >= 2 and not alive
+
+
+def test_owed_comparisons_name_their_missing_runs_and_the_command_that_runs_them() -> None:
+    from dataclasses import replace
+
+    from tapelm.experiments.plan import OwedComparison
+
+    owed = OwedComparison("passkey", ("tape", "rope", "nope"), 2, "test")
+    assert owed.missing({"tape": {0, 1, 7}, "rope": {1, 5}}) == {"rope": 1, "nope": 0}  # seed 5 is not owed
+    assert owed.command(["rope", "nope"]) == "tapelm compare passkey --pe rope nope --seeds 0 1"
+    assert replace(owed, ablation=True).command(["tape-r4"]) == "tapelm ablate passkey --variants tape-r4 --seeds 0 1"
+
+
+def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:
+    """A comparison counts where `tapelm compare TASK` writes (the default preset's settings hash): its finished
+    seeds make it complete or partial; a folder under another hash (other settings) does not count."""
+    from tapelm.experiments.plan import OWED
+    from tapelm.report.coverage_section import build
+    from tapelm.report.sections import ReportContext
+
+    owed = next(o for o in OWED if o.task == "passkey" and not o.ablation)
+    archive = tmp_path / "compare"
+    for folder, seeds in ((owed.settings_hash(), range(owed.seeds)), ("0000000000", [0])):
+        for row in owed.rows:
+            for seed in seeds:
+                if (row, seed) != ("alibi", 2):
+                    run = archive / "passkey" / folder / row / f"seed{seed}"
+                    run.mkdir(parents=True)
+                    (run / "result.json").write_text(json.dumps({"pe": row, "seed": seed}))
+                    (run / "eval.json").write_text("{}")
+    text = build(ReportContext(root=tmp_path, figures=tmp_path, figures_link=".", comparisons=archive))
+    line = next(line for line in text.splitlines() if line.startswith(f"| `passkey` {owed.settings_hash()}, "))
+    assert "| partial: alibi 2/3 | `tapelm compare passkey --pe alibi --seeds 0 1 2` |" in line
+    (archive / "passkey" / owed.settings_hash() / "alibi" / "seed2").mkdir()
+    (archive / "passkey" / owed.settings_hash() / "alibi" / "seed2" / "result.json").write_text(
+        json.dumps({"pe": "alibi", "seed": 2}))
+    (archive / "passkey" / owed.settings_hash() / "alibi" / "seed2" / "eval.json").write_text("{}")
+    text = build(ReportContext(root=tmp_path, figures=tmp_path, figures_link=".", comparisons=archive))
+    assert f"| `passkey` {owed.settings_hash()}, {owed.label} | {' '.join(owed.rows)} | 3 | complete |  |" in text
+    assert "| `mqar` " in text and "| not run | `tapelm compare mqar --pe" in text

@@ -25,6 +25,7 @@ def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
     the names of the sections written."""
     from . import (  # noqa: F401  (each registers its section)
         claims_section,
+        coverage_section,
         pretrained_section,
         scrolls_section,
         tasks_section,

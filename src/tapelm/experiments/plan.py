@@ -1,0 +1,53 @@
+"""The comparisons tapelm owes its users (the issues "Comparisons that learn" and "Ablations, faithful baselines"):
+per task, the rows (encodings, or TAPE's variants) and how many seeds each needs at the default preset's recipe.
+`tapelm report` writes which are complete into docs/RESULTS.md, with the command that runs what is missing; since
+finished runs are cached, that command continues a comparison across sessions."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from .runs import RunSpec, resolve
+from .variants import ABLATIONS
+
+PAPER_FIVE = ("tape", "rope", "randpe", "nope", "fire")  # the paper's addition table
+OTHER_ENCODINGS = ("xpos", "alibi", "t5", "cope", "sinusoidal", "learned")
+WITH_ALIBI = (*PAPER_FIVE, "alibi")
+
+
+@dataclass(frozen=True)
+class OwedComparison:
+    task: str
+    rows: tuple[str, ...]
+    seeds: int  # seeds 0 .. seeds-1 of every row
+    label: str
+    ablation: bool = False
+
+    def settings_hash(self) -> str:
+        """The comparison folder's name at the default preset (where `tapelm compare TASK` writes)."""
+        return resolve(RunSpec(task=self.task, pe=self.rows[0])).settings_hash
+
+    def missing(self, finished: dict[str, set[int]]) -> dict[str, int]:
+        """The rows that lack some of seeds 0 .. seeds-1, each with how many of them it has."""
+        owed = set(range(self.seeds))
+        have = {row: len(owed & finished.get(row, set())) for row in self.rows}
+        return {row: count for row, count in have.items() if count < self.seeds}
+
+    def command(self, rows: list[str]) -> str:
+        """The command that runs `rows` on every owed seed (and reuses what is cached)."""
+        selection = ["ablate", self.task, "--variants"] if self.ablation else ["compare", self.task, "--pe"]
+        return shlex.join(["tapelm", *selection, *rows, "--seeds", *map(str, range(self.seeds))])
+
+
+OWED = (
+    OwedComparison("addition", PAPER_FIVE, 5, "the paper's five encodings"),
+    OwedComparison("addition", OTHER_ENCODINGS, 3, "the other encodings"),
+    *(OwedComparison(task, WITH_ALIBI, 3, "the paper's five and ALiBi")
+      for task in ("passkey", "mqar", "flipflop", "text")),
+    OwedComparison("word_problem", ("tape", "rope", "nope", "fox", "path"), 3,
+                   "TAPE, RoPE, NoPE and the contextual peers"),
+    *(OwedComparison(task, tuple(ABLATIONS), 3, "the ablation table", ablation=True) for task in ("addition", "passkey")),
+)
+
+__all__ = ["OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE", "WITH_ALIBI"]

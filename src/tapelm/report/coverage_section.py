@@ -1,0 +1,37 @@
+"""The "Which comparisons are complete" section of docs/RESULTS.md: every comparison of
+`tapelm.experiments.plan.OWED`, read from the archive at the default preset's settings hash."""
+
+from __future__ import annotations
+
+from ..experiments import plan
+from ..experiments.compare import load_results
+from .sections import ReportContext, register_section
+
+
+def _status(owed: plan.OwedComparison, missing: dict[str, int]) -> str:
+    if not missing:
+        return "complete"
+    if all(count == 0 for count in missing.values()) and len(missing) == len(owed.rows):
+        return "not run"
+    return "partial: " + ", ".join(f"{row} {count}/{owed.seeds}" for row, count in missing.items())
+
+
+def build(context: ReportContext) -> str:
+    lines = [f"{plan.__doc__.split(':', 1)[0].replace(chr(10), ' ')}: complete when every row has finished seeds "
+             "0 .. n-1 at the default preset's recipe (the folder named by its settings hash); the last column runs "
+             "what is missing and reuses every cached run.", "",
+             "| comparison | rows | seeds each | status | to continue |", "|---|---|---:|---|---|"]
+    for owed in plan.OWED:
+        settings_hash = owed.settings_hash()
+        directory = context.comparisons / owed.task / settings_hash
+        finished = {row: set(runs) for row, runs in load_results(directory).items()} if directory.is_dir() else {}
+        missing = owed.missing(finished)
+        command = f"`{owed.command(list(missing))}`" if missing else ""
+        lines.append(f"| `{owed.task}` {settings_hash}, {owed.label} | {' '.join(owed.rows)} | {owed.seeds} | "
+                     f"{_status(owed, missing)} | {command} |")
+    return "\n".join(lines)
+
+
+register_section("coverage", "Which comparisons are complete", build)
+
+__all__ = ["build"]
