@@ -47,7 +47,8 @@ OWED = (
       for task in ("passkey", "mqar", "flipflop", "text")),
     OwedComparison("word_problem", ("tape", "rope", "nope", "fox", "path"), 3,
                    "TAPE, RoPE, NoPE and the contextual peers"),
-    *(OwedComparison(task, tuple(ABLATIONS), 3, "the ablation table", ablation=True) for task in ("addition", "passkey")),
+    *(OwedComparison(task, tuple(ABLATIONS), 3, "the ablation table", ablation=True)
+      for task in ("addition", "passkey")),
 )
 
 __all__ = ["OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE", "WITH_ALIBI"]
