@@ -183,6 +183,17 @@ def test_reading_reports_the_state_norm_of_the_equivariance_ablation() -> None:
     assert not any("Norm of TAPE" in s for s in reading({**summary, "state_norms": {"tape": growing}}))
 
 
+def test_mqar_reading_gives_the_score_of_elimination_without_recall() -> None:
+    """Answering the k-th of n queries with one of the n - k + 1 values not yet asked for scores H(n)/n."""
+    from tapelm.report.tasks_section import reading
+
+    row = {"seeds": [0], "in_distribution": stat(1.0, 0.0), "longer": stat(0.5, 0.0)}
+    summary = {"rows": {"tape": row}, "metric": "accuracy", "task": "mqar", "paired": {},
+               "record": {"task_options": {"num_pairs": 2, "eval_multipliers": [1, 4]}}}
+    (sentence,) = [s for s in reading(summary) if s.startswith("MQAR accuracy")]
+    assert sentence.endswith("75.0% at 2, 34.0% at 8.")  # (1 + 1/2) / 2 and H(8) / 8
+
+
 def test_parallel_jobs_give_the_same_runs_as_one_at_a_time(compared, tmp_path) -> None:
     """--jobs 2 trains the same models: every run's losses and evaluation equal the sequential ones."""
     assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(tmp_path),

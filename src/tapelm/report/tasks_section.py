@@ -226,6 +226,13 @@ def reading(summary: dict[str, Any]) -> list[str]:
                    f"1/|{group}| = {_pct(1 / len(group_elements(group)))}. A longer sequence starts with as many "
                    "products as training had, so its token accuracy stays above chance even for a model that "
                    "tracks nothing beyond the training length; exact match needs every product right.")
+    if task == "mqar":
+        options = summary.get("record", {}).get("task_options", {})
+        pairs = [options.get("num_pairs", 8) * m for m in options.get("eval_multipliers", (1, 2, 4))]
+        out.append("MQAR accuracy is the share of queries answered. A model that has learned the format but not "
+                   "recall, answering each query with a value not yet asked for, scores H(n)/n for n pairs (H the "
+                   "harmonic number): " + ", ".join(
+                       f"{_pct(sum(1 / k for k in range(1, n + 1)) / n)} at {n}" for n in pairs) + ".")
     if "tape-non-equivariant" in summary.get("state_norms", {}):
         out.append(_stability(summary["state_norms"]))
     if task == "addition":
