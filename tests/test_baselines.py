@@ -148,6 +148,6 @@ def test_randpe_with_given_positions_evaluates_on_them():
 def test_randpe_random_positions_refuse_to_continue_a_cache():
     model = tiny_model("randpe", randpe_eval_positions="random")
     ids = tokens(1, 6)
-    cache = model(input_ids=ids[:, :5], use_cache=True).past_key_values
+    cache = model(input_ids=ids[:, :5], use_cache=True).cache
     with pytest.raises(ValueError, match="randpe_eval_positions='given'"):
-        model(input_ids=ids[:, 5:], past_key_values=cache, use_cache=True)
+        model(input_ids=ids[:, 5:], cache=cache, use_cache=True)

@@ -11,8 +11,8 @@ def decode_in_chunks(model, ids, chunks):
     """Logits of `ids` fed through a cache in consecutive chunks of the given sizes."""
     cache, outputs, start = DynamicCache(config=model.config), [], 0
     for size in chunks:
-        out = model(ids[:, start:start + size], past_key_values=cache, use_cache=True)
-        cache, start = out.past_key_values, start + size
+        out = model(ids[:, start:start + size], cache=cache, use_cache=True)
+        cache, start = out.cache, start + size
         outputs.append(out.logits)
     return torch.cat(outputs, dim=1)
 
@@ -29,7 +29,7 @@ def test_tape_cache_holds_keys_and_the_value_stream():
     model = tiny_model("tape", num_hidden_layers=3)
     out = model(tokens(1, 9), use_cache=True)
     d = model.config.head_dim
-    widths = [(layer.keys.shape[-1], layer.values.shape[-1]) for layer in out.past_key_values.layers]
+    widths = [(layer.keys.shape[-1], layer.values.shape[-1]) for layer in out.cache.layers]
     assert widths == [(d, 2 * d), (d, 2 * d), (d, d)]  # [V | E] except in the last layer, whose E is discarded
 
 
@@ -64,8 +64,8 @@ def test_relative_bias_reads_cached_key_positions(pe_type):
     positions = torch.tensor([[0, 1, 2, 10, 11, 12, 30, 31, 32, 33]])
     full = model(ids, position_ids=positions, use_cache=False).logits
     cache = DynamicCache(config=model.config)
-    first = model(ids[:, :6], position_ids=positions[:, :6], past_key_values=cache, use_cache=True)
-    rest = model(ids[:, 6:], position_ids=positions[:, 6:], past_key_values=first.past_key_values, use_cache=True)
+    first = model(ids[:, :6], position_ids=positions[:, :6], cache=cache, use_cache=True)
+    rest = model(ids[:, 6:], position_ids=positions[:, 6:], cache=first.cache, use_cache=True)
     torch.testing.assert_close(torch.cat([first.logits, rest.logits], dim=1), full, atol=1e-10, rtol=0)
 
 
@@ -83,8 +83,8 @@ def test_growing_layer_crop_then_continue():
     model = tiny_model("tape", dtype=torch.float64)
     ids = tokens(1, 12)
     cache = DynamicCache(config=model.config)
-    model(ids[:, :9], past_key_values=cache, use_cache=True)
+    model(ids[:, :9], cache=cache, use_cache=True)
     assert type(cache.layers[0]).__name__ == "GrowingLayer"
     cache.crop(-3)
-    rest = model(ids[:, 6:], past_key_values=cache, use_cache=True).logits
+    rest = model(ids[:, 6:], cache=cache, use_cache=True).logits
     torch.testing.assert_close(rest, model(ids).logits[:, 6:], atol=1e-10, rtol=0)

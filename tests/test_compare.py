@@ -315,3 +315,20 @@ def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:
     text = build(ReportContext(root=tmp_path, figures=tmp_path, figures_link=".", comparisons=archive))
     assert f"| `passkey` {owed.settings_hash()}, {owed.label} | {' '.join(owed.rows)} | 3 | complete |  |" in text
     assert "| `mqar` " in text and "| not run | `tapelm compare mqar --pe" in text
+
+
+def test_claims_are_judged_at_the_current_recipe_once_it_has_the_subject() -> None:
+    """A recipe change starts a new comparison folder: its claims are judged there even while an older folder has
+    more finished runs; before the new one has the claim's subject, the fullest older one is used."""
+    from tapelm.report.claims_section import _best_comparison
+
+    def summary(settings_hash: str, rows: dict[str, list[int]]) -> dict:
+        return {"settings_hash": settings_hash, "rows": {pe: {"seeds": seeds} for pe, seeds in rows.items()}}
+
+    old = summary("old", {"tape": [0, 1, 2, 3, 4], "rope": [0, 1, 2, 3, 4], "nope": [0, 1]})
+    small_old = summary("older", {"tape": [0], "rope": [0]})
+    current = summary("new", {"tape": [0], "rope": [0]})
+    assert _best_comparison([small_old, old, current], "tape", "new") is current
+    assert _best_comparison([small_old, old, current], "tape", "absent") is old
+    assert _best_comparison([small_old, old, summary("new", {"rope": [0]})], "tape", "new") is old
+    assert _best_comparison([old], "tape-r4", "new") is None

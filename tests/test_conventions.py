@@ -68,7 +68,7 @@ def test_output_attentions_work_while_decoding_with_the_cache(pe_type):
     with torch.no_grad():
         full = model(ids, output_attentions=True).attentions
         prefix = model(ids[:, :-1], use_cache=True)
-        step = model(ids[:, -1:], past_key_values=prefix.past_key_values, output_attentions=True).attentions
+        step = model(ids[:, -1:], cache=prefix.cache, output_attentions=True).attentions
     for whole, last in zip(full, step, strict=True):
         torch.testing.assert_close(last[:, :, 0], whole[:, :, -1], atol=1e-5, rtol=0)
 
@@ -86,15 +86,15 @@ def test_static_cache_is_refused_before_anything_is_written():
     model = tiny_model("tape")
     cache = StaticCache(config=model.config, max_cache_len=16)
     with pytest.raises(ValueError, match="only DynamicCache.*not StaticCache"):
-        model(tokens(1, 5), past_key_values=cache)
+        model(tokens(1, 5), cache=cache)
     assert cache.get_seq_length() == 0
 
 
 @pytest.mark.parametrize("pe_type", ["rope", "tape"])
 def test_generate_in_training_mode_with_checkpointing_does_what_llama_does(pe_type):
-    """With activation checkpointing in training mode, transformers' Llama stores nothing in the cache (with a
-    warning) and generate goes on with what it gets; tapelm's model does the same, token for token, and a fresh TAPE
-    model is RoPE, so both equal Llama's."""
+    """With activation checkpointing in training mode, transformers' Llama turns caching off while gradients are on
+    (with a warning) and caches as usual in generate (no gradients: nothing is checkpointed); tapelm's model does the
+    same, token for token, and a fresh TAPE model is RoPE, so both equal Llama's."""
     llama, ours = llama_twin()
     if pe_type == "tape":
         tape = TapeForCausalLM(tiny_config("tape", num_key_value_heads=2,
@@ -104,10 +104,12 @@ def test_generate_in_training_mode_with_checkpointing_does_what_llama_does(pe_ty
     ids = tokens(1, 6)
     outputs = []
     for model in (llama, ours):
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
         model.train()
+        assert model(ids, use_cache=True).cache is None
         outputs.append(model.generate(ids, max_new_tokens=5, do_sample=False))
     assert torch.equal(outputs[0], outputs[1])
+    assert torch.equal(outputs[1], ours.eval().generate(ids, max_new_tokens=5, do_sample=False))
 
 
 def test_attention_function_is_per_model():

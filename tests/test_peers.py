@@ -74,7 +74,7 @@ def test_fox_keeps_cumulative_gates_in_float32_in_a_bf16_cache():
     model = tiny_model("fox", dtype=torch.bfloat16)
     out = model(tokens(1, 6), use_cache=True)
     layers = model.config.num_hidden_layers
-    states = out.past_key_values.layers[layers + 1:]
+    states = out.cache.layers[layers + 1:]
     assert len(states) == layers
     assert all(state.keys.dtype == torch.float32 and state.keys.shape == (1, 4, 6, 1) for state in states)
 
@@ -163,7 +163,7 @@ def test_path_with_beta_zero_is_nope():
 def test_path_cache_holds_keys_transformed_up_to_the_last_token():
     model = tiny_model("path", dtype=torch.float64, num_hidden_layers=1)
     ids = tokens(1, 7)
-    cache = model(ids, use_cache=True).past_key_values
+    cache = model(ids, use_cache=True).cache
     layer = model.model.layers[0]
     raw = {}
     hook = layer.self_attn.k_proj.register_forward_hook(lambda mod, args, out: raw.update(k=out))
@@ -231,8 +231,8 @@ def test_padding_tokens_do_not_leak_into_state(pe_type):
     for pad in (0, 17):
         batch = torch.cat([torch.full((1, 4), pad), short], dim=1)
         cache = DynamicCache(config=model.config)
-        first = model(batch, attention_mask=mask, past_key_values=cache, use_cache=True).logits[:, 4:]
-        nxt = model(tokens(1, 1, seed=5), attention_mask=torch.cat([mask, mask[:, -1:]], 1), past_key_values=cache,
+        first = model(batch, attention_mask=mask, cache=cache, use_cache=True).logits[:, 4:]
+        nxt = model(tokens(1, 1, seed=5), attention_mask=torch.cat([mask, mask[:, -1:]], 1), cache=cache,
                     use_cache=True).logits
         results.append(torch.cat([first, nxt], dim=1))
     torch.testing.assert_close(results[0], results[1], atol=1e-12, rtol=0)

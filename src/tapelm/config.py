@@ -77,7 +77,7 @@ class TapeConfig(PreTrainedConfig):
     """
 
     model_type = "tape"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache"]
 
     vocab_size: int = 256
     hidden_size: int = 256

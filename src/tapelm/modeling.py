@@ -16,6 +16,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .attention import (
     AttentionFunction,
@@ -101,10 +102,10 @@ class TapeDecoderLayer(GradientCheckpointingLayer):
         self.positional = positional
 
     def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, layout: TokenLayout,
-                past_key_values=None, output_attentions: bool = False):
+                cache=None, output_attentions: bool = False):
         """`hidden` holds the tokens as `layout` lays them out (the real tokens only, when the batch is padded)."""
         attn_out, attended, probs = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
-                                                   past_key_values, layout, output_attentions)
+                                                   cache, layout, output_attentions)
         hidden = hidden + attn_out
         state = self.positional.after_attention(state, attended)
         mlp_out = self.mlp(self.post_attention_layernorm(hidden))
@@ -123,7 +124,7 @@ class TapePreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TapeDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache"]
     _supports_sdpa = True
 
     def set_attention_function(self, function: AttentionFunction | None) -> None:
@@ -172,28 +173,28 @@ class TapeModel(TapePreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
                 output_hidden_states: bool | None = None, output_attentions: bool | None = None,
                 **kwargs) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
-        check_cache_type(past_key_values)
+        check_cache_type(cache)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
+        # As in transformers' Llama: activation checkpointing with gradients on turns caching off; without gradients
+        # (generate) nothing is checkpointed, so the cache works.
+        if use_cache and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            logger.warning_once("use_cache=True is incompatible with activation checkpointing in training mode; "
+                                "setting use_cache=False.")
+            use_cache = False
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
         if not use_cache:
-            past_key_values = None
-        # As in transformers' Llama, activation checkpointing in training stores nothing in the cache (its layers drop
-        # past_key_values) while the cache object is still returned.
-        cache = past_key_values
-        if self.gradient_checkpointing and self.training and cache is not None:
-            logger.warning_once("Caching is incompatible with activation checkpointing in training mode; nothing is "
-                                "stored in the cache.")
             cache = None
         prepare_cache(cache)
         batch, length = inputs_embeds.shape[:2]
@@ -218,14 +219,14 @@ class TapeModel(TapePreTrainedModel):
         for layer in self.layers:
             if all_hidden is not None:
                 all_hidden.append(layout.unpack(hidden))
-            hidden, state, probs = layer(hidden, state, ctx, mask, layout, past_key_values=cache,
+            hidden, state, probs = layer(hidden, state, ctx, mask, layout, cache=cache,
                                          output_attentions=output_attentions)
             if all_attentions is not None:
                 all_attentions.append(probs)
         hidden = layout.unpack(self.norm(hidden))
         if all_hidden is not None:
             all_hidden.append(hidden)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values,
+        return BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache,
                                        hidden_states=tuple(all_hidden) if all_hidden is not None else None,
                                        attentions=tuple(all_attentions) if all_attentions is not None else None)
 
@@ -262,14 +263,15 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
             if isinstance(module, TapeLayer):
                 yield from module.parameters()
 
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
+                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 output_hidden_states: bool | None = None, output_attentions: bool | None = None,
                 **kwargs) -> CausalLMOutputWithPast:
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         hidden = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
@@ -280,5 +282,5 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
                                       hidden_states=outputs.hidden_states, attentions=outputs.attentions)

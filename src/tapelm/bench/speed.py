@@ -100,12 +100,12 @@ class Workload:
         """Seconds per token of greedy decoding after a cached prefill of decode_context tokens, and cache bytes."""
         self.model.eval()
         out = self.model(self.context, use_cache=True)
-        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
         cache_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if layer.is_initialized)
         start = time.perf_counter()
         for _ in range(self.size.decode_tokens):
-            out = self.model(token, past_key_values=cache, use_cache=True)
-            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out = self.model(token, cache=cache, use_cache=True)
+            cache, token = out.cache, out.logits[:, -1:].argmax(-1)
         return (time.perf_counter() - start) / self.size.decode_tokens, cache_bytes
 
     def training_memory(self) -> int:

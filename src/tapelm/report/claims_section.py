@@ -1,5 +1,6 @@
 """The "Claims" section of docs/RESULTS.md: every claim of `tapelm.experiments.claims` judged on the comparison of
-its task that has the most finished runs."""
+its task at the default preset's recipe (where `tapelm compare TASK` writes), or, while that one lacks the claim's
+subject, on the comparison of the task that has the most finished runs."""
 
 from __future__ import annotations
 
@@ -8,17 +9,20 @@ from typing import Any
 
 from ..experiments import claims
 from ..experiments.compare import COMPARISON_FILE, aggregate
+from ..experiments.runs import RunSpec, resolve
 from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
 
-def _best_comparison(summaries: list[dict[str, Any]], subject: str) -> dict[str, Any] | None:
-    """Of one task's archived comparisons (oldest first), the one with `subject` that has the most finished runs
-    (ties: the newest)."""
+def _best_comparison(summaries: list[dict[str, Any]], subject: str, current_hash: str) -> dict[str, Any] | None:
+    """Of one task's archived comparisons (oldest first), the one at the current recipe's `current_hash` if it has
+    `subject`, else the one with `subject` that has the most finished runs (ties: the newest)."""
     best, best_key = None, None
     for summary in summaries:
         if subject not in summary["rows"]:
             continue
+        if summary["settings_hash"] == current_hash:
+            return summary
         key = sum(len(row["seeds"]) for row in summary["rows"].values())
         if best_key is None or key >= best_key:
             best, best_key = summary, key
@@ -36,7 +40,8 @@ def build(context: ReportContext) -> str | None:
     for claim in claims.CLAIMS:
         if claim.task not in by_task:
             by_task[claim.task] = _summaries(context.comparisons, claim.task)
-        summary = _best_comparison(by_task[claim.task], claim.subject)
+        current_hash = resolve(RunSpec(task=claim.task, pe="rope")).settings_hash
+        summary = _best_comparison(by_task[claim.task], claim.subject, current_hash)
         judged.append((claim, summary, *claims.judge(claim, summary)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None
