@@ -16,6 +16,12 @@ OTHER_ENCODINGS = ("xpos", "alibi", "t5", "cope", "sinusoidal", "learned")
 WITH_ALIBI = (*PAPER_FIVE, "alibi")
 
 
+def default_settings_hash(task: str) -> str:
+    """The comparison folder's name at the default preset (where `tapelm compare TASK` writes; every encoding of a
+    comparison shares it)."""
+    return resolve(RunSpec(task=task, pe="tape")).settings_hash
+
+
 @dataclass(frozen=True)
 class OwedComparison:
     task: str
@@ -25,8 +31,7 @@ class OwedComparison:
     ablation: bool = False
 
     def settings_hash(self) -> str:
-        """The comparison folder's name at the default preset (where `tapelm compare TASK` writes)."""
-        return resolve(RunSpec(task=self.task, pe=self.rows[0])).settings_hash
+        return default_settings_hash(self.task)
 
     def missing(self, finished: dict[str, set[int]]) -> dict[str, int]:
         """The rows that lack some of seeds 0 .. seeds-1, each with how many of them it has."""
@@ -51,4 +56,4 @@ OWED = (
       for task in ("addition", "passkey")),
 )
 
-__all__ = ["OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE", "WITH_ALIBI"]
+__all__ = ["OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE", "WITH_ALIBI", "default_settings_hash"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..experiments import claims
 from ..experiments.compare import COMPARISON_FILE, aggregate
-from ..experiments.runs import RunSpec, resolve
+from ..experiments.plan import default_settings_hash
 from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
@@ -39,9 +39,9 @@ def build(context: ReportContext) -> str | None:
     judged, by_task = [], {}
     for claim in claims.CLAIMS:
         if claim.task not in by_task:
-            by_task[claim.task] = _summaries(context.comparisons, claim.task)
-        current_hash = resolve(RunSpec(task=claim.task, pe="rope")).settings_hash
-        summary = _best_comparison(by_task[claim.task], claim.subject, current_hash)
+            by_task[claim.task] = (_summaries(context.comparisons, claim.task), default_settings_hash(claim.task))
+        summaries, current_hash = by_task[claim.task]
+        summary = _best_comparison(summaries, claim.subject, current_hash)
         judged.append((claim, summary, *claims.judge(claim, summary)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None
