@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tapelm.cli import main
-from tapelm.experiments.compare import aggregate, compare, format_table
+from tapelm.experiments.compare import aggregate, compare, format_table, merge_records, requested_runs
 from tapelm.report import build_report, splice
 from tapelm.experiments.runs import RunSpec
 
@@ -46,11 +47,12 @@ def test_compare_caches_each_encoding_and_seed(compared, capsys) -> None:
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     record = json.loads((directory / "comparison.json").read_text())
     assert record["pes"] == ["tape", "rope", "nope"] and record["seeds"] == [0, 1] and len(record["commands"]) == 2
+    assert record["runs"] == {"tape": [0, 1], "rope": [0, 1], "nope": [0]}
     assert (directory / "addition-heatmaps.png").is_file() and (directory / "addition-by-length.png").is_file()
     assert "| tape |" in printed and "figure:" in printed
 
 
-def test_mean_and_std_across_seeds(compared) -> None:
+def test_mean_and_std_across_seeds(compared, tmp_path) -> None:
     summary = aggregate(comparison(compared), write=False)
     tape = summary["rows"]["tape"]
     values = []
@@ -60,7 +62,20 @@ def test_mean_and_std_across_seeds(compared) -> None:
     assert tape["all"]["mean"] == pytest.approx(sum(values) / 2)
     assert tape["all"]["std"] == pytest.approx(abs(values[0] - values[1]) / 2**0.5)
     assert tape["seeds"] == [0, 1] and summary["rows"]["nope"]["seeds"] == [0]
-    assert summary["missing"] == ["nope/seed1"]
+    assert summary["missing"] == []  # nope was asked for seed 0 only
+    unfinished = shutil.copytree(comparison(compared), tmp_path / "unfinished")
+    (unfinished / "tape" / "seed1" / "result.json").unlink()
+    assert aggregate(unfinished, write=False)["missing"] == ["tape/seed1"]
+
+
+def test_merged_records_keep_the_runs_each_command_asked_for() -> None:
+    legacy = {"pes": ["tape", "rope"], "seeds": [0, 1], "commands": ["a"]}  # written before "runs" was kept
+    new = {"pes": ["nope"], "seeds": [2], "commands": ["b"], "runs": {"nope": [2]}, "task": "addition"}
+    merged = merge_records(legacy, new)
+    assert merged["runs"] == {"tape": [0, 1], "rope": [0, 1], "nope": [2]} and requested_runs(merged) == merged["runs"]
+    assert merged["pes"] == ["tape", "rope", "nope"] and merged["seeds"] == [0, 1, 2]
+    assert merged["commands"] == ["a", "b"] and merged["task"] == "addition"
+    assert merge_records(merged, {**new, "commands": ["a"]}) == merged
 
 
 def stat(mean: float, half_width: float, n: int = 2) -> dict[str, float]:
@@ -103,8 +118,6 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
 def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     """The report archives each comparison's small files next to itself; without the cache it rebuilds the same
     text from the archive, and a later cache with other seeds is merged into it, not swapped for it."""
-    import shutil
-
     out = tmp_path / "docs" / "RESULTS.md"
     build_report(compared, out)
     first = out.read_text()

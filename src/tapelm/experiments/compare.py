@@ -118,18 +118,30 @@ def _run_one(run, run_dir: Path, progress: bool, command: str, threads: int | No
               flush=True)
 
 
+def requested_runs(record: dict[str, Any]) -> dict[str, list[int]]:
+    """{pe: seeds} the comparison's commands asked for (a record written before these were kept: every seed of every
+    encoding)."""
+    return record.get("runs") or {pe: list(record["seeds"]) for pe in record["pes"]}
+
+
+def merge_records(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new`'s settings, with the union of both records' encodings, seeds, runs asked for and commands."""
+    runs = requested_runs(old) if old else {}
+    for pe, seeds in requested_runs(new).items():
+        runs[pe] = sorted(set(runs.get(pe, [])) | set(seeds))
+    return {**new, "pes": list(dict.fromkeys([*old.get("pes", []), *new["pes"]])),
+            "seeds": sorted(set(old.get("seeds", [])) | set(new["seeds"])),
+            "commands": list(dict.fromkeys([*old.get("commands", []), *new["commands"]])), "runs": runs}
+
+
 def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], command: str, run) -> None:
-    """comparison.json: the shared settings and every command that added to this comparison."""
+    """comparison.json: the shared settings, every command that added to this comparison and the runs it asked for."""
     path = directory / COMPARISON_FILE
-    record = json.loads(path.read_text()) if path.exists() else {"commands": [], "pes": [], "seeds": []}
-    record.update({"task": base.task, "preset": base.preset, "settings_hash": run.settings_hash,
-                   "task_options": run.identity["task_options"], "train": run.identity["train"],
-                   "eval": run.identity["eval"], "match_params": base.match_params,
-                   "model_options": base.model_options})
-    record["pes"] = list(dict.fromkeys([*record["pes"], *pes]))
-    record["seeds"] = sorted(set(record["seeds"]) | set(seeds))
-    if command not in record["commands"]:
-        record["commands"].append(command)
+    new = {"commands": [command], "pes": pes, "seeds": sorted(seeds), "runs": {pe: sorted(seeds) for pe in pes},
+           "task": base.task, "preset": base.preset, "settings_hash": run.settings_hash,
+           "task_options": run.identity["task_options"], "train": run.identity["train"],
+           "eval": run.identity["eval"], "match_params": base.match_params, "model_options": base.model_options}
+    record = merge_records(json.loads(path.read_text()) if path.exists() else {}, new)
     directory.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(record, indent=1))
@@ -217,8 +229,8 @@ def aggregate(directory: Path, write: bool = True, only: list[str] | None = None
                "record": record, "rows": rows, "figures": [],
                "x_label": evaluation["x_label"] if evaluation else "", "training_edge":
                evaluation["training_edge"] if evaluation else None,
-               "missing": [f"{pe}/seed{s}" for pe in record["pes"] for s in record["seeds"]
-                           if s not in results.get(pe, {})],
+               "missing": [f"{pe}/seed{s}" for pe, seeds in requested_runs(record).items()
+                           if pe in record["pes"] for s in seeds if s not in results.get(pe, {})],
                "paired": paired_differences(rows), "state_norms": mean_state_norms(directory, rows)}
     summary["table"] = format_table(summary)
     if write and results:

@@ -3,8 +3,8 @@
 no longer has the `runs/` cache (it is ignored by git and lost with the machine).
 
 Layout as in a comparison folder: comparison.json, then PE/seedN/{result.json, eval.json, metrics.jsonl}; models and
-checkpoints stay behind. Copying merges: comparison records keep the union of their encodings, seeds and commands,
-and runs already archived stay when the cache no longer has them.
+checkpoints stay behind. Copying merges: comparison records keep the union of their encodings, seeds, runs asked for
+and commands, and runs already archived stay when the cache no longer has them.
 """
 
 from __future__ import annotations
@@ -13,19 +13,13 @@ import json
 import shutil
 from pathlib import Path
 
-from ..experiments.compare import COMPARISON_FILE
+from ..experiments.compare import COMPARISON_FILE, merge_records
 
 RUN_FILES = ("result.json", "eval.json", "metrics.jsonl")
 
 
 def _merged_record(source: Path, target: Path) -> dict:
-    record = json.loads(source.read_text())
-    if target.exists():
-        old = json.loads(target.read_text())
-        record["pes"] = list(dict.fromkeys([*old.get("pes", []), *record["pes"]]))
-        record["seeds"] = sorted(set(old.get("seeds", [])) | set(record["seeds"]))
-        record["commands"] = list(dict.fromkeys([*old.get("commands", []), *record["commands"]]))
-    return record
+    return merge_records(json.loads(target.read_text()) if target.exists() else {}, json.loads(source.read_text()))
 
 
 def _copy(source: Path, target: Path) -> None:
