@@ -70,7 +70,7 @@ def test_mean_and_std_across_seeds(compared, tmp_path) -> None:
 
 def test_merged_records_keep_the_runs_each_command_asked_for() -> None:
     legacy = {"pes": ["tape", "rope"], "seeds": [0, 1], "commands": ["a"]}  # written before "runs" was kept
-    new = {"pes": ["nope"], "seeds": [2], "commands": ["b"], "runs": {"nope": [2]}, "task": "addition"}
+    new = {"commands": ["b"], "runs": {"nope": [2]}, "task": "addition"}
     merged = merge_records(legacy, new)
     assert merged["runs"] == {"tape": [0, 1], "rope": [0, 1], "nope": [2]} and requested_runs(merged) == merged["runs"]
     assert merged["pes"] == ["tape", "rope", "nope"] and merged["seeds"] == [0, 1, 2]

@@ -125,19 +125,19 @@ def requested_runs(record: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def merge_records(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """`new`'s settings, with the union of both records' encodings, seeds, runs asked for and commands."""
+    """`new`'s settings, with the union of both records' runs asked for and commands; the encodings and seeds are
+    those of the runs."""
     runs = requested_runs(old) if old else {}
     for pe, seeds in requested_runs(new).items():
         runs[pe] = sorted(set(runs.get(pe, [])) | set(seeds))
-    return {**new, "pes": list(dict.fromkeys([*old.get("pes", []), *new["pes"]])),
-            "seeds": sorted(set(old.get("seeds", [])) | set(new["seeds"])),
-            "commands": list(dict.fromkeys([*old.get("commands", []), *new["commands"]])), "runs": runs}
+    return {**new, "runs": runs, "pes": list(runs), "seeds": sorted({s for seeds in runs.values() for s in seeds}),
+            "commands": list(dict.fromkeys([*old.get("commands", []), *new["commands"]]))}
 
 
 def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], command: str, run) -> None:
     """comparison.json: the shared settings, every command that added to this comparison and the runs it asked for."""
     path = directory / COMPARISON_FILE
-    new = {"commands": [command], "pes": pes, "seeds": sorted(seeds), "runs": {pe: sorted(seeds) for pe in pes},
+    new = {"commands": [command], "runs": {pe: sorted(seeds) for pe in pes},
            "task": base.task, "preset": base.preset, "settings_hash": run.settings_hash,
            "task_options": run.identity["task_options"], "train": run.identity["train"],
            "eval": run.identity["eval"], "match_params": base.match_params, "model_options": base.model_options}
