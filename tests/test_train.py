@@ -94,6 +94,24 @@ def test_smoke_training_loss_falls(tmp_path) -> None:
     assert len(evaluation["conditions"]) == 16 and (tmp_path / "run" / "eval.png").stat().st_size > 1000
 
 
+def test_compiled_layers_train_the_same_function_as_eager_layers(tmp_path) -> None:
+    """--compile: the decoder layers really run through torch.compile while training, the losses follow eager
+    training to float rounding, and the run finishes with its (eager) evaluation."""
+    from torch._dynamo.utils import counters
+
+    spec = tiny_spec("tape", steps=4, eval_every=2)
+    eager_result = run_task(resolve(spec), tmp_path / "eager", progress=False)
+    counters.clear()
+    compiled_result = run_task(resolve(spec), tmp_path / "compiled", progress=False, compile_layers=True)
+    assert counters["stats"]["unique_graphs"] > 0
+    losses = {name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+                     if '"loss"' in line] for name in ("eager", "compiled")}
+    assert len(losses["compiled"]) == 4
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
+    assert compiled_result["compiled_layers"] and not eager_result["compiled_layers"]
+    assert compiled_result["summary"].keys() == eager_result["summary"].keys()
+
+
 @pytest.mark.parametrize("pe", ["randpe", "tape"])
 def test_resume_reproduces_the_uninterrupted_losses(tmp_path, pe) -> None:
     """RandPE draws its positions from torch's RNG while training: equality needs the RNG state restored too."""

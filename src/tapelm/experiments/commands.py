@@ -72,6 +72,10 @@ def add_run_arguments(parser, exclude: tuple[str, ...] = ()) -> None:
                         help="widen a baseline's MLP to TAPE's parameter count")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: the preset's; cpu-small uses 1, "
                                                     "which is much faster for its tiny models on a busy machine)")
+    parser.add_argument("--compile", action="store_true",
+                        help="train with torch.compile'd decoder layers (inductor; evaluation stays eager): faster "
+                             "steps after seconds of compiling, the same function to float rounding, so not part of "
+                             "a run's identity")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -117,7 +121,7 @@ def _train_command(args) -> None:
     run = resolve(spec)
     apply_threads(args)
     out = Path(args.out or f"runs/train/{spec.task}-{spec.pe}-seed{spec.seed}")
-    result = run_task(run, out, resume=args.resume, progress=not args.no_progress)
+    result = run_task(run, out, resume=args.resume, progress=not args.no_progress, compile_layers=args.compile)
     if result is not None:
         summary = result["summary"]
         print(f"{spec.task} / {spec.pe} / seed {spec.seed}: loss {result['first_loss']:.3f} -> "
@@ -191,7 +195,8 @@ def _compare_command(args) -> None:
     pes = list(PE_TYPES) if args.pe == ["all"] else args.pe
     base = spec_from_args(args, pes[0] if pes else "tape", 0)
     apply_threads(args)
-    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs)
+    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs,
+            compile_layers=args.compile)
 
 
 def _add_ablate(commands) -> None:
@@ -211,7 +216,7 @@ def _ablate_command(args) -> None:
     base = spec_from_args(args, "tape", 0)
     apply_threads(args)
     compare(base, args.variants, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs,
-            ablation=True)
+            ablation=True, compile_layers=args.compile)
 
 
 def _add_sweep(commands) -> None:
@@ -237,7 +242,8 @@ def _sweep_command(args) -> None:
         resolve(spec_from_args(swept, pe, args.seeds[0]))  # refuses a bad task, encoding or option before any run
     apply_threads(args)
     sweep(spec_from_args(swept, args.pe[0], args.seeds[0]), args.lr, root=args.root, out=args.out,
-          progress=not args.no_progress, pes=args.pe, seeds=args.seeds, schedules=args.schedule, name=args.name)
+          progress=not args.no_progress, pes=args.pe, seeds=args.seeds, schedules=args.schedule, name=args.name,
+          compile_layers=args.compile)
 
 
 def add_commands(commands) -> None:

@@ -44,10 +44,12 @@ def comparison_dir(root: Path, task: str, settings_hash: str) -> Path:
 
 
 def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs", progress: bool = True,
-            command: str | None = None, jobs: int = 1, ablation: bool = False) -> dict[str, Any]:
+            command: str | None = None, jobs: int = 1, ablation: bool = False,
+            compile_layers: bool = False) -> dict[str, Any]:
     """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
     With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count).
-    `ablation` records the command as `tapelm ablate` (the encodings are TAPE's variants)."""
+    `ablation` records the command as `tapelm ablate` (the encodings are TAPE's variants). `compile_layers`: see
+    `run_task`."""
     if not pes:
         raise ValueError("give at least one encoding with --pe")
     for pe in pes:
@@ -76,13 +78,13 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
             pending.append((run, run_dir))
     if jobs == 1:
         for run, run_dir in pending:
-            _run_one(run, run_dir, progress, command)
+            _run_one(run, run_dir, progress, command, compile_layers=compile_layers)
     else:
         import torch
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent,
                                  initargs=(os.getpid(),)) as pool:
-            futures = [pool.submit(_run_one, run, run_dir, False, command, torch.get_num_threads())
+            futures = [pool.submit(_run_one, run, run_dir, False, command, torch.get_num_threads(), compile_layers)
                        for run, run_dir in pending]
             for future in as_completed(futures):
                 future.result()
@@ -104,14 +106,15 @@ def _die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _run_one(run, run_dir: Path, progress: bool, command: str, threads: int | None = None) -> None:
+def _run_one(run, run_dir: Path, progress: bool, command: str, threads: int | None = None,
+             compile_layers: bool = False) -> None:
     """Train and evaluate one run of a comparison (in this process, or in a worker with `threads` torch threads)."""
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
     started = time.time()
-    result = run_task(run, run_dir, resume=True, progress=progress, command=command)
+    result = run_task(run, run_dir, resume=True, progress=progress, command=command, compile_layers=compile_layers)
     if result is not None:
         print(f"    {run.spec.pe} / seed {run.spec.seed} done in {time.time() - started:.0f} s: {result['metric']} "
               f"in-distribution {result['summary']['in_distribution']:.4f}, all {result['summary']['all']:.4f}",

@@ -202,9 +202,11 @@ def _environment() -> dict[str, Any]:
 
 
 def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = False, progress: bool = True,
-             stop_after: int | None = None, command: str | None = None) -> dict[str, Any] | None:
+             stop_after: int | None = None, command: str | None = None,
+             compile_layers: bool = False) -> dict[str, Any] | None:
     """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
-    stopped early by `stop_after`. With resume, a finished run returns its cached result."""
+    stopped early by `stop_after`. With resume, a finished run returns its cached result. `compile_layers`: train
+    with torch.compile'd decoder layers (`compile_for_training`); not part of the run's identity, like threads."""
     run = spec if isinstance(spec, ResolvedRun) else resolve(spec)
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
@@ -224,10 +226,12 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
                                                   "--seed", str(run.spec.seed), *option_flags(run.spec)])})
     state.wait_for_everyone()
     model = run.build_model()
+    if compile_layers:
+        compile_for_training(model)
     stream = batch_stream(run.task, run.spec.seed, run.settings.batch_size)
     evaluate_fn = None
     if run.settings.eval_every:
-        evaluate_fn = _quick_evaluation(run)
+        evaluate_fn = eager(_quick_evaluation(run))
     started = time.time()
     trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
                     progress=progress, stop_after=stop_after, accelerator=state)
@@ -236,7 +240,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if not state.is_main_process:
         return None
     eval_started = time.time()
-    evaluation = evaluate_model(model, run.task, run.preset.eval_n, run.preset.eval_batch_size, progress=progress)
+    evaluation = eager(evaluate_model)(model, run.task, run.preset.eval_n, run.preset.eval_batch_size,
+                                       progress=progress)
     write_evaluation(run, run_dir, evaluation)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     losses = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
@@ -248,10 +253,24 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         "first_loss": losses[0][1] if losses else None, "final_loss": losses[-1][1] if losses else None,
         "train_seconds_this_session": trained.seconds, "eval_seconds": time.time() - eval_started,
         "session_seconds": time.time() - started, "world_size": trained.world_size,
-        "tokens_this_session": trained.tokens, "environment": _environment(),
+        "tokens_this_session": trained.tokens, "compiled_layers": compile_layers, "environment": _environment(),
     }
     write_json_atomically(run_dir / RESULT_FILE, result)
     return result
+
+
+def compile_for_training(model: TapeForCausalLM) -> None:
+    """torch.compile every decoder layer (`compile_layers`) for the training steps. The compiler's caches are reset
+    first: dynamo keeps at most eight compiled versions of a layer's code per process and then silently runs it
+    eagerly, which a process training one model after another would reach."""
+    torch.compiler.reset()
+    model.compile_layers()
+
+
+def eager(function):
+    """`function` with every torch.compile directive ignored while it runs: evaluation decodes token by token with
+    a cache, shapes a training-compiled layer would recompile for at a cost no evaluation earns back."""
+    return torch.compiler.set_stance("force_eager")(function)
 
 
 EVALUATION_FIELDS = ("metric", "summary", "mean", "token_accuracy_summary")

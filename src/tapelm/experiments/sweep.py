@@ -32,9 +32,11 @@ def _label(lr: float, schedule: str, seed: int, pe: str) -> str:
 
 def sweep(base: RunSpec, learning_rates: list[float], root: str | Path = "runs", out: str | Path = "docs/sweeps",
           progress: bool = True, pes: list[str] | None = None, seeds: list[int] | None = None,
-          schedules: list[str] | None = None, name: str | None = None) -> dict[str, Any]:
+          schedules: list[str] | None = None, name: str | None = None,
+          compile_layers: bool = False) -> dict[str, Any]:
     """Train `base` once per (encoding, learning rate, schedule, seed) (cached), then write OUT/NAME.json and .png;
-    NAME defaults to TASK-PE[-PE...]-sweep. Encodings, seeds and schedules default to `base`'s."""
+    NAME defaults to TASK-PE[-PE...]-sweep. Encodings, seeds and schedules default to `base`'s. `compile_layers`: see
+    `run_task`."""
     pes, seeds = pes or [base.pe], seeds if seeds is not None else [base.seed]
     schedules = schedules or [None]
     if not learning_rates or any(lr <= 0 for lr in learning_rates):
@@ -59,7 +61,8 @@ def sweep(base: RunSpec, learning_rates: list[float], root: str | Path = "runs",
         run_dir = (Path(root) / "sweep" / base.task / spec.pe /
                    f"lr{run.settings.lr:g}-{run.settings.schedule}-seed{spec.seed}-{run.settings_hash}")
         print(f"[{index}/{len(runs)}] {base.task} / {label} ({run_dir})", flush=True)
-        result = run_task(run, run_dir, resume=True, progress=progress, command=command)
+        result = run_task(run, run_dir, resume=True, progress=progress, command=command,
+                          compile_layers=compile_layers)
         if result is None:
             continue
         entries[label] = {"pe": spec.pe, "seed": spec.seed, "lr": run.settings.lr, "schedule": run.settings.schedule,
