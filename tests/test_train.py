@@ -109,6 +109,8 @@ def test_compiled_layers_train_the_same_function_as_eager_layers(tmp_path) -> No
     assert len(losses["compiled"]) == 4
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
     assert compiled_result["compiled_layers"] and not eager_result["compiled_layers"]
+    commands = {name: json.loads((tmp_path / name / "run.json").read_text())["command"] for name in losses}
+    assert commands["compiled"] == commands["eager"] + " --compile"
     assert compiled_result["summary"].keys() == eager_result["summary"].keys()
 
 

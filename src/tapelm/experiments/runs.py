@@ -223,7 +223,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
                                              "parameters": run.parameters,
                                              "command": command or shlex.join(
                                                  ["tapelm", "train", "--task", run.spec.task, "--pe", run.spec.pe,
-                                                  "--seed", str(run.spec.seed), *option_flags(run.spec)])})
+                                                  "--seed", str(run.spec.seed), *option_flags(run.spec),
+                                                  *(["--compile"] if compile_layers else [])])})
     state.wait_for_everyone()
     model = run.build_model()
     if compile_layers:
