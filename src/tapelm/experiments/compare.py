@@ -66,8 +66,8 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     directory = comparison_dir(Path(root), base.task, hashes.pop())
     selection = ["ablate", base.task, "--variants", *pes] if ablation else ["compare", base.task, "--pe", *pes]
     command = command or shlex.join(["tapelm", *selection, "--seeds", *map(str, seeds),
-                                     *(["--root", str(root)] if str(root) != "runs" else []), *option_flags(base),
-                                     *(["--compile"] if compile_layers else [])])
+                                     *(["--root", str(root)] if str(root) != "runs" else []),
+                                     *option_flags(base, compile_layers)])
     _record(directory, base, pes, seeds, command, next(iter(runs.values())))
     pending = []
     for index, ((pe, seed), run) in enumerate(runs.items(), 1):

@@ -223,8 +223,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
                                              "parameters": run.parameters,
                                              "command": command or shlex.join(
                                                  ["tapelm", "train", "--task", run.spec.task, "--pe", run.spec.pe,
-                                                  "--seed", str(run.spec.seed), *option_flags(run.spec),
-                                                  *(["--compile"] if compile_layers else [])])})
+                                                  "--seed", str(run.spec.seed),
+                                                  *option_flags(run.spec, compile_layers)])})
     state.wait_for_everyone()
     model = run.build_model()
     if compile_layers:
@@ -358,8 +358,9 @@ def load_run(run_dir: str | Path) -> ResolvedRun:
     return run
 
 
-def option_flags(spec: RunSpec) -> list[str]:
-    """The command-line flags that reproduce `spec`'s preset, options and overrides (not task, encoding, seed)."""
+def option_flags(spec: RunSpec, compile_layers: bool = False) -> list[str]:
+    """The command-line flags that reproduce `spec`'s preset, options and overrides (not task, encoding, seed), and
+    --compile when the run is trained with compiled layers."""
     flags = [] if spec.preset == DEFAULT_PRESET else ["--preset", spec.preset]
     for flag, options in (("--task-option", spec.task_options), ("--model-option", spec.model_options)):
         for key, value in options.items():
@@ -374,7 +375,7 @@ def option_flags(spec: RunSpec) -> list[str]:
     for key in ("eval_n", "eval_batch_size"):
         if getattr(spec, key) is not None:
             flags += [f"--{key.replace('_', '-')}", str(getattr(spec, key))]
-    return flags + (["--match-params"] if spec.match_params else [])
+    return flags + (["--match-params"] if spec.match_params else []) + (["--compile"] if compile_layers else [])
 
 
 __all__ = ["RunSpec", "ResolvedRun", "resolve", "run_task", "load_run", "batch_stream", "model_config",

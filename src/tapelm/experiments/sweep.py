@@ -54,8 +54,7 @@ def sweep(base: RunSpec, learning_rates: list[float], root: str | Path = "runs",
     command = shlex.join(["tapelm", "sweep", base.task, "--pe", *pes, "--seeds", *map(str, seeds), "--lr",
                           *map(str, learning_rates), *(["--schedule", *schedules] if schedules[0] else []),
                           *(["--name", name] if name else []), *option_flags(replace(base, train_options={
-                              k: v for k, v in base.train_options.items() if k != "schedule"})),
-                          *(["--compile"] if compile_layers else [])])
+                              k: v for k, v in base.train_options.items() if k != "schedule"}), compile_layers)])
     entries = {}
     for index, (label, run) in enumerate(runs.items(), 1):
         spec = run.spec
