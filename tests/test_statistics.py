@@ -67,6 +67,11 @@ def test_a_claim_needs_models_that_learned_and_results_that_exist():
     result, lines = judge(ARITHMETIC, summary_with(unlearned, dict.fromkeys(("rope", "randpe", "nope", "fire"), 0.05)))
     assert result == "inconclusive" and any("nope: did not learn" in line for line in lines)
     assert judge(ARITHMETIC, summary_with({**LEARNED, "tape": 0.2}, {}))[0] == "inconclusive"
+    partly = summary_with({**LEARNED, "tape": 0.9}, {})
+    partly["rows"]["tape"]["per_seed"]["in_distribution"] = dict(enumerate((1.0, 0.95, 0.6, 1.0, 0.9)))
+    result, lines = judge(ARITHMETIC, partly)
+    assert result == "inconclusive" and lines == ["tape did not learn addition in distribution "
+                                                  "(90.0% < 95%; 3 of 5 seeds reach it): nothing to compare"]
     assert judge(ARITHMETIC, None)[0] == "not run"
     assert judge(ARITHMETIC, summary_with({"rope": 1.0}, {}))[0] == "not run"
 

@@ -73,6 +73,15 @@ def _learned(summary: dict[str, Any], pe: str) -> bool:
     return summary["rows"][pe]["in_distribution"]["mean"] >= learned_threshold(summary["task"])
 
 
+def _unlearned_detail(summary: dict[str, Any], pe: str) -> str:
+    """The mean in distribution against the threshold, and how many seeds reached it on their own."""
+    threshold = learned_threshold(summary["task"])
+    per_seed = summary["rows"][pe]["per_seed"]["in_distribution"].values()
+    reached = sum(value >= threshold for value in per_seed)
+    return (f"{summary['rows'][pe]['in_distribution']['mean'] * 100:.1f}% < {threshold * 100:.0f}%; "
+            f"{reached} of {len(per_seed)} seeds reach it")
+
+
 def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]:
     """The verdict and one line per baseline."""
     if summary is None or claim.subject not in summary["rows"]:
@@ -81,8 +90,7 @@ def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]
     lines, outcomes = [], []
     if not _learned(summary, subject):
         return "inconclusive", [f"{subject} did not learn {claim.task} in distribution "
-                                f"({rows[subject]['in_distribution']['mean'] * 100:.1f}% < "
-                                f"{learned_threshold(claim.task) * 100:.0f}%): nothing to compare"]
+                                f"({_unlearned_detail(summary, subject)}): nothing to compare"]
     for pe in claim.baselines:
         if pe not in rows:
             outcomes.append("missing")
@@ -90,8 +98,7 @@ def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]
             continue
         if not _learned(summary, pe):
             outcomes.append("not testable")
-            lines.append(f"{pe}: did not learn in distribution ({rows[pe]['in_distribution']['mean'] * 100:.1f}%), "
-                         "not testable")
+            lines.append(f"{pe}: did not learn in distribution ({_unlearned_detail(summary, pe)}), not testable")
             continue
         difference = paired_difference(rows[subject]["per_seed"][claim.headline], rows[pe]["per_seed"][claim.headline])
         outcome = verdict(difference, higher_is_better(metric))
