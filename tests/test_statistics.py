@@ -72,6 +72,10 @@ def test_a_claim_needs_models_that_learned_and_results_that_exist():
     result, lines = judge(ARITHMETIC, partly)
     assert result == "inconclusive" and lines == ["tape did not learn addition in distribution "
                                                   "(90.0% < 95%; 3 of 5 seeds reach it): nothing to compare"]
+    disjoint = summary_with(LEARNED, dict.fromkeys(("rope", "randpe", "nope", "fire"), 0.05))
+    disjoint["rows"]["fire"]["per_seed"]["all"] = {7: 0.4}
+    result, lines = judge(ARITHMETIC, disjoint)
+    assert result == "inconclusive" and "fire: no seed in common with tape" in lines
     assert judge(ARITHMETIC, None)[0] == "not run"
     assert judge(ARITHMETIC, summary_with({"rope": 1.0}, {}))[0] == "not run"
 

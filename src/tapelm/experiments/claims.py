@@ -101,6 +101,10 @@ def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]
             lines.append(f"{pe}: did not learn in distribution ({_unlearned_detail(summary, pe)}), not testable")
             continue
         difference = paired_difference(rows[subject]["per_seed"][claim.headline], rows[pe]["per_seed"][claim.headline])
+        if not difference["seeds"]:
+            outcomes.append("missing")
+            lines.append(f"{pe}: no seed in common with {subject}")
+            continue
         outcome = verdict(difference, higher_is_better(metric))
         outcomes.append(outcome)
         operator, unit = (" / ", "") if metric == "perplexity" else (" − ", " pts")
