@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from tapelm.bench import training
+from tapelm.bench import speed, training
+from tapelm.config import PE_TYPES
 
 
 def test_training_bench_reports_every_encoding_and_variant():
@@ -26,3 +27,12 @@ def test_training_bench_refuses_an_unknown_variant(tmp_path):
     with pytest.raises(ValueError, match="unknown variant 'fast'"):
         training.run_command(args)
     assert not any(tmp_path.iterdir())
+
+
+def test_speed_bench_measures_every_encoding_with_a_cache():
+    tiny = speed.SpeedSize("tiny", 2, 32, 4, 2, 64, 16, 2, 12, 3, 1)
+    results = speed.measure(tiny, list(PE_TYPES), progress=False)
+    assert list(results) == list(PE_TYPES)
+    for pe, result in results.items():
+        assert result["decode_tokens_per_s"] > 0 and result["cache_bytes"] > 0, pe
+    assert results["tape"]["cache_bytes"] > results["rope"]["cache_bytes"]

@@ -40,9 +40,11 @@ class SpeedSize:
     repeats: int
 
     def config(self, pe_type: str) -> TapeConfig:
+        """RandPE decodes on the given positions (a cache cannot be continued otherwise); it trains as always."""
         return TapeConfig(vocab_size=256, hidden_size=self.hidden, intermediate_size=self.intermediate,
                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                          num_key_value_heads=self.kv_heads, max_position_embeddings=4096, pe_type=pe_type)
+                          num_key_value_heads=self.kv_heads, max_position_embeddings=4096, pe_type=pe_type,
+                          randpe_eval_positions="given")
 
 
 SIZES = {
