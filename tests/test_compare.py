@@ -10,6 +10,7 @@ import pytest
 
 from tapelm.cli import main
 from tapelm.experiments.compare import aggregate, compare, format_table, merge_records, requested_runs
+from tapelm.experiments.plan import default_settings_hash, superseded_by
 from tapelm.report import build_report, splice
 from tapelm.experiments.runs import RunSpec
 
@@ -103,6 +104,7 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     assert build_report(compared, out) == ["claims", "coverage", "task-comparison"]
     text = out.read_text()
     assert "tape did not learn addition in distribution" in text and "| **inconclusive** |" in text
+    assert f"; not the preset's current recipe, `{default_settings_hash('addition')}`" in text  # TINY's settings
     assert "Intro by a person." in text and "Written by another tool." in text
     assert "<!-- tapelm-report:begin task-comparison -->" in text
     assert "tapelm compare addition --pe tape rope --seeds 0 1" in text and "| tape |" in text
@@ -345,3 +347,10 @@ def test_claims_are_judged_at_the_current_recipe_once_it_has_the_subject() -> No
     assert _best_comparison([small_old, old, current], "tape", "absent") is old
     assert _best_comparison([small_old, old, summary("new", {"rope": [0]})], "tape", "new") is old
     assert _best_comparison([old], "tape-r4", "new") is None
+
+
+def test_only_a_default_preset_comparison_at_other_settings_is_superseded() -> None:
+    current = default_settings_hash("addition")
+    assert superseded_by("addition", "cpu-small", current) is None
+    assert superseded_by("addition", "cpu-small", "0123456789") == current
+    assert superseded_by("addition", "paper", "0123456789") is None

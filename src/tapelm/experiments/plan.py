@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from .presets import DEFAULT_PRESET
 from .runs import RunSpec, resolve
 from .variants import ABLATIONS
 
@@ -20,6 +21,15 @@ def default_settings_hash(task: str) -> str:
     """The comparison folder's name at the default preset (where `tapelm compare TASK` writes; every encoding of a
     comparison shares it)."""
     return resolve(RunSpec(task=task, pe="tape")).settings_hash
+
+
+def superseded_by(task: str, preset: str, settings_hash: str) -> str | None:
+    """The default preset's current settings hash for `task` when a comparison of that preset at `settings_hash` was
+    run at other settings (an older recipe, or options given on the command line); None otherwise."""
+    if preset != DEFAULT_PRESET:
+        return None
+    current = default_settings_hash(task)
+    return None if settings_hash == current else current
 
 
 @dataclass(frozen=True)

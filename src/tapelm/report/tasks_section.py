@@ -9,6 +9,7 @@ from typing import Any
 
 from ..experiments.claims import learned_threshold
 from ..experiments.evaluate import higher_is_better
+from ..experiments.plan import superseded_by
 from ..experiments.statistics import verdict
 from ..experiments.variants import ABLATIONS, VARIANTS
 from .archive import archived_comparisons
@@ -84,7 +85,7 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
     layers = model["num_hidden_layers"]
     matched = " (baselines widened to TAPE’s parameter count)" if record["match_params"] else ""
     return (
-        f"Preset `{record['preset']}` (settings hash `{record['settings_hash']}`): {layers} "
+        f"Preset `{record['preset']}` (settings hash `{record['settings_hash']}`{_recipe_note(summary)}): {layers} "
         f"layer{'s' if layers > 1 else ''}, hidden {model['hidden_size']}, {model['num_attention_heads']} heads, MLP "
         f"{model['intermediate_size']}{matched}; "
         f"task options `{json.dumps(record['task_options'])}`; {train['steps']} steps × batch {train['batch_size']}"
@@ -95,6 +96,11 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
         f"{_corpus_note(summary['task'], record['task_options'])} "
         f"Commit `{env.get('commit', '?')[:10]}`, torch {env.get('torch', '?')}, {env.get('cpu', '?')}."
         + timing)
+
+
+def _recipe_note(summary: dict[str, Any]) -> str:
+    current = superseded_by(summary["task"], summary["record"]["preset"], summary["record"]["settings_hash"])
+    return f"; not the preset's current recipe, `{current}`" if current else ""
 
 
 def _corpus_note(task: str, options: dict[str, Any]) -> str:
