@@ -326,6 +326,62 @@ def test_addition_train_and_eval_problems_are_disjoint() -> None:
     assert not train & evaluation
 
 
+HINTED_NUMBER = r"((?:<\d+>\d)+)"
+HINTED = re.compile(rf"<bos>{HINTED_NUMBER}\+{HINTED_NUMBER}={HINTED_NUMBER}<eos>")
+
+
+def parse_hinted(number: str) -> tuple[list[int], str]:
+    """(markers, reversed digits) of one hinted number."""
+    pairs = re.findall(r"<(\d+)>(\d)", number)
+    return [int(m) for m, _ in pairs], "".join(d for _, d in pairs)
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_index_hints_mark_each_digit_by_significance_in_operands_and_answer(split: str) -> None:
+    task = get_task("addition", max_train_digits=3, eval_max_digits=6, format="index_hints")
+    assert task.hint_symbols == 14  # twice the longest answer's digits
+    if split == "train":
+        batches = [task.train_batch(np.random.default_rng(0), 800)]
+    else:
+        batches = [b for c in task.eval_conditions()[::5] for b in task.eval_batches(c, 0, 30, 30)]
+    seen = set()
+    for batch in batches:
+        for ids, labelled in rows(batch):
+            text = task.tokenizer.decode(ids)
+            a, b, c = (parse_hinted(g) for g in HINTED.fullmatch(text).groups())
+            assert int(a[1][::-1]) + int(b[1][::-1]) == int(c[1][::-1])
+            first = a[0][0]
+            for markers, digits in (a, b, c):  # consecutive markers from the same first one: equal significance
+                assert markers == list(range(first, first + len(digits)))
+            assert max(c[0]) < task.hint_symbols
+            seen.update(c[0])
+            answer = text[text.index("=") + 1:]
+            assert labelled_text(task.tokenizer, ids, labelled) == answer
+    if split == "train":  # short operands still show every marker
+        assert seen == set(range(task.hint_symbols))
+
+
+def test_index_hints_keep_the_plain_problems_and_lengths() -> None:
+    plain = get_task("addition", max_train_digits=3, eval_max_digits=6)
+    hinted = get_task("addition", max_train_digits=3, eval_max_digits=6, format="index_hints")
+    condition = {"len_a": 5, "len_b": 2, "length": 0}
+    for seed in range(5):
+        digits = re.sub(r"<\d+>", "", hinted.tokenizer.decode(hinted.eval_example(np.random.default_rng(seed),
+                                                                              condition).ids))
+        assert digits == plain.tokenizer.decode(plain.eval_example(np.random.default_rng(seed), condition).ids)
+    assert hinted.train_length == 4 + 2 * (3 + 3 + 4)
+    assert max(c["length"] for c in hinted.eval_conditions()) == hinted.max_eval_length == 4 + 2 * (6 + 6 + 7)
+
+
+def test_index_hint_options_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"format='hints' is not allowed; it must be one of: plain, index_hints"):
+        get_task("addition", format="hints")
+    with pytest.raises(ValueError, match=r"hint_symbols=5 is not allowed; it must be an integer in \[7, 1000\]"):
+        get_task("addition", max_train_digits=3, eval_max_digits=6, format="index_hints", hint_symbols=5)
+    with pytest.raises(ValueError, match=r"hint_symbols=20 is not allowed with format='plain'"):
+        get_task("addition", hint_symbols=20)
+
+
 def test_holdout_share_and_smallest_cell() -> None:
     keys = [str(k) for k in range(1, 50000)]
     share = sum(map(held_out, keys)) / len(keys)
