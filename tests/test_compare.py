@@ -117,6 +117,21 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     assert out.read_text() == first
 
 
+def test_report_writes_the_readme_verdicts_only_between_its_markers(compared, tmp_path) -> None:
+    out = tmp_path / "docs" / "RESULTS.md"
+    readme = tmp_path / "README.md"
+    readme.write_text("# tool\n\nFront page.\n")
+    assert "README.md:verdicts" not in build_report(compared, out, readme=readme)
+    assert readme.read_text() == "# tool\n\nFront page.\n"  # no markers: the file is not touched
+    readme.write_text("# tool\n\n<!-- tapelm-report:begin verdicts -->\nold\n<!-- tapelm-report:end verdicts -->\n"
+                      "\nAfter.\n")
+    assert f"{readme}:verdicts" in build_report(compared, out, readme=readme)
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("\nAfter.\n")
+    assert "| Addition: TAPE's heatmap average over the 2x operand-length grid" in text
+    assert "| **inconclusive** |" in text
+
+
 def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     """The report archives each comparison's small files next to itself; without the cache it rebuilds the same
     text from the archive, and a later cache with other seeds is merged into it, not swapped for it."""

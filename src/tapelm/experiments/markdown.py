@@ -24,3 +24,8 @@ def splice(document: str, name: str, content: str) -> str:
     if pattern.search(document):
         return pattern.sub(lambda _: block, document, count=1)
     return document.rstrip() + "\n\n" + block + "\n"
+
+
+def has_section(document: str, name: str) -> bool:
+    """Whether `document` holds section `name`'s begin marker."""
+    return _markers(name)[0] in document

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..experiments.markdown import HEADER, splice
+from ..experiments.markdown import HEADER, has_section, splice
 from .archive import archive_comparisons
 from .sections import SECTIONS, ReportContext, register_section
 
 
 def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
-                 figures: str | Path | None = None, sections: list[str] | None = None) -> list[str]:
-    """Rebuild the sections (all registered ones, or `sections`) of `out` from the results under `root`; returns
-    the names of the sections written."""
+                 figures: str | Path | None = None, sections: list[str] | None = None,
+                 readme: str | Path | None = None) -> list[str]:
+    """Rebuild the sections (all registered ones, or `sections`) of `out` from the results under `root`, and the
+    verdicts table of `readme` when given (only where that file already has the `verdicts` markers); returns the
+    names of the sections written."""
     from . import (  # noqa: F401  (each registers its section)
         claims_section,
         coverage_section,
@@ -55,11 +57,23 @@ def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
     document = out.read_text() if out.exists() else HEADER
     for name, content in contents.items():
         document = splice(document, name, content)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_name(out.name + ".tmp")
-    temporary.write_text(document)
-    temporary.replace(out)
+    _write_atomically(out, document)
+    if readme is not None and Path(readme).is_file() and has_section(Path(readme).read_text(), README_SECTION):
+        verdicts = claims_section.build_verdicts(context)
+        if verdicts is not None:
+            _write_atomically(Path(readme), splice(Path(readme).read_text(), README_SECTION, verdicts))
+            contents[f"{readme}:{README_SECTION}"] = verdicts
     return list(contents)
+
+
+README_SECTION = "verdicts"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
 
 
 def add_commands(commands) -> None:
@@ -69,11 +83,14 @@ def add_commands(commands) -> None:
     parser.add_argument("--out", default="docs/RESULTS.md", help="markdown file (default: %(default)s)")
     parser.add_argument("--figures", help="figures folder (default: 'figures' next to --out)")
     parser.add_argument("--section", nargs="+", help="only these sections (default: every registered one)")
+    parser.add_argument("--readme", default="README.md",
+                        help="also rewrite the verdicts table of this file, where it has the markers (default: "
+                             "%(default)s)")
     parser.set_defaults(handler=_report_command)
 
 
 def _report_command(args) -> None:
-    written = build_report(args.root, args.out, args.figures, args.section)
+    written = build_report(args.root, args.out, args.figures, args.section, args.readme)
     print(f"wrote {args.out} (sections: {', '.join(written)})")
 
 

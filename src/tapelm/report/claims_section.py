@@ -35,7 +35,9 @@ def _summaries(archive: Path, task: str) -> list[dict[str, Any]]:
             sorted(archived_comparisons(archive, task), key=lambda p: (p / COMPARISON_FILE).stat().st_mtime)]
 
 
-def build(context: ReportContext) -> str | None:
+def judge_all(context: ReportContext) -> list[tuple[claims.Claim, dict[str, Any] | None, str, list[str]]] | None:
+    """Every claim with the comparison it is judged on, its verdict and one line per baseline; None when no claim
+    has results."""
     judged, by_task = [], {}
     for claim in claims.CLAIMS:
         if claim.task not in by_task:
@@ -44,6 +46,23 @@ def build(context: ReportContext) -> str | None:
         summary = _best_comparison(summaries, claim.subject, current_hash)
         judged.append((claim, summary, *claims.judge(claim, summary)))
     if all(result == "not run" for _, _, result, _ in judged):
+        return None
+    return judged
+
+
+def build_verdicts(context: ReportContext) -> str | None:
+    """The short table for the README: each claim and its verdict, linking to the evidence in docs/RESULTS.md."""
+    judged = judge_all(context)
+    if judged is None:
+        return None
+    lines = ["| the paper's claim, tested at laptop scale | verdict |", "|---|---|"]
+    lines += [f"| {claim.statement} | **{result}** |" for claim, _, result, _ in judged]
+    return "\n".join(lines)
+
+
+def build(context: ReportContext) -> str | None:
+    judged = judge_all(context)
+    if judged is None:
         return None
     doc = (claims.__doc__ or "").split("\n\n", 1)[1].strip().replace("\n", " ")
     lines = [doc, "", "| claim | comparison | verdict |", "|---|---|---|"]
@@ -60,4 +79,4 @@ def build(context: ReportContext) -> str | None:
 
 register_section("claims", "Claims: verdicts at laptop scale", build)
 
-__all__ = ["build"]
+__all__ = ["build", "build_verdicts", "judge_all"]
