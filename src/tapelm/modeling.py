@@ -28,7 +28,7 @@ from .attention import (
 from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
 from .layout import TokenLayout
-from .positional import LayerPositional, PositionalEncoding, PositionContext, TapeLayer, build_encoding
+from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer, build_encoding
 
 logger = logging.get_logger(__name__)
 
@@ -144,7 +144,7 @@ class TapePreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, (LayerPositional, PositionalEncoding)) and hasattr(module, "init_weights"):
+        if isinstance(module, CustomInit):
             module.init_weights(init, self.config.initializer_range)
 
 
