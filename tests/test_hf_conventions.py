@@ -150,3 +150,14 @@ def test_fox_gate_bias_starts_at_its_option():
     model = TapeForCausalLM(tiny_config("fox", fox_gate_bias_init=2.0))
     for layer in model.model.layers:
         assert torch.equal(layer.positional.gate.bias, torch.full((4,), 2.0))
+
+
+def test_meta_initialisation_in_bfloat16_keeps_float32_rotary_tables():
+    config = tiny_config("tape")
+    with torch.device("meta"):
+        model = TapeForCausalLM(config).to(torch.bfloat16)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    expected = dict(TapeForCausalLM(config).to(torch.bfloat16).named_buffers())
+    for name, buffer in model.named_buffers():
+        assert buffer.dtype == torch.float32 and torch.equal(buffer, expected[name]), name

@@ -126,8 +126,9 @@ class FireFunction(CustomInit):
         self.init_threshold = float(config.fire_init_threshold)
         self.mlp = nn.Sequential(nn.Linear(1, config.fire_hidden_size), nn.ReLU(),
                                  nn.Linear(config.fire_hidden_size, config.num_attention_heads))
-        self.c = nn.Parameter(torch.tensor(self.init_c))
-        self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
+        # shape (1,), not scalars: FSDP2's fully_shard cannot shard a 0-dimensional parameter
+        self.c = nn.Parameter(torch.full((1,), self.init_c))
+        self.threshold_multiplier = nn.Parameter(torch.ones(1))
 
     def init_weights(self, init, std: float) -> None:
         init.constant_(self.c, self.init_c)
