@@ -74,8 +74,7 @@ def attend_with_probabilities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               bias: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """`attend` through the explicit path, also returning the attention probabilities (B, H, N, T)
     (`output_attentions=True`)."""
-    out, probs = explicit_attention(q, k, v, _with_bias(mask, bias), mask.is_causal, scale)
-    return out, probs.view(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return explicit_attention(q, k, v, _with_bias(mask, bias), mask.is_causal, scale)
 
 
 def _with_bias(mask: AttentionMask, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -88,7 +87,8 @@ def _with_bias(mask: AttentionMask, bias: torch.Tensor | None) -> torch.Tensor |
 def explicit_attention(q, k, v, mask, is_causal, scale):
     """The reference path, also used for single-token decoding, where it reads each cached key and value once and
     needs no padding: explicit logits, softmax in float32 or wider, GQA by grouping query heads (no copies of k, v).
-    Returns the output (B, H, N, dv) and the probabilities grouped as (B, Hkv, groups * N, T)."""
+    Returns the output (B, H, N, dv) and the probabilities (B, H, N, T), the very tensor the output is computed from
+    (so a gradient reaches it, as in transformers' eager attention)."""
     batch, heads, length, _ = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
     groups = heads // kv_heads
@@ -99,5 +99,5 @@ def explicit_attention(q, k, v, mask, is_causal, scale):
     if mask is not None:
         mask = mask.unflatten(1, (kv_heads, groups)) if mask.dim() == 4 and mask.shape[1] == heads else mask.unsqueeze(-3)
         logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-    probs = logits.softmax(dim=-1).to(v.dtype).view(batch, kv_heads, groups * length, keys)
-    return (probs @ v).view(batch, heads, length, -1), probs
+    probs = logits.softmax(dim=-1).to(v.dtype).view(batch, heads, length, keys)
+    return (probs.view(batch, kv_heads, groups * length, keys) @ v).view(batch, heads, length, -1), probs

@@ -15,7 +15,7 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
 )
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
-from transformers.utils import logging
+from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .attention import (
@@ -28,7 +28,7 @@ from .attention import (
 from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
 from .layout import TokenLayout
-from .positional import LayerPositional, PositionalEncoding, PositionContext, TapeLayer, build_encoding
+from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer, build_encoding
 
 logger = logging.get_logger(__name__)
 
@@ -144,7 +144,7 @@ class TapePreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, (LayerPositional, PositionalEncoding)) and hasattr(module, "init_weights"):
+        if isinstance(module, CustomInit):
             module.init_weights(init, self.config.initializer_range)
 
 
@@ -174,6 +174,7 @@ class TapeModel(TapePreTrainedModel):
         self.embed_tokens = value
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
+    @can_return_tuple
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
@@ -186,6 +187,8 @@ class TapeModel(TapePreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         # As in transformers' Llama: activation checkpointing with gradients on turns caching off; without gradients
         # (generate) nothing is checkpointed, so the cache works.
         if use_cache and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
@@ -217,8 +220,9 @@ class TapeModel(TapePreTrainedModel):
         all_hidden = [] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
         for layer in self.layers:
-            if all_hidden is not None:
+            if all_hidden is not None:  # the layer reads the returned grid, so gradients reach it (as in Llama)
                 all_hidden.append(layout.unpack(hidden))
+                hidden = layout.pack(all_hidden[-1])
             hidden, state, probs = layer(hidden, state, ctx, mask, layout, cache=cache,
                                          output_attentions=output_attentions)
             if all_attentions is not None:
@@ -264,6 +268,7 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
                 yield from module.parameters()
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
+    @can_return_tuple
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
@@ -272,7 +277,8 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
                 **kwargs) -> CausalLMOutputWithPast:
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                             return_dict=True)
         hidden = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]

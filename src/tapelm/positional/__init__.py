@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
-from .base import LayerPositional, PositionalEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 from .bias import FIRE, ALiBi, CoPE, T5Bias
 from .fox import FoX
 from .path import PaTH
@@ -32,4 +32,4 @@ def build_encoding(config) -> PositionalEncoding:
     return ENCODINGS[config.pe_type](config)
 
 
-__all__ = ["ENCODINGS", "build_encoding", "PositionalEncoding", "LayerPositional", "PositionContext", "TapeLayer"]
+__all__ = ["ENCODINGS", "CustomInit", "build_encoding", "PositionalEncoding", "LayerPositional", "PositionContext", "TapeLayer"]

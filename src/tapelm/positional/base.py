@@ -40,12 +40,26 @@ class Float32Buffers(nn.Module):
     def _apply(self, fn, recurse=True):
         kept = {name: buf for name, buf in self._buffers.items() if buf is not None and buf.dtype == torch.float32}
         super()._apply(fn, recurse)
-        for name, buf in kept.items():
-            self._buffers[name] = buf.to(self._buffers[name].device)
+        for name, buf in kept.items():  # only a cast is undone: `to_empty` from the meta device changes no dtype
+            if self._buffers[name].dtype != torch.float32:
+                self._buffers[name] = buf.to(self._buffers[name].device)
         return self
 
 
-class LayerPositional(nn.Module):
+class CustomInit(nn.Module):
+    """A module whose own tensors start at values other than transformers' defaults for their module types.
+
+    `init_weights(init, std)` sets them (with `transformers.initialization`, which skips tensors already loaded).
+    It must set the tensors this module holds itself, not those of its children: transformers initialises only
+    the modules that hold an uninitialised tensor directly (a checkpoint that lacks it, meta-device
+    initialisation), and skips a module without tensors of its own. A child with its own initial values is a
+    `CustomInit` too."""
+
+    def init_weights(self, init, std: float) -> None:
+        """Set this module's own tensors; `std` is the config's initializer_range."""
+
+
+class LayerPositional(CustomInit):
     """Per-layer hooks. The defaults leave attention untouched and carry no state."""
 
     def transform_qk(self, q: torch.Tensor, k: torch.Tensor, state, ctx: PositionContext):
@@ -88,7 +102,7 @@ class LayerPositional(nn.Module):
         return head_dim**-0.5
 
 
-class PositionalEncoding(nn.Module):
+class PositionalEncoding(CustomInit):
     """Model-level hooks. The defaults add nothing, need no key positions and carry no state.
 
     `needs_key_positions`: the context must carry the positions of every key (relative biases).

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from .base import LayerPositional, PositionalEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
 
 def relative_distance(ctx: PositionContext) -> torch.Tensor:
@@ -110,7 +110,7 @@ class T5Layer(LayerPositional):
         return t5_bias(self.relative_attention_bias, ctx.tables["t5_buckets"], q.dtype)
 
 
-class FireFunction(nn.Module):
+class FireFunction(CustomInit):
     """FIRE's learned function of (query, key) positions (Li et al. 2024):
     MLP_h( psi(i - j) / (psi(max(i, L)) + eps) ), psi(x) = log(|c x| + 1), MLP 1 -> fire_hidden_size -> heads.
 
@@ -126,10 +126,11 @@ class FireFunction(nn.Module):
         self.init_threshold = float(config.fire_init_threshold)
         self.mlp = nn.Sequential(nn.Linear(1, config.fire_hidden_size), nn.ReLU(),
                                  nn.Linear(config.fire_hidden_size, config.num_attention_heads))
-        self.c = nn.Parameter(torch.tensor(self.init_c))
-        self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
+        # shape (1,), not scalars: FSDP2's fully_shard cannot shard a 0-dimensional parameter
+        self.c = nn.Parameter(torch.full((1,), self.init_c))
+        self.threshold_multiplier = nn.Parameter(torch.ones(1))
 
-    def init_weights(self, init) -> None:
+    def init_weights(self, init, std: float) -> None:
         init.constant_(self.c, self.init_c)
         init.constant_(self.threshold_multiplier, 1.0)
 
@@ -163,10 +164,6 @@ class FIRE(RelativeBias):
         if self.shared:
             self.fire = FireFunction(config)
 
-    def init_weights(self, init, std: float) -> None:
-        if self.shared:
-            self.fire.init_weights(init)
-
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         if self.shared:
             ctx.bias = self.fire(ctx, dtype)
@@ -181,9 +178,6 @@ class FIRELayer(LayerPositional):
     def __init__(self, config):
         super().__init__()
         self.fire = FireFunction(config)
-
-    def init_weights(self, init, std: float) -> None:
-        self.fire.init_weights(init)
 
     def logit_bias(self, q, k, valid, ctx):
         return self.fire(ctx, q.dtype)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import cached_state, layer_state_slot, store_state
-from .base import LayerPositional, PositionalEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
 
 class FoX(PositionalEncoding):
@@ -36,20 +36,24 @@ class FoX(PositionalEncoding):
         return FoXLayer(self.config, layer_idx)
 
 
+class ForgetGate(nn.Linear, CustomInit):
+    """hidden -> one gate logit per head; the weight starts as any Linear's, the bias at `fox_gate_bias_init`."""
+
+    def __init__(self, config):
+        super().__init__(config.hidden_size, config.num_attention_heads, bias=True)
+        self.bias_init = float(config.fox_gate_bias_init)
+
+    def init_weights(self, init, std: float) -> None:
+        init.constant_(self.bias, self.bias_init)
+
+
 class FoXLayer(LayerPositional):
     """One layer's forget gate (hidden -> heads, with bias) and its cumulative log gates in the cache."""
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
-        self.gate = nn.Linear(config.hidden_size, config.num_attention_heads, bias=True)
-        self.gate_bias_init = float(config.fox_gate_bias_init)
+        self.gate = ForgetGate(config)
         self.slot = layer_state_slot(config.num_hidden_layers, layer_idx)
-        with torch.no_grad():
-            self.gate.bias.fill_(self.gate_bias_init)
-
-    def init_weights(self, init, std: float) -> None:
-        init.normal_(self.gate.weight, mean=0.0, std=std)
-        init.constant_(self.gate.bias, self.gate_bias_init)
 
     def log_forget(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         """log f (B, H, N) in float32 or wider; 0 at padding tokens."""
