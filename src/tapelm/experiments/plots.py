@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+LINE_STYLES = ("-", "--", "-.", ":")  # so that lines lying on each other stay visible
 
 
 def _pyplot():
@@ -15,6 +18,17 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def wrapped(title: str, width_inches: float) -> str:
+    """`title` broken into lines that fit a figure `width_inches` wide at the titles' font size."""
+    return textwrap.fill(title, width=max(20, int(width_inches * 13)))
+
+
+def legend_below(fig, axis) -> None:
+    """The legend of `axis` under the plot, outside the axes, so it covers no line."""
+    handles, labels = axis.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize=8, frameon=False)
 
 
 def heatmap_grid(conditions: list[dict[str, Any]]) -> np.ndarray:
@@ -42,10 +56,9 @@ def draw_heatmap(axis, grid: np.ndarray, title: str, edge: float | None = None, 
 def heatmap(conditions: list[dict[str, Any]], path: Path, title: str, edge: float | None = None) -> Path:
     """One heatmap of exact match (%) per (len_a, len_b) cell; the dashed box is the training range."""
     plt = _pyplot()
-    fig, axis = plt.subplots(figsize=(5, 4.3))
-    image = draw_heatmap(axis, heatmap_grid(conditions), title, edge)
+    fig, axis = plt.subplots(figsize=(5, 4.3), layout="constrained")
+    image = draw_heatmap(axis, heatmap_grid(conditions), wrapped(title, 4), edge)
     fig.colorbar(image, ax=axis, label="exact match (%)")
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -58,14 +71,14 @@ def heatmaps(grids: dict[str, np.ndarray], path: Path, title: str, edge: float |
     count = len(grids)
     columns = min(count, 4)
     rows = -(-count // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns + 1, 3.4 * rows + 0.6), squeeze=False,
+                             layout="constrained")
     image = None
     for axis, (name, grid) in zip(axes.flat, grids.items()):
         image = draw_heatmap(axis, grid, name, edge)
     for axis in list(axes.flat)[count:]:
         axis.axis("off")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(wrapped(title, 3.6 * columns), fontsize=10)
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), label=f"{label} (%)", shrink=0.8)
     fig.savefig(path, dpi=100)
@@ -77,11 +90,12 @@ def curves(series: dict[str, tuple[list[float], list[float], list[float] | None]
            x_label: str, metric: str, edge: float | None = None) -> Path:
     """Metric against length, one line per series (x, mean, std or None); the dotted line is the training edge."""
     plt = _pyplot()
-    fig, axis = plt.subplots(figsize=(6.4, 4.2))
-    for name, (xs, means, stds) in series.items():
+    fig, axis = plt.subplots(figsize=(6.4, 4.6), layout="constrained")
+    for index, (name, (xs, means, stds)) in enumerate(series.items()):
         xs, means = np.asarray(xs, float), np.asarray(means, float)
         shown = means * 100 if metric != "perplexity" else means
-        line, = axis.plot(xs, shown, marker="o", markersize=3, label=name)
+        line, = axis.plot(xs, shown, marker="o", markersize=3, label=name,
+                          linestyle=LINE_STYLES[index // 10 % len(LINE_STYLES)])
         if stds is not None:
             spread = np.asarray(stds, float) * (100 if metric != "perplexity" else 1)
             axis.fill_between(xs, shown - spread, shown + spread, color=line.get_color(), alpha=0.15)
@@ -96,11 +110,10 @@ def curves(series: dict[str, tuple[list[float], list[float], list[float] | None]
     if x_label.startswith("evaluation length"):  # lengths grow by multipliers
         axis.set_xscale("log", base=2)
     axis.set_xlabel(x_label)
-    axis.set_title(title, fontsize=10)
+    axis.set_title(wrapped(title, 6.4), fontsize=10)
     if len(series) > 1:
-        axis.legend(fontsize=8, ncols=2)
+        legend_below(fig, axis)
     axis.grid(alpha=0.3)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -110,18 +123,18 @@ def state_norm_panels(panels: dict[str, tuple[list[int], np.ndarray]], path: Pat
     """One panel per variant: the positional state's norm (relative to E0) at each layer against the training step;
     `panels` maps a variant to (steps, array (steps, layers + 1)), the mean over seeds."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, sharey=True)
+    width = max(4.2 * len(panels), 6.0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.4), squeeze=False, sharey=True, layout="constrained")
     for axis, (name, (steps, norms)) in zip(axes[0], panels.items()):
         for layer in range(norms.shape[1]):
             label = f"entering layer {layer}" if layer < norms.shape[1] - 1 else "leaving the last layer"
-            axis.plot(steps, norms[:, layer], label=label)
+            axis.plot(steps, norms[:, layer], label=label, linestyle=LINE_STYLES[layer % len(LINE_STYLES)])
         axis.set_title(name, fontsize=9)
         axis.set_xlabel("training step")
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("norm of E / norm of E0")
-    axes[0][-1].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    legend_below(fig, axes[0][0])
+    fig.suptitle(wrapped(title, width), fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
