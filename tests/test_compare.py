@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tapelm.cli import main
+from tapelm.experiments.claims import CLAIMS
 from tapelm.experiments.compare import aggregate, compare, format_table, merge_records, requested_runs
 from tapelm.experiments.plan import default_settings_hash, superseded_by
 from tapelm.report import build_report, splice
@@ -352,16 +354,26 @@ def test_claims_are_judged_at_the_current_recipe_once_it_has_the_subject() -> No
     more finished runs; before the new one has the claim's subject, the fullest older one is used."""
     from tapelm.report.claims_section import _best_comparison
 
-    def summary(settings_hash: str, rows: dict[str, list[int]]) -> dict:
-        return {"settings_hash": settings_hash, "rows": {pe: {"seeds": seeds} for pe, seeds in rows.items()}}
+    def summary(settings_hash: str, rows: dict[str, list[int]], **task_options) -> dict:
+        return {"task": "addition", "settings_hash": settings_hash, "record": {"task_options": task_options},
+                "rows": {pe: {"seeds": seeds} for pe, seeds in rows.items()}}
 
+    arithmetic, hinted, r4 = (next(c for c in CLAIMS if c.name == name) for name in
+                              ("arithmetic", "arithmetic-index-hints", "ablation-equivariance-addition"))
     old = summary("old", {"tape": [0, 1, 2, 3, 4], "rope": [0, 1, 2, 3, 4], "nope": [0, 1]})
     small_old = summary("older", {"tape": [0], "rope": [0]})
     current = summary("new", {"tape": [0], "rope": [0]})
-    assert _best_comparison([small_old, old, current], "tape", "new") is current
-    assert _best_comparison([small_old, old, current], "tape", "absent") is old
-    assert _best_comparison([small_old, old, summary("new", {"rope": [0]})], "tape", "new") is old
-    assert _best_comparison([old], "tape-r4", "new") is None
+    assert _best_comparison([small_old, old, current], arithmetic, "new") is current
+    assert _best_comparison([small_old, old, current], arithmetic, "absent") is old
+    assert _best_comparison([small_old, old, summary("new", {"rope": [0]})], arithmetic, "new") is old
+    assert _best_comparison([old], replace(r4, subject="tape-r4"), "new") is None
+    # a claim reads only comparisons of its design: the plain format's claims never the index-hints runs
+    hints = summary("hints", {"tape": [0, 1, 2, 3, 4, 5], "rope": [0, 1, 2, 3, 4, 5]}, format="index_hints")
+    explicit_plain = summary("plain", {"tape": [0], "rope": [0]}, format="plain", max_train_digits=4)
+    assert _best_comparison([old, hints], arithmetic, "absent") is old
+    assert _best_comparison([old, hints], hinted, "absent") is hints
+    assert _best_comparison([explicit_plain], arithmetic, "absent") is explicit_plain
+    assert _best_comparison([old, explicit_plain], hinted, "absent") is None
 
 
 def test_only_a_default_preset_comparison_at_other_settings_is_superseded() -> None:

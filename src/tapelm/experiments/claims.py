@@ -13,10 +13,12 @@ not testable).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from .evaluate import higher_is_better
+from .tasks import TASKS
 from .statistics import format_difference, paired_difference, verdict
 
 # In-distribution accuracy an encoding must reach before its length generalisation says anything (issue 8); tasks
@@ -38,12 +40,37 @@ class Claim:
     headline: str  # in_distribution | longer | all
     baselines: tuple[str, ...]
     subject: str = "tape"
+    design: tuple[tuple[str, Any], ...] = ()  # task options the comparison must have (absent: the task's default)
+
+    def fits(self, summary: dict[str, Any]) -> bool:
+        """Whether `summary` is a comparison of this claim's task in this claim's design."""
+        if summary["task"] != self.task:
+            return False
+        recorded = summary["record"].get("task_options", {})
+        defaults = inspect.signature(TASKS[self.task].__init__).parameters
+        return all(recorded.get(key, defaults[key].default) == value for key, value in self.design)
+
+
+def _ablation_claims(task: str, design: tuple[tuple[str, Any], ...] = ()) -> tuple[Claim, ...]:
+    """The paper's three ablation claims on one task."""
+    return (
+        Claim(f"ablation-context-{task}", f"Ablation ({task}): full TAPE beats TAPE without context (positions "
+              "fixed at E0: RoPE).", task, "all", ("rope",), design=design),
+        Claim(f"ablation-equivariance-{task}", f"Ablation ({task}): full TAPE beats TAPE without orthogonal "
+              "equivariance (see the state-norm figure for the paper's instability claim).", task, "all",
+              ("tape-non-equivariant",), design=design),
+        Claim(f"ablation-layers-{task}", f"Ablation ({task}): TAPE in the second half of the layers beats TAPE in "
+              "the first half.", task, "all", ("tape-first-half",), subject="tape-second-half", design=design),
+    )
 
 
 CLAIMS = (
     Claim("arithmetic", "Addition: TAPE's heatmap average over the 2x operand-length grid is above RoPE, RandPE, NoPE "
           "and FIRE (paper: 32.82 vs 26.32 / 26.56 / 22.45 / 26.98 %).", "addition", "all",
-          ("rope", "randpe", "nope", "fire")),
+          ("rope", "randpe", "nope", "fire"), design=(("format", "plain"),)),
+    Claim("arithmetic-index-hints", "Addition with index hints (a marker of significance before every digit, Zhou et "
+          "al. 2024): TAPE's heatmap average over the 2x operand-length grid is above RoPE, RandPE, NoPE and FIRE.",
+          "addition", "all", ("rope", "randpe", "nope", "fire"), design=(("format", "index_hints"),)),
     Claim("retrieval-passkey", "Passkey retrieval: TAPE is ahead beyond the training length.", "passkey", "longer",
           ("rope", "randpe", "nope", "fire", "alibi")),
     Claim("retrieval-mqar", "Associative recall (MQAR): TAPE is ahead beyond the training length.", "mqar", "longer",
@@ -55,14 +82,8 @@ CLAIMS = (
     Claim("state-tracking", "State tracking (word problem over a permutation group, exact match of every running "
           "product): TAPE is ahead beyond the training length.", "word_problem", "longer",
           ("rope", "nope", "fox", "path")),
-    *(claim for task in ("addition", "passkey") for claim in (
-        Claim(f"ablation-context-{task}", f"Ablation ({task}): full TAPE beats TAPE without context (positions "
-              "fixed at E0: RoPE).", task, "all", ("rope",)),
-        Claim(f"ablation-equivariance-{task}", f"Ablation ({task}): full TAPE beats TAPE without orthogonal "
-              "equivariance (see the state-norm figure for the paper's instability claim).", task, "all",
-              ("tape-non-equivariant",)),
-        Claim(f"ablation-layers-{task}", f"Ablation ({task}): TAPE in the second half of the layers beats TAPE in "
-              "the first half.", task, "all", ("tape-first-half",), subject="tape-second-half"))),
+    *_ablation_claims("addition", design=(("format", "plain"),)),
+    *_ablation_claims("passkey"),
 )
 
 
@@ -122,7 +143,7 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
     """One line per claim about this comparison's task: the claim, its verdict and the criterion in brief."""
     lines = []
     for claim in CLAIMS:
-        if claim.task == summary["task"] and claim.subject in summary["rows"]:
+        if claim.fits(summary) and claim.subject in summary["rows"]:
             result, details = judge(claim, summary)
             lines.append(f"Claim ({claim.name}): {claim.statement} Verdict: {result.upper()} "
                          f"({'; '.join(details)}).")

@@ -14,12 +14,13 @@ from .archive import archived_comparisons
 from .sections import ReportContext, register_section
 
 
-def _best_comparison(summaries: list[dict[str, Any]], subject: str, current_hash: str) -> dict[str, Any] | None:
-    """Of one task's archived comparisons (oldest first), the one at the current recipe's `current_hash` if it has
-    `subject`, else the one with `subject` that has the most finished runs (ties: the newest)."""
+def _best_comparison(summaries: list[dict[str, Any]], claim: claims.Claim, current_hash: str) -> dict[str, Any] | None:
+    """Of one task's archived comparisons (oldest first) in the claim's design, the one at the current recipe's
+    `current_hash` if it has the claim's subject, else the one with the subject that has the most finished runs
+    (ties: the newest)."""
     best, best_key = None, None
     for summary in summaries:
-        if subject not in summary["rows"]:
+        if claim.subject not in summary["rows"] or not claim.fits(summary):
             continue
         if summary["settings_hash"] == current_hash:
             return summary
@@ -43,7 +44,7 @@ def judge_all(context: ReportContext) -> list[tuple[claims.Claim, dict[str, Any]
         if claim.task not in by_task:
             by_task[claim.task] = (_summaries(context.comparisons, claim.task), default_settings_hash(claim.task))
         summaries, current_hash = by_task[claim.task]
-        summary = _best_comparison(summaries, claim.subject, current_hash)
+        summary = _best_comparison(summaries, claim, current_hash)
         judged.append((claim, summary, *claims.judge(claim, summary)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None
