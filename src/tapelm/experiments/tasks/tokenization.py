@@ -35,10 +35,12 @@ class Tokenizer(Protocol):
     def to_transformers(self) -> PreTrainedTokenizerFast: ...
 
 
-def _transformers(backend: Backend) -> PreTrainedTokenizerFast:
-    """`backend` as a transformers tokenizer whose padding token is PAD (no other special token: the tasks write
-    their own <bos> / <eos> symbols in the text)."""
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD)
+def _transformers(backend: Backend, bos: str | None = None, eos: str = PAD) -> PreTrainedTokenizerFast:
+    """`backend` as a transformers tokenizer with PAD as padding token. None is added to the text (the tasks write
+    their own symbols); `eos` is what clients such as lm-evaluation-harness need one for (to start an empty
+    context, to stop generating): without an end-of-sequence symbol, the padding token doubles as one, as in
+    `tapelm.scrolls`."""
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, bos_token=bos, eos_token=eos)
 
 
 class SymbolTokenizer:
@@ -74,7 +76,7 @@ class SymbolTokenizer:
         backend = Backend(models.WordLevel(self._ids, unk_token=None))
         backend.pre_tokenizer = pre_tokenizers.Split(Regex(self._pattern.pattern), behavior="isolated")
         backend.decoder = decoders.Fuse()
-        return _transformers(backend)
+        return _transformers(backend, bos=BOS, eos=EOS)
 
 
 class ByteTokenizer:
