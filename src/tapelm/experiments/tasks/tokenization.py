@@ -14,11 +14,13 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as Backend
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -40,6 +42,8 @@ def _transformers(backend: Backend, bos: str | None = None, eos: str = PAD) -> P
     their own symbols); `eos` is what clients such as lm-evaluation-harness need one for (to start an empty
     context, to stop generating): without an end-of-sequence symbol, the padding token doubles as one, as in
     `tapelm.scrolls`."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, bos_token=bos, eos_token=eos)
 
 
