@@ -7,6 +7,8 @@ import math
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
+from .remote_code import AUTO_MAP, write_modules
+
 PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned", "fox",
             "path")
 ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
@@ -229,6 +231,20 @@ class TapeConfig(PreTrainedConfig):
         output = super().to_dict()
         output["tape_block"] = list(self.tape_block)
         return output
+
+    def to_diff_dict(self):
+        """What config.json holds: also the `auto_map` of `tapelm.remote_code` (not part of `to_dict`)."""
+        return {**super().to_diff_dict(), "auto_map": dict(AUTO_MAP)}
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """config.json, and the modules its `auto_map` names (`tapelm.remote_code`)."""
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        write_modules(save_directory)
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig"):
+        """Nothing to do: loading a saved folder with trust_remote_code calls this, which would make the next
+        save_pretrained copy config.py into the folder instead of its `tapelm.remote_code` module."""
 
 
 __all__ = ["TapeConfig", "PE_TYPES"]

@@ -127,6 +127,11 @@ class TapePreTrainedModel(PreTrainedModel):
     _skip_keys_device_placement = ["cache"]
     _supports_sdpa = True
 
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModel"):
+        """Nothing to do (see `TapeConfig.register_for_auto_class`): a saved folder keeps its `tapelm.remote_code`
+        modules, not a copy of modeling.py."""
+
     def set_attention_function(self, function: AttentionFunction | None) -> None:
         """Use `function` (see `tapelm.attention.AttentionFunction`) in every attention module of this model, or
         tapelm's own attention again with None. Other models in the process are not affected."""

@@ -3,7 +3,8 @@ identical budgets and evaluated on the same test data; mean ± std across seeds,
 
 Results are cached per (task, encoding, seed, settings hash) in ROOT/compare/TASK/HASH/PE/seedSEED (a finished run
 has result.json; an unfinished one resumes from its last checkpoint), so an interrupted comparison continues where it
-stopped and a later comparison with more encodings or seeds reuses what is done.
+stopped and a later comparison with more encodings or seeds reuses what is done, and the tokenizer its first run saved
+(`comparison_tokenizer`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from .claims import verdict_lines
 from .evaluate import higher_is_better
-from .runs import RESULT_FILE, RunSpec, option_flags, resolve, run_task
+from .runs import RESULT_FILE, RunSpec, option_flags, resolve, run_task, settings_hash
 from .statistics import (
     format_difference,
     interval,
@@ -33,6 +34,7 @@ from .statistics import (
     proportion_error,
     verdict,
 )
+from .tasks import TOKENIZER_FILE
 from .variants import check_encoding
 
 COMPARISON_FILE = "comparison.json"
@@ -60,10 +62,11 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer")
     pes, seeds = list(dict.fromkeys(pes)), list(dict.fromkeys(seeds))
-    runs = {(pe, seed): resolve(RunSpec(**{**vars(base), "pe": pe, "seed": seed})) for seed in seeds for pe in pes}
-    hashes = {run.settings_hash for run in runs.values()}
-    assert len(hashes) == 1, "runs of one comparison share their settings hash"
-    directory = comparison_dir(Path(root), base.task, hashes.pop())
+    specs = {(pe, seed): RunSpec(**{**vars(base), "pe": pe, "seed": seed}) for seed in seeds for pe in pes}
+    directory = comparison_dir(Path(root), base.task, settings_hash(next(iter(specs.values()))))
+    tokenizer_dir = comparison_tokenizer(directory)
+    runs = {key: resolve(spec, tokenizer_dir) for key, spec in specs.items()}
+    assert {run.settings_hash for run in runs.values()} == {directory.name}, "a comparison shares its settings hash"
     selection = ["ablate", base.task, "--variants", *pes] if ablation else ["compare", base.task, "--pe", *pes]
     command = command or shlex.join(["tapelm", *selection, "--seeds", *map(str, seeds),
                                      *(["--root", str(root)] if str(root) != "runs" else []),
@@ -96,6 +99,12 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     for figure in summary["figures"]:
         print(f"figure: {directory / figure}")
     return summary
+
+
+def comparison_tokenizer(directory: Path) -> Path | None:
+    """A run folder of the comparison that saved its tokenizer: every run of a comparison uses the one the first
+    run trained (a BPE trained again, e.g. on another machine's corpus, could give other token ids); None before."""
+    return next((path.parent for path in sorted(Path(directory).glob(f"*/seed*/{TOKENIZER_FILE}"))), None)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass
 
 from .presets import DEFAULT_PRESET
-from .runs import RunSpec, resolve
+from .runs import RunSpec, settings_hash
 from .variants import ABLATIONS
 
 PAPER_FIVE = ("tape", "rope", "randpe", "nope", "fire")  # the paper's addition table
@@ -20,7 +20,7 @@ WITH_ALIBI = (*PAPER_FIVE, "alibi")
 def default_settings_hash(task: str) -> str:
     """The comparison folder's name at the default preset (where `tapelm compare TASK` writes; every encoding of a
     comparison shares it)."""
-    return resolve(RunSpec(task=task, pe="tape")).settings_hash
+    return settings_hash(RunSpec(task=task, pe="tape"))
 
 
 def superseded_by(task: str, preset: str, settings_hash: str) -> str | None:

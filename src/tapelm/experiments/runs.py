@@ -2,7 +2,9 @@
 then evaluated over lengths (`tapelm train`).
 
 A run directory holds, besides what `train` writes: run.json (the run's identity: task, options, encoding, seed,
-preset, model config, settings and their hash), eval.json / eval.png and result.json (written last: the run is done).
+preset, model config, settings and their hash), the task's tokenizer (tokenizer.json and tokenizer_config.json, written
+with run.json and copied into model/, so that `AutoTokenizer` loads either folder; everything after training reuses
+it, a BPE is never retrained), eval.json / eval.png and result.json (written last: the run is done).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..config import TapeConfig
 from ..modeling import TapeForCausalLM
 from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
-from .tasks import TASKS, Task, get_task
+from .tasks import TASKS, Task, get_task, has_saved_tokenizer, is_saved_in, save_tokenizer
 from .train import (
     CheckpointError,
     TrainSettings,
@@ -117,8 +119,8 @@ def matched_intermediate(config: TapeConfig, target: int) -> int:
     return config.intermediate_size + extra
 
 
-def resolve(spec: RunSpec) -> ResolvedRun:
-    """Validate everything about a run before any work or any write; ValueError naming the problem."""
+def _recipe(spec: RunSpec) -> tuple[Preset, dict[str, Any], TrainSettings]:
+    """The validated preset (with the spec's evaluation sizes), task options and training settings of `spec`."""
     if spec.task not in TASKS:
         raise ValueError(f"unknown task '{spec.task}'; choose one of: {', '.join(TASKS)}")
     check_encoding(spec.pe)
@@ -128,7 +130,6 @@ def resolve(spec: RunSpec) -> ResolvedRun:
         raise ValueError(f"seed={spec.seed!r} is not allowed; it must be a non-negative integer")
     preset = get_preset(spec.preset, spec.task)
     task_options = {**preset.task_options, **spec.task_options}
-    task = get_task(spec.task, **task_options)
     settings = TrainSettings.from_dict({**preset.train.to_dict(), **spec.train_options, "seed": spec.seed})
     for name in ("eval_n", "eval_batch_size"):
         value = getattr(spec, name)
@@ -137,6 +138,31 @@ def resolve(spec: RunSpec) -> ResolvedRun:
     if spec.eval_n is not None or spec.eval_batch_size is not None:
         preset = replace(preset, eval_n=spec.eval_n or preset.eval_n,
                          eval_batch_size=spec.eval_batch_size or preset.eval_batch_size)
+    return preset, task_options, settings
+
+
+def _settings_hash(spec: RunSpec, preset: Preset, task_options: dict[str, Any], settings: TrainSettings) -> str:
+    """What runs of one comparison share (all but the encoding, the seed and the model they make of it), hashed."""
+    return _hash(_jsonable({
+        "task": spec.task, "task_options": task_options, "preset": spec.preset,
+        "train": {k: v for k, v in settings.to_dict().items() if k != "seed"},
+        "eval": {"n": preset.eval_n, "batch_size": preset.eval_batch_size}, "match_params": spec.match_params,
+        "model_options": spec.model_options,
+        "model_size": preset.model.as_config_kwargs(),  # a preset's new size is a new comparison
+    }))
+
+
+def settings_hash(spec: RunSpec) -> str:
+    """`resolve(spec).settings_hash`, without building the task (nor training its tokenizer)."""
+    return _settings_hash(spec, *_recipe(spec))
+
+
+def resolve(spec: RunSpec, tokenizer_dir: str | Path | None = None) -> ResolvedRun:
+    """Validate everything about a run before any work or any write; ValueError naming the problem.
+    `tokenizer_dir`: a folder with the tokenizer saved by a run (its own, or another of its comparison); a task that
+    learns its tokenizer (text with BPE) uses that one instead of training one."""
+    preset, task_options, settings = _recipe(spec)
+    task = get_task(spec.task, tokenizer_dir, **task_options)
     longest = max(task.eval_conditions(), key=lambda c: c["length"])
     next(iter(task.eval_batches(longest, 0, preset.eval_n, preset.eval_batch_size)))  # the task's own checks, now
     model_options = dict(spec.model_options)
@@ -154,12 +180,9 @@ def resolve(spec: RunSpec) -> ResolvedRun:
         "train": settings.to_dict(), "eval": {"n": preset.eval_n, "batch_size": preset.eval_batch_size},
         "match_params": spec.match_params,
     })
-    shared = {k: v for k, v in identity.items() if k not in ("pe", "seed", "model")}
-    shared["train"] = {k: v for k, v in identity["train"].items() if k != "seed"}
-    shared["model_options"] = _jsonable(spec.model_options)
-    shared["model_size"] = preset.model.as_config_kwargs()  # a preset's new size is a new comparison
     return ResolvedRun(spec=spec, preset=preset, task=task, task_options=task_options, config=config,
-                       settings=settings, identity=identity, settings_hash=_hash(shared),
+                       settings=settings, identity=identity,
+                       settings_hash=_settings_hash(spec, preset, task_options, settings),
                        parameters=count_parameters(config))
 
 
@@ -213,6 +236,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if resume and (run_dir / RESULT_FILE).exists():
         return json.loads((run_dir / RESULT_FILE).read_text())
     check_run_dir(run_dir, run.settings, resume)  # raises before anything is written
+    _check_tokenizer(run, run_dir)
     # The Accelerator comes first: a bare PartialState created before it would settle the process group on its own
     # (on CPU without ACCELERATE_USE_CPU it silently becomes a single process); a broken group is refused here.
     state = make_accelerator(run.settings)
@@ -225,6 +249,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
                                                  ["tapelm", "train", "--task", run.spec.task, "--pe", run.spec.pe,
                                                   "--seed", str(run.spec.seed),
                                                   *option_flags(run.spec, compile_layers)])})
+        if not has_saved_tokenizer(run_dir):
+            save_tokenizer(run.task.tokenizer, run_dir)
     state.wait_for_everyone()
     model = run.build_model()
     if compile_layers:
@@ -240,6 +266,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         return None
     if not state.is_main_process:
         return None
+    save_tokenizer(run.task.tokenizer, run_dir / "model")
     eval_started = time.time()
     evaluation = eager(evaluate_model)(model, run.task, run.preset.eval_n, run.preset.eval_batch_size,
                                        progress=progress)
@@ -258,6 +285,18 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     }
     write_json_atomically(run_dir / RESULT_FILE, result)
     return result
+
+
+def _check_tokenizer(run: ResolvedRun, run_dir: Path) -> None:
+    """CheckpointError when `run_dir` saved another tokenizer than the run's, or holds a run started before runs
+    saved their tokenizer whose task learns one (finishing it with a tokenizer trained now could change its ids)."""
+    if has_saved_tokenizer(run_dir):
+        if not is_saved_in(run.task.tokenizer, run_dir):
+            raise CheckpointError(f"run directory '{run_dir}' saved another tokenizer than this run's; resolve the "
+                                  "run with the directory's tokenizer (`resolve(spec, run_dir)`)")
+    elif (run_dir / RUN_FILE).exists() and type(run.task).tokenizer_is_trained(run.task_options):
+        raise CheckpointError(f"run directory '{run_dir}' was started before runs saved their tokenizer, and its "
+                              "task learns one from the corpus; start the run in a new directory")
 
 
 def compile_for_training(model: TapeForCausalLM) -> None:
@@ -338,7 +377,7 @@ def state_norms(model: TapeForCausalLM, input_ids: torch.Tensor, attention_mask:
 
 
 def load_run(run_dir: str | Path) -> ResolvedRun:
-    """The resolved run recorded in `run_dir/run.json`."""
+    """The resolved run recorded in `run_dir/run.json`, with the tokenizer the run saved."""
     run_dir = Path(run_dir)
     path = run_dir / RUN_FILE
     if not path.is_file():
@@ -347,11 +386,16 @@ def load_run(run_dir: str | Path) -> ResolvedRun:
         identity = json.loads(path.read_text())["identity"]
     except (json.JSONDecodeError, KeyError):
         raise ValueError(f"'{path}' is unreadable") from None
+    saved = has_saved_tokenizer(run_dir)
+    task = TASKS.get(identity["task"])
+    if not saved and task is not None and task.tokenizer_is_trained(identity["task_options"]):
+        raise ValueError(f"run '{run_dir}' has no saved tokenizer (tokenizer.json): it was trained before runs saved "
+                         "theirs, and a tokenizer trained now from this machine's corpus may give other token ids")
     preset = get_preset(identity["preset"], identity["task"])
     run = resolve(RunSpec(task=identity["task"], pe=identity["pe"], seed=identity["seed"],
                           preset=identity["preset"], task_options=identity["task_options"],
                           train_options=identity["train"], eval_n=identity["eval"]["n"],
-                          eval_batch_size=identity["eval"]["batch_size"]))
+                          eval_batch_size=identity["eval"]["batch_size"]), run_dir if saved else None)
     run.config = TapeConfig.from_dict(identity["model"])
     run.preset = replace(preset, eval_n=identity["eval"]["n"], eval_batch_size=identity["eval"]["batch_size"])
     run.run_dir = run_dir
@@ -378,5 +422,5 @@ def option_flags(spec: RunSpec, compile_layers: bool = False) -> list[str]:
     return flags + (["--match-params"] if spec.match_params else []) + (["--compile"] if compile_layers else [])
 
 
-__all__ = ["RunSpec", "ResolvedRun", "resolve", "run_task", "load_run", "batch_stream", "model_config",
+__all__ = ["RunSpec", "ResolvedRun", "resolve", "settings_hash", "run_task", "load_run", "batch_stream", "model_config",
            "matched_intermediate", "count_parameters", "option_flags"]

@@ -3,7 +3,7 @@
 A source is one of:
 
 - a run directory of `tapelm train --task text` (it has run.json and model/): the model, and the task's own
-  tokenizer rebuilt from the run's task options (bytes, or the BPE trained on the same corpus). These tokenizers have
+  tokenizer (bytes, or the BPE the run saved; see `tapelm.experiments.runs.load_run`). These tokenizers have
   no end-of-sequence token, so their padding id ends every target (padding is never attended to or scored, so the
   id is free for that use);
 - a `tapelm scrolls finetune` run directory (it has scrolls.json and model/): the fine-tuned model and the tokenizer
@@ -85,7 +85,7 @@ def _text_run_identity(run_dir: Path) -> dict[str, Any]:
 
 
 def text_run_codec(run_dir: str | Path) -> TapeTextCodec:
-    """The tokenizer of a `tapelm train --task text` run (bytes directly; BPE rebuilt from the run's corpus)."""
+    """The tokenizer of a `tapelm train --task text` run (bytes directly; the BPE the run saved)."""
     run_dir = Path(run_dir)
     options = _text_run_identity(run_dir)["task_options"]
     if options.get("tokenizer", "byte") == "byte":

@@ -157,6 +157,12 @@ class Task(ABC):
     ) -> tuple[float, int]:
         """(metric value, number of examples or tokens it averages over) for one condition."""
 
+    @classmethod
+    def tokenizer_is_trained(cls, options: dict[str, Any]) -> bool:
+        """Whether the task built with `options` learns its tokenizer from data (so a run must keep the one it
+        trained with: `get_task`'s saved_tokenizer); the synthetic tasks' vocabularies follow from their options."""
+        return False
+
     def in_distribution(self, condition: Condition) -> bool:
         """Whether a condition is what training drew from (by default: not longer than the training sequences)."""
         return condition["length"] <= self.train_length

@@ -4,8 +4,9 @@ Corpus: the `corpus` file, directory (every UTF-8 file under it, recursively, sk
 __pycache__ folders) or glob; by default the *.py files of this Python's standard library, without
 site-packages and test folders. Files are read sorted by path; files that are not UTF-8 are skipped.
 Split: file i (sorted) is held out for validation when i % VAL_EVERY == 0; a one-file corpus holds out
-its last 1/VAL_EVERY instead. The tokenizer ("byte", or "bpe" trained on the training split only) and
-the token streams are cached in memory per corpus.
+its last 1/VAL_EVERY instead. The tokenizer ("byte", or "bpe": a byte-level BPE trained on the training split
+only, or the one a run saved, `saved_tokenizer`, which is never retrained) and the token streams are cached in memory
+per corpus.
 
 Training batches are uniform random windows of train_length tokens of the training stream, every token
 labelled. A condition's perplexity scores n * train_length held-out tokens (from an offset fixed by the
@@ -23,6 +24,7 @@ import sysconfig
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,11 +40,12 @@ from .base import (
     collate,
 )
 from .options import check_choice, check_int, check_multipliers
-from .tokenization import BPETokenizer, ByteTokenizer, Tokenizer
+from .tokenization import BackendTokenizer, ByteTokenizer, Tokenizer, load_tokenizer
 
 VAL_EVERY = 20
 STDLIB_EXCLUDED = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 TOKENIZERS = ("byte", "bpe")
+DEFAULT_TOKENIZER = "byte"
 
 
 def corpus_files(corpus: str | None) -> tuple[Path, ...]:
@@ -92,13 +95,20 @@ def _stream(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
 
 
 @lru_cache(maxsize=4)
-def _load(files: tuple[Path, ...], tokenizer: str, bpe_vocab_size: int) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
-    """(tokenizer, training stream, validation stream) for one corpus and tokenizer choice."""
+def _load(files: tuple[Path, ...], tokenizer: str, bpe_vocab_size: int,
+          saved: Path | None) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+    """(tokenizer, training stream, validation stream) for one corpus and tokenizer choice (the BPE saved in `saved`
+    when given)."""
     texts = _read_texts(files)
     if not texts:
         raise ValueError(f"corpus holds no UTF-8 text files (first file: '{files[0]}')")
     train, validation = split_texts(texts)
-    encoder = BPETokenizer(train, bpe_vocab_size) if tokenizer == "bpe" else ByteTokenizer()
+    if tokenizer == "byte":
+        encoder: Tokenizer = ByteTokenizer()
+    elif saved is not None:
+        encoder = load_tokenizer(saved)
+    else:
+        encoder = BackendTokenizer.train_bpe(train, bpe_vocab_size)
     return encoder, _stream(encoder, train), _stream(encoder, validation)
 
 
@@ -123,22 +133,31 @@ class TextTask(Task):
         self,
         corpus: str | None = None,
         train_length: int = 256,
-        tokenizer: str = "byte",
+        tokenizer: str = DEFAULT_TOKENIZER,
         bpe_vocab_size: int = 1024,
         eval_multipliers: tuple[int, ...] = (1, 2, 4, 8),
         stride: int | None = None,
+        *,
+        saved_tokenizer: str | Path | None = None,
     ) -> None:
+        """`saved_tokenizer`: a folder holding the BPE a run trained (`save_tokenizer`), used instead of training one
+        (not an option of the task: the run's identity is its options)."""
         self.train_length = check_int("train_length", train_length, 2, 10**6)
         check_choice("tokenizer", tokenizer, TOKENIZERS)
         vocab = check_int("bpe_vocab_size", bpe_vocab_size, 257, 65536) if tokenizer == "bpe" else 0
         self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
         self.stride = None if stride is None else check_int("stride", stride, 1, self.train_length - 1)
-        self.tokenizer, self.train_stream, self.validation_stream = _load(corpus_files(corpus), tokenizer, vocab)
+        saved = None if saved_tokenizer is None else Path(saved_tokenizer).resolve()
+        self.tokenizer, self.train_stream, self.validation_stream = _load(corpus_files(corpus), tokenizer, vocab, saved)
         if len(self.train_stream) < self.train_length or len(self.validation_stream) < 2:
             raise ValueError(
                 f"corpus '{corpus or 'standard library'}' is too small: {len(self.train_stream)} training tokens "
                 f"(train_length={self.train_length}) and {len(self.validation_stream)} validation tokens"
             )
+
+    @classmethod
+    def tokenizer_is_trained(cls, options: dict[str, Any]) -> bool:
+        return options.get("tokenizer", DEFAULT_TOKENIZER) == "bpe"
 
     def eval_conditions(self) -> list[Condition]:
         return [{"length": self.train_length * multiplier} for multiplier in self.eval_multipliers]
