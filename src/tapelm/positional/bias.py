@@ -137,12 +137,14 @@ class FireFunction(nn.Module):
     def forward(self, ctx: PositionContext, dtype: torch.dtype) -> torch.Tensor:
         """The bias (B, H, N, T), or (1, H, N, T) when every sequence has the same positions, for the context's query
         and key positions. The MLP runs once per distinct row of positions (one for a batch without padding), not
-        once per sequence: its hidden layer is the largest tensor FIRE makes. (While tracing, once per sequence:
-        the number of distinct rows is data.)"""
+        once per sequence: its hidden layer is the largest tensor FIRE makes. While tracing the number of distinct
+        rows is data, so there it runs once per sequence unless the positions are one row expanded (no padding)."""
         length = ctx.query_positions.shape[1]
         rows = torch.cat([ctx.query_positions, ctx.key_positions], dim=1)
         index = None
-        if not tracing(rows):
+        if ctx.query_positions.stride(0) == 0 and ctx.key_positions.stride(0) == 0:
+            rows = rows[:1]
+        elif not tracing(rows):
             rows, index = torch.unique(rows, dim=0, return_inverse=True)
         queries, keys = rows[:, :length], rows[:, length:]
         wide = torch.promote_types(self.mlp[0].weight.dtype, torch.float32)
