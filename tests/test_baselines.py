@@ -109,8 +109,8 @@ def randpe_positions(model, ids: torch.Tensor) -> torch.Tensor:
     seen = []
     original = model.model.positional.positions
 
-    def recording(position_ids, past=0):
-        seen.append(original(position_ids, past))
+    def recording(*args):
+        seen.append(original(*args))
         return seen[-1]
 
     model.model.positional.positions = recording

@@ -58,14 +58,17 @@ def test_left_padded_batch_equals_each_sequence_alone(pe_type):
 
 @pytest.mark.parametrize("pe_type", ["alibi", "t5", "fire"])
 def test_relative_bias_reads_cached_key_positions(pe_type):
-    """Custom positions (not 0..T-1) survive caching: the bias uses each key's own stored position."""
+    """Custom positions (not 0..T-1) survive caching: the bias uses each key's own stored position. (The attention
+    mask says the gaps are one sequence: without one, positions that jump start packed documents, as in
+    transformers.)"""
     model = tiny_model(pe_type, dtype=torch.float64)
     ids = tokens(1, 10)
     positions = torch.tensor([[0, 1, 2, 10, 11, 12, 30, 31, 32, 33]])
-    full = model(ids, position_ids=positions, use_cache=False).logits
+    mask = torch.ones_like(ids)
+    full = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
     cache = DynamicCache(config=model.config)
-    first = model(ids[:, :6], position_ids=positions[:, :6], cache=cache, use_cache=True)
-    rest = model(ids[:, 6:], position_ids=positions[:, 6:], cache=first.cache, use_cache=True)
+    first = model(ids[:, :6], attention_mask=mask[:, :6], position_ids=positions[:, :6], cache=cache, use_cache=True)
+    rest = model(ids[:, 6:], attention_mask=mask, position_ids=positions[:, 6:], cache=first.cache, use_cache=True)
     torch.testing.assert_close(torch.cat([first.logits, rest.logits], dim=1), full, atol=1e-10, rtol=0)
 
 

@@ -32,30 +32,6 @@ of `attend` (q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv), an `Attentio
 (B or 1, H, N, T), the logit scale); returns (B, H, N, dv)."""
 
 
-def build_attention_mask(padding: torch.Tensor | None, query_len: int, key_len: int, causal: bool,
-                         dense: bool) -> AttentionMask:
-    """The mask for N new queries at the end of T keys. `padding` (B, T) is 1 for real tokens, 0 for padding.
-
-    `dense` asks for explicit booleans even where a flag would do (encodings that add a logit bias). A query that
-    would see no key at all (a padding token) is allowed to see itself, so no softmax row is empty."""
-    has_padding = padding is not None and not bool(padding.all())
-    if not dense and not has_padding:
-        if not causal or query_len == 1:
-            return AttentionMask(None, False)
-        if query_len == key_len:
-            return AttentionMask(None, True)
-    device = padding.device if padding is not None else None
-    key_index = torch.arange(key_len, device=device)
-    query_index = torch.arange(key_len - query_len, key_len, device=device)
-    valid = torch.ones(1, 1, query_len, key_len, dtype=torch.bool, device=device)
-    if causal:
-        valid = valid & (key_index[None, :] <= query_index[:, None])
-    if padding is not None:
-        valid = valid & padding[:, None, None, :].bool()
-    valid = valid | (key_index[None, :] == query_index[:, None])
-    return AttentionMask(valid, False)
-
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, bias: torch.Tensor | None,
            scale: float, eager: bool = False) -> torch.Tensor:
     """softmax(q k^T * scale + bias) v with GQA. q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv);

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .masks import tracing
+
 
 class TokenLayout:
     """Converts between the padded grid (B, N, ...) and the real tokens (T, ...) of one forward pass.
@@ -24,8 +26,9 @@ class TokenLayout:
 
     @classmethod
     def of(cls, token_mask: torch.Tensor | None, batch: int, length: int) -> TokenLayout:
-        """The layout of a pass whose new tokens are real where `token_mask` (B, N) is True (None: all real)."""
-        packs = token_mask is not None and length > 1 and not bool(token_mask.all())
+        """The layout of a pass whose new tokens are real where `token_mask` (B, N) is True (None: all real).
+        While tracing (torch.export, torch.compile) nothing is skipped: the real tokens' count is data."""
+        packs = token_mask is not None and length > 1 and not tracing(token_mask) and not bool(token_mask.all())
         return cls(batch, length, token_mask if packs else None)
 
     @property

@@ -18,16 +18,11 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .attention import (
-    AttentionFunction,
-    AttentionMask,
-    attend,
-    attend_with_probabilities,
-    build_attention_mask,
-)
+from .attention import AttentionFunction, AttentionMask, attend, attend_with_probabilities
 from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
 from .layout import TokenLayout
+from .masks import build_attention_mask, packed_documents, real_tokens
 from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer, build_encoding
 
 logger = logging.get_logger(__name__)
@@ -207,15 +202,18 @@ class TapeModel(TapePreTrainedModel):
         prepare_cache(cache)
         batch, length = inputs_embeds.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
-        position_ids = self._position_ids(position_ids, attention_mask, past, batch, length, inputs_embeds.device)
+        documents, document_positions = packed_documents(
+            position_ids, attention_mask, past, self.config.causal, batch, length,
+            kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"))
+        position_ids = self._position_ids(position_ids if document_positions is None else document_positions,
+                                          attention_mask, past, batch, length, inputs_embeds.device)
 
-        ctx = PositionContext(query_positions=self.positional.positions(position_ids, past))
-        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-            ctx.token_mask = attention_mask[:, -length:].bool()
+        ctx = PositionContext(query_positions=self.positional.positions(position_ids, past, documents),
+                              token_mask=real_tokens(attention_mask, length, past))
         if self.positional.needs_key_positions:
             ctx.key_positions = key_positions(cache, ctx.query_positions, self.config.num_hidden_layers)
         self.positional.prepare(ctx, inputs_embeds.dtype)
-        mask = build_attention_mask(attention_mask, length, past + length, self.config.causal,
+        mask = build_attention_mask(attention_mask, documents, length, past + length, self.config.causal,
                                     dense=self.positional.adds_logit_bias)
         hidden = self.positional.embed(inputs_embeds, ctx)
         state = self.positional.initial_state(ctx, hidden.dtype)
@@ -241,10 +239,11 @@ class TapeModel(TapePreTrainedModel):
 
     @staticmethod
     def _position_ids(position_ids, attention_mask, past, batch, length, device):
-        """Given positions, or positions counted over real tokens (left padding), or past + 0..N-1."""
+        """Given positions, or positions counted over real tokens (a 2D mask with left padding), or past + 0..N-1
+        (also with a 4D mask, as Llama: pass position_ids for its padded rows)."""
         if position_ids is not None:
             return position_ids.expand(batch, -1) if position_ids.shape[0] == 1 else position_ids
-        if attention_mask is not None:
+        if attention_mask is not None and attention_mask.dim() == 2:
             return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
         return torch.arange(past, past + length, device=device).expand(batch, -1)
 
@@ -283,7 +282,7 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-                             return_dict=True)
+                             return_dict=True, **kwargs)
         hidden = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from ..masks import tracing
 from .base import PositionalEncoding, PositionContext
 
 
@@ -26,7 +27,7 @@ class LearnedAbsolute(PositionalEncoding):
 
     def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         limit = self.position_embeddings.num_embeddings
-        if int(ctx.query_positions.max()) >= limit:
+        if not tracing(ctx.query_positions) and int(ctx.query_positions.max()) >= limit:
             raise ValueError(f"position {int(ctx.query_positions.max())} is beyond the learned table; "
                              f"pe_type='learned' allows positions < max_position_embeddings={limit}")
         return hidden + self.position_embeddings(ctx.query_positions.clamp(min=0))

@@ -112,9 +112,10 @@ class PositionalEncoding(CustomInit):
     needs_key_positions = False
     adds_logit_bias = False
 
-    def positions(self, position_ids: torch.Tensor, past: int = 0) -> torch.Tensor:
+    def positions(self, position_ids: torch.Tensor, past: int = 0,
+                  documents: torch.Tensor | None = None) -> torch.Tensor:
         """The positions this encoding actually uses for tokens following `past` cached ones (RandPE resamples
-        them)."""
+        them); `documents` (B, N) numbers the packed documents of each row (None: one per row)."""
         return position_ids
 
     def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:

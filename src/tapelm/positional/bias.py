@@ -12,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from ..masks import tracing
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
 
@@ -137,10 +138,15 @@ class FireFunction(CustomInit):
     def forward(self, ctx: PositionContext, dtype: torch.dtype) -> torch.Tensor:
         """The bias (B, H, N, T), or (1, H, N, T) when every sequence has the same positions, for the context's query
         and key positions. The MLP runs once per distinct row of positions (one for a batch without padding), not
-        once per sequence: its hidden layer is the largest tensor FIRE makes."""
+        once per sequence: its hidden layer is the largest tensor FIRE makes. While tracing the number of distinct
+        rows is data, so there it runs once per sequence unless the positions are one row expanded (no padding)."""
         length = ctx.query_positions.shape[1]
-        rows, index = torch.unique(torch.cat([ctx.query_positions, ctx.key_positions], dim=1), dim=0,
-                                   return_inverse=True)
+        rows = torch.cat([ctx.query_positions, ctx.key_positions], dim=1)
+        index = None
+        if ctx.query_positions.stride(0) == 0 and ctx.key_positions.stride(0) == 0:
+            rows = rows[:1]
+        elif not tracing(rows):
+            rows, index = torch.unique(rows, dim=0, return_inverse=True)
         queries, keys = rows[:, :length], rows[:, length:]
         wide = torch.promote_types(self.mlp[0].weight.dtype, torch.float32)
         distance = (queries[:, None, :, None] - keys[:, None, None, :]).to(wide).abs()
@@ -150,7 +156,7 @@ class FireFunction(CustomInit):
         normaliser = torch.log((c * torch.maximum(query, threshold)).abs() + 1)
         features = torch.log((c * distance).abs() + 1) / (normaliser + self.eps)
         bias = self.mlp(features[..., None].to(self.mlp[0].weight.dtype))[:, 0].permute(0, 3, 1, 2).to(dtype)
-        return bias if len(rows) == 1 else bias[index]
+        return bias if index is None or len(rows) == 1 else bias[index]
 
 
 class FIRE(RelativeBias):

@@ -9,8 +9,10 @@ log f. Initialisation follows the reference's data-dependent ("full") gate: weig
 
 The cumulative sums are computed and cached in float32 (float64 in a float64 model) whatever the model dtype, one
 value per head and token in an extra cache layer per decoder layer; padding tokens get log f = 0, so a left-padded
-sequence computes what it computes alone. As in the reference, c_i - c_j is a difference of two running sums: over
-very long contexts float32 keeps about 1e-7 of |c| as absolute error in the bias.
+sequence computes what it computes alone. Packed documents need no restart of the sums: c_i - c_j only adds the
+gates between two tokens of one document (the mask hides every other pair). As in the reference, c_i - c_j is a
+difference of two running sums: over very long contexts float32 keeps about 1e-7 of |c| as absolute error in the
+bias.
 """
 
 from __future__ import annotations

@@ -82,6 +82,12 @@ def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.T
     return torch.cat(rows, dim=-2), keys
 
 
+def _diagonal(valid: torch.Tensor, offset: int) -> torch.Tensor:
+    """valid[b, s, s + offset] for every query s (B, N); False where that key would lie before the first one."""
+    seen = valid.diagonal(offset=offset, dim1=-2, dim2=-1)
+    return F.pad(seen, (valid.shape[-2] - seen.shape[-1], 0), value=False)
+
+
 class PaTH(PositionalEncoding):
     """Model level: nothing but the per-layer transforms; the logits arrive as an explicit float bias."""
 
@@ -114,32 +120,39 @@ class PaTHLayer(LayerPositional):
         self.beta_proj = nn.Linear(config.hidden_size, self.kv_heads, bias=True)
         self.slot = layer_state_slot(config.num_hidden_layers, layer_idx)
 
-    def householder(self, x, ctx, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def householder(self, x, ctx, cache, valid=None) -> tuple[torch.Tensor, torch.Tensor]:
         """w (B, Hkv, N, d), unit vectors, and beta (B, Hkv, N) in float32 or wider, for the new tokens. The
-        convolution reads the inputs of the previous tokens from the cache and stores the new ones."""
+        convolution reads the inputs of the previous tokens from the cache and stores the new ones; token s reads
+        token s - o's input only where the mask `valid` (B or 1, 1, N, T) lets it see that key, so padding and
+        other packed documents bring it no history (None: every earlier token does)."""
         wide = torch.promote_types(x.dtype, torch.float32)
         batch, length, _ = x.shape
         inputs = self.w_proj(x)  # (B, N, kv_dim)
         beta = 2 * torch.sigmoid(self.beta_proj(x).to(wide))  # (B, N, Hkv)
-        if ctx.token_mask is not None:  # padding brings no history to the convolution and H = I
-            inputs = inputs * ctx.token_mask[..., None].to(inputs.dtype)
+        if ctx.token_mask is not None:  # padding: H = I
             beta = beta * ctx.token_mask[..., None]
         history = self.conv_size - 1
+        mixed = inputs * self.w_conv.weight[:, 0, history]
         if history:
             past = cached_state(cache, self.slot)
             store_state(cache, self.slot, inputs[:, None])
+            cached = 0 if past is None else past.shape[-2]
             before = inputs.new_zeros(batch, history, inputs.shape[-1])
             if past is not None:
-                kept = min(history, past.shape[-2])
-                before[:, history - kept:] = past[:, 0, past.shape[-2] - kept:].to(inputs.dtype)
-            inputs = torch.cat([before, inputs], dim=1)
-        w = F.silu(F.conv1d(inputs.transpose(1, 2), self.w_conv.weight, groups=self.w_conv.groups))
-        w = w.to(wide).view(batch, self.kv_heads, self.head_dim, length).transpose(-1, -2)
+                kept = min(history, cached)
+                before[:, history - kept:] = past[:, 0, cached - kept:].to(inputs.dtype)
+            sequence = torch.cat([before, inputs], dim=1)
+            for offset in range(1, history + 1):
+                earlier = sequence[:, history - offset: history - offset + length]  # token s - offset
+                if valid is not None:
+                    earlier = earlier * _diagonal(valid[:, 0], cached - offset)[..., None].to(inputs.dtype)
+                mixed = mixed + earlier * self.w_conv.weight[:, 0, history - offset]
+        w = F.silu(mixed).to(wide).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         w = w / w.norm(dim=-1, keepdim=True).clamp(min=NORM_EPS)
         return w, beta.transpose(1, 2)
 
     def attention_inputs(self, x, q, k, stream, cache, layer_idx, valid, ctx):
-        w, beta = self.householder(x, ctx, cache)
+        w, beta = self.householder(x, ctx, cache, valid)
         wide = w.dtype
         batch, heads, length, dim = q.shape
         grouped = q.to(wide).view(batch, self.kv_heads, heads // self.kv_heads, length, dim)

@@ -77,18 +77,28 @@ class RandPE(RoPE):
         self.max_position = config.randpe_max_position
         self.random_at_eval = config.randpe_eval_positions == "random"
 
-    def positions(self, position_ids: torch.Tensor, past: int = 0) -> torch.Tensor:
+    def positions(self, position_ids: torch.Tensor, past: int = 0,
+                  documents: torch.Tensor | None = None) -> torch.Tensor:
+        """Each packed document (each row, without packing) draws its own subset, sized by its own largest position,
+        so that it gets the positions it would get alone (in distribution)."""
         if not (self.training or self.random_at_eval):
             return position_ids
         if past:
             raise ValueError("RandPE draws new random positions in every forward pass, so it cannot continue a cache; "
                              "pass use_cache=False, or set randpe_eval_positions='given' to decode with a cache")
-        needed = int(position_ids.max()) + 1
-        if needed > self.max_position:
-            raise ValueError(f"RandPE needs {needed} distinct positions but randpe_max_position={self.max_position}")
-        scores = torch.rand(position_ids.shape[0], self.max_position, device=position_ids.device)
-        subset = scores.topk(needed, dim=-1).indices.sort(dim=-1).values
-        return subset.gather(1, position_ids.clamp(min=0))
+        position_ids = position_ids.clamp(min=0)
+        documents = torch.zeros_like(position_ids) if documents is None else documents
+        count = int(documents.max()) + 1
+        needed = position_ids.new_zeros(position_ids.shape[0], count).scatter_reduce(
+            1, documents, position_ids + 1, "amax")  # (B, documents)
+        most = int(needed.max())
+        if most > self.max_position:
+            raise ValueError(f"RandPE needs {most} distinct positions but randpe_max_position={self.max_position}")
+        scores = torch.rand(*needed.shape, self.max_position, device=position_ids.device)
+        drawn = scores.topk(most, dim=-1).indices  # in random order: a document's first `needed` are its subset
+        unused = torch.arange(most, device=drawn.device) >= needed[..., None]
+        subsets = drawn.masked_fill(unused, self.max_position).sort(dim=-1).values
+        return subsets.flatten(1).gather(1, documents * most + position_ids)
 
 
 class XPos(RoPE):
