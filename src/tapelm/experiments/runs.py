@@ -235,7 +235,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         evaluate_fn = eager(_quick_evaluation(run))
     started = time.time()
     trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
-                    progress=progress, stop_after=stop_after, accelerator=state)
+                    progress=progress, stop_after=stop_after, accelerator=state,
+                    evaluate_last=False)  # the full evaluation below covers the last step
     if trained.start_step + len(trained.losses) < run.settings.steps:
         return None
     if not state.is_main_process:
