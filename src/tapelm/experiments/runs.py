@@ -8,6 +8,7 @@ preset, model config, settings and their hash), eval.json / eval.png and result.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import shlex
 import time
@@ -117,6 +118,15 @@ def matched_intermediate(config: TapeConfig, target: int) -> int:
     return config.intermediate_size + extra
 
 
+def check_model_options(options: dict[str, Any]) -> None:
+    """ValueError naming a key that is not a TapeConfig field (a typo would otherwise train the preset's value)."""
+    known = [name for name in inspect.signature(TapeConfig.__init__).parameters if name not in ("self", "kwargs")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown model option '{unknown[0]}'; choose from the TapeConfig fields: "
+                         f"{', '.join(known)}")
+
+
 def resolve(spec: RunSpec) -> ResolvedRun:
     """Validate everything about a run before any work or any write; ValueError naming the problem."""
     if spec.task not in TASKS:
@@ -140,6 +150,7 @@ def resolve(spec: RunSpec) -> ResolvedRun:
     longest = max(task.eval_conditions(), key=lambda c: c["length"])
     next(iter(task.eval_batches(longest, 0, preset.eval_n, preset.eval_batch_size)))  # the task's own checks, now
     model_options = dict(spec.model_options)
+    check_model_options(model_options)
     try:
         config = model_config(task, spec.pe, preset, model_options)
         if spec.match_params and spec.pe != "tape":
