@@ -28,6 +28,7 @@ from .train import (
     CheckpointError,
     TrainSettings,
     check_run_dir,
+    load_saved_model,
     make_accelerator,
     train,
     write_json_atomically,
@@ -77,7 +78,7 @@ class ResolvedRun:
         if not (directory / "config.json").is_file():
             raise ValueError(f"run '{directory.parent}' has no trained model yet (no {directory}/config.json); "
                              "finish it with `tapelm train ... --resume`")
-        return TapeForCausalLM.from_pretrained(str(directory))
+        return load_saved_model(directory, TapeForCausalLM)
 
     run_dir: Path | None = None
 

@@ -370,6 +370,17 @@ def _model_save(accelerator, model, directory: Path) -> None:
     accelerator.wait_for_everyone()
 
 
+def load_saved_model(directory: Path, model_class, **kwargs):
+    """`model_class.from_pretrained(directory, **kwargs)`; ValueError naming the folder when its files cannot be
+    read (a copy cut short, a disk that filled up)."""
+    try:
+        return model_class.from_pretrained(str(directory), **kwargs)
+    except Exception as error:  # safetensors, json and torch each raise their own kinds
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"the model in '{directory}' cannot be read ({type(error).__name__}: {reason}); it is "
+                         "truncated or corrupt: write it again (rerun or --resume the command that made it)") from None
+
+
 def make_accelerator(settings: TrainSettings):
     """The Accelerator `train` uses by default (the launch environment decides DDP / FSDP / devices)."""
     from accelerate import Accelerator
@@ -556,5 +567,5 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, resul
 
 
 __all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError",
-           "latest_checkpoint", "newest_intact_checkpoint", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda",
+           "latest_checkpoint", "newest_intact_checkpoint", "load_saved_model", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda",
            "SCHEDULES", "MIXED_PRECISION"]
