@@ -386,3 +386,10 @@ def test_mixed_precision_and_gradient_checkpointing_train(tmp_path, options) -> 
     assert len(result.losses) == 3 and all(torch.isfinite(torch.tensor(result.losses)))
     if options.get("grad_checkpointing"):
         assert model.model.gradient_checkpointing
+
+
+def test_out_naming_a_file_is_refused(tmp_path, capsys) -> None:
+    (tmp_path / "run").write_text("a file")
+    assert main(tiny_cli(tmp_path / "run")) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "--out '" in error and "is a file; give a run folder" in error
