@@ -153,11 +153,12 @@ def check_plan(plan: RunPlan, names: list[str], eval_plan: EvalPlan) -> dict[str
                              "choose another --results folder (and --out)")
         if _reusable(record, plan):
             done[name] = record
-    for name in names:
-        if name in plan.settings and name not in done:
+    todo = [name for name in names if name not in done]
+    for name in todo:
+        if name in plan.settings:
             check_run_folder(plan.out / name, plan.settings[name], plan.model)
-    proses = {s.prose_corpus for n, s in plan.settings.items() if n not in done}
-    if plan.evaluate:
+    proses = {plan.settings[name].prose_corpus for name in todo if name in plan.settings}
+    if plan.evaluate and todo:
         proses.add(eval_plan.prose_corpus)
     for prose in proses:
         corpus_split("prose", prose)
@@ -175,6 +176,10 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
     results_dir = plan.results_dir()
     names = [n for n in ORDER if n in plan.settings or (plan.baselines and n in ("original", "converted"))]
     done = check_plan(plan, names, eval_plan)
+    if len(done) == len(names):
+        for name in names:
+            log(f"{name}: done before ({results_dir / f'{name}.json'})")
+        return done
     source, tokenizer = load_pretrained(plan.model)
     source.eval()
     documents, sample_prompt = None, None
