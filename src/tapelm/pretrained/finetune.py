@@ -117,8 +117,8 @@ def pi_factor(settings: FinetuneSettings, pretrained_length: int) -> float:
     factor = settings.target_length / pretrained
     if factor <= 1:
         raise ValueError(f"target_length={settings.target_length} does not exceed the pretrained context "
-                         f"{pretrained}: linear interpolation would be the identity; pass pretrained_length to "
-                         "interpolate relative to a shorter nominal window")
+                         f"{pretrained}: linear interpolation would be the identity; raise target_length "
+                         "(--target-length) or lower pretrained_length (--pretrained-length)")
     return factor
 
 
