@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,119 @@ def test_s2_attention_is_per_model_two_models_in_one_process_differ():
             full = full_model(tokens, use_cache=False).logits
     torch.testing.assert_close(full, reference, atol=0, rtol=0)
     assert not torch.allclose(sparse[:, 16:], full[:, 16:], atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ the `finetune` command
+
+PROSE = "The quick brown fox jumps over the lazy dog while the cat sleeps by the warm fire. " * 40
+
+
+def llama_folder(folder: Path, seed: int) -> str:
+    """A tiny Llama checkpoint with its own small BPE tokenizer, as `tapelm finetune --model FOLDER` loads it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator([PROSE, "def f(x):\n    return x\n"], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=backend.get_vocab_size(), hidden_size=HIDDEN, intermediate_size=INTER,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                         max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def finetune_inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune-cli")
+    prose = root / "prose"
+    prose.mkdir()
+    for index in range(3):
+        (prose / f"page{index}.txt").write_text(PROSE)
+    return {"llama": llama_folder(root / "llama", 0), "mistral": llama_folder(root / "mistral", 1),
+            "prose": str(prose), "root": root}
+
+
+def finetune_cli(inputs, out: Path, *extra: str, model: str = "llama") -> list[str]:
+    return ["finetune", "--model", inputs[model], "--method", "lora", "--out", str(out), "--train-length", "32",
+            "--steps", "1", "--warmup", "0", "--no-eval", "--prose-corpus", inputs["prose"], *extra]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lr", "-1"], "lr=-1.0 is not allowed; it must be a positive number"),
+    (["--lr", "50"], "lr=50.0 is not allowed; it must be a number in [0.0, 10.0]"),
+    (["--method", "pi", "--target-length", "64"], "target_length=64 does not exceed the pretrained context 128"),
+    (["--eval-lengths", "0"], "eval lengths [0] are not allowed; give one or more integers >= 2"),
+    (["--eval-lengths", "100"], "eval length 100 is not allowed: its stride min(256, 100 // 2) = 50 must divide"),
+    (["--threads", "-1"], "--threads=-1 is not allowed; it must be a positive integer"),
+    (["--out", "FILE"], "--out 'FILE' is a file; give a folder"),
+    (["--prose-corpus", "/no/such/prose"], "--prose-corpus '/no/such/prose' does not exist"),
+])
+def test_finetune_refuses_bad_input_in_one_line_before_any_work(finetune_inputs, tmp_path, capsys, extra, message):
+    from tapelm.cli import main
+
+    (tmp_path / "FILE").write_text("not a folder")
+    extra = [str(tmp_path / "FILE") if a == "FILE" else a for a in extra]
+    message = message.replace("FILE", str(tmp_path / "FILE"))
+    assert main([*finetune_cli(finetune_inputs, tmp_path / "out"), *extra]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and message in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]
+
+
+def test_finetune_without_the_default_prose_corpus_names_the_option(finetune_inputs, tmp_path, capsys, monkeypatch):
+    from tapelm.cli import main
+
+    monkeypatch.setenv("TAPELM_CACHE", str(tmp_path / "cache"))  # python3.11-doc not fetched here ...
+    monkeypatch.setenv("PATH", str(tmp_path))  # ... and no apt-get to fetch it
+    argv = finetune_cli(finetune_inputs, tmp_path / "out")
+    assert main(argv[: argv.index("--prose-corpus")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "apt-get / dpkg-deb are not available" in error and "--prose-corpus" in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failing_method_makes_finetune_exit_nonzero(finetune_inputs, tmp_path, capsys):
+    from tapelm.cli import main
+
+    tiny = tmp_path / "tiny-prose"
+    tiny.mkdir()
+    for index in range(2):
+        (tiny / f"page{index}.txt").write_text("Too short.")
+    argv = finetune_cli(finetune_inputs, tmp_path / "out")
+    argv[argv.index("--prose-corpus") + 1] = str(tiny)  # a training stream shorter than one window: training fails
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "lora: FAILED" in captured.out and "fewer than length=32" in captured.out
+    assert "1 of 1 models failed (lora)" in captured.err
+    assert not (tmp_path / "out" / "results" / "lora.json").exists()
+
+
+def test_results_and_runs_are_keyed_by_the_source_model(finetune_inputs, tmp_path, capsys):
+    """A second model in the same --out is refused, never reported with (or resumed from) the first model's run."""
+    from tapelm.cli import main
+
+    out = tmp_path / "out"
+    assert main(finetune_cli(finetune_inputs, out)) == 0
+    record = json.loads((out / "results" / "lora.json").read_text())
+    assert record["model"] == finetune_inputs["llama"]
+    assert json.loads((out / "lora" / "finetune.json").read_text())["source"] == finetune_inputs["llama"]
+    before = (out / "lora" / "merged" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(finetune_cli(finetune_inputs, out, model="mistral")) == 2
+    error = capsys.readouterr().err
+    assert "holds results of another configuration (different source model" in error
+    assert main(finetune_cli(finetune_inputs, out, "--results", str(tmp_path / "other"), model="mistral")) == 2
+    assert f"holds a fine-tuning of {finetune_inputs['llama']}, not of {finetune_inputs['mistral']}" in \
+        capsys.readouterr().err
+    assert main(finetune_cli(finetune_inputs, out, "--steps", "2")) == 2  # other settings: refused too
+    assert "different fine-tuning settings" in capsys.readouterr().err
+    assert (out / "lora" / "merged" / "model.safetensors").read_bytes() == before
+    assert main(finetune_cli(finetune_inputs, out)) == 0  # the same command again: the cached result
+    assert "lora: done before" in capsys.readouterr().out

@@ -150,11 +150,32 @@ def test_predictions_resume_and_batches_equal_single_examples(text_runs, tmp_pat
      "--model 'missing-model' does not exist"),
     (["scrolls", "run", "all", "--model", "MODEL", "--out", "OUT", "--context", "0"], "context=0 is not allowed"),
     (["scrolls", "run", "all", "--model", "MODEL", "--out", "OUT"], "qasper' does not exist"),  # no per-task folders
+    (["scrolls", "run", "qasper", "--model", "MODEL", "--out", "OUT", "--data", "TRAIN_FILE"],
+     "is one file for both splits: `scrolls run` would fine-tune on the rows it then scores"),
+    (["scrolls", "run", "qasper", "--model", "MODEL", "--out", "OUT", "--split", "train"],
+     "--split train is not allowed for `scrolls run`"),
+    (["scrolls", "run", "qasper", "--model", "MODEL", "--out", "OUT", "--target-cap", "10", "--top-k", "0"],
+     "top_k=0 is not allowed"),  # decoding options are checked before fine-tuning
+    (["scrolls", "run", "qasper", "--model", "MODEL", "--out", "OUT", "--target-cap", "10", "--predict-limit", "0"],
+     "--predict-limit=0 is not allowed"),
+    (["scrolls", "finetune", "qasper", "--model", "MODEL", "--out", "FILE"], "--out 'FILE' is a file; give a folder"),
+    (["scrolls", "finetune", "qasper", "--model", "MODEL", "--out", "OUT", "--target-cap", "10", "--pe", "rope"],
+     "--pe rope does not apply to"),  # a tapelm text run keeps its own encoding
+    (["scrolls", "finetune", "qasper", "--model", "MODEL", "--out", "OUT", "--target-cap", "52"],
+     "leaves 11 prompt tokens after target_cap=52 + eos, and the question alone fills them"),
+    (["scrolls", "predict", "qasper", "--model", "MODEL", "--out", "FOLDER", "--context", "64"],
+     "is a folder; give the predictions file to write"),
 ])
 def test_bad_arguments_fail_in_one_line_before_any_work(text_runs, tmp_path, capsys, argv, message):
     _, runs, data = text_runs
-    argv = [str(runs["tape"]) if a == "MODEL" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
-    argv += ["--data", str(data)] if argv[1] != "score" else ["--data", str(data)]
+    (tmp_path / "FILE").write_text("")
+    (tmp_path / "FOLDER").mkdir()
+    names = {"MODEL": str(runs["tape"]), "OUT": str(tmp_path / "out"), "FILE": str(tmp_path / "FILE"),
+             "FOLDER": str(tmp_path / "FOLDER"), "TRAIN_FILE": str(data / "train.jsonl")}
+    argv = [names.get(a, a) for a in argv]
+    message = message.replace("FILE", names["FILE"])
+    if "--data" not in argv:
+        argv += ["--data", str(data)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
@@ -194,3 +215,68 @@ def test_a_llama_family_checkpoint_with_its_own_tokenizer(text_runs, tmp_path):
     assert main(["scrolls", "predict", "qasper", "--model", str(out), "--data", str(data), "--no-progress"]) == 0
     assert sorted(json.loads((out / "predictions-validation.json").read_text())) == ["v0", "v1", "v2"]
 
+
+
+def test_the_cpu_small_target_cap_leaves_the_document_most_of_the_context(text_runs, tmp_path):
+    _, runs, data = text_runs
+    out = tmp_path / "run"
+    assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data), "--out", str(out),
+                 "--steps", "1", "--batch-size", "2", "--warmup", "0", "--no-progress"]) == 0
+    record = json.loads((out / "scrolls.json").read_text())
+    assert record["target_cap"] == 16 and record["identity"]["target_cap"] == 16  # 64 // 4, not QA's 200
+
+
+def test_a_finetuned_run_moves_without_its_source(text_runs, tmp_path):
+    """The run records no path to reread: its text run's tokenizer is rebuilt from the task options."""
+    import shutil
+
+    root, runs, data = text_runs
+    source = tmp_path / "text-run"
+    shutil.copytree(runs["tape"], source)
+    out = tmp_path / "run"
+    assert main(["scrolls", "finetune", "qasper", "--model", str(source), "--data", str(data), "--out", str(out),
+                 "--target-cap", "10", "--steps", "1", "--batch-size", "2", "--warmup", "0", "--no-progress"]) == 0
+    assert str(tmp_path) not in json.dumps(json.loads((out / "scrolls.json").read_text())["tokenizer"])
+    shutil.rmtree(source)
+    moved = tmp_path / "elsewhere" / "run"
+    shutil.move(out, moved)
+    assert main(["scrolls", "predict", "qasper", "--model", str(moved), "--data", str(data), "--no-progress"]) == 0
+    assert sorted(json.loads((moved / "predictions-validation.json").read_text())) == ["v0", "v1", "v2"]
+
+
+def test_unreadable_inputs_are_one_line_errors(text_runs, tmp_path, capsys):
+    import shutil
+
+    _, runs, data = text_runs
+    bad = tmp_path / "bad-data"
+    shutil.copytree(data, bad)
+    lines = (bad / "train.jsonl").read_text().splitlines()
+    (bad / "train.jsonl").write_text("\n".join([lines[0], lines[1][:-3], *lines[2:]]) + "\n")
+    assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(bad), "--out",
+                 str(tmp_path / "out"), "--target-cap", "10", "--no-progress"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "train.jsonl' line 2 is not valid JSON" in error
+    assert not (tmp_path / "out").exists()
+
+    out = tmp_path / "run"
+    assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data), "--out",
+                 str(out), "--target-cap", "10", "--steps", "1", "--batch-size", "2", "--warmup", "0",
+                 "--no-progress"]) == 0
+    weights = out / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    capsys.readouterr()
+    assert main(["scrolls", "predict", "qasper", "--model", str(out), "--data", str(data), "--no-progress"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "cannot be read" in error and "truncated or corrupt" in error
+
+
+def test_predicting_on_the_training_rows_warns(text_runs, tmp_path, capsys):
+    _, runs, data = text_runs
+    out = tmp_path / "run"
+    assert main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data), "--out",
+                 str(out), "--target-cap", "10", "--steps", "1", "--batch-size", "2", "--warmup", "0",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["scrolls", "predict", "qasper", "--model", str(out), "--data", str(data), "--split", "train",
+                 "--no-progress", "--predict-limit", "2"]) == 0
+    assert "predicting 'qasper' on the rows this model was fine-tuned on" in capsys.readouterr().err

@@ -162,3 +162,11 @@ def test_smollm2_greedy_chat_answers(smollm2) -> None:
     output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
     answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+def test_a_truncated_checkpoint_is_a_one_line_error(tmp_path: Path, cache: Path) -> None:
+    tiny_llama(tmp_path / "tiny")
+    weights = tmp_path / "tiny" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match="tiny' cannot be read .*; it is truncated or corrupt"):
+        sources.load_pretrained(str(tmp_path / "tiny"))

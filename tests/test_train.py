@@ -201,18 +201,46 @@ def test_run_dir_of_another_configuration_is_refused_untouched(tmp_path, capsys)
     assert snapshot(out) == before
 
 
-def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys) -> None:
+def test_corrupt_checkpoints_are_a_one_line_error(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(tiny_cli(out, "--checkpoint-every", "2")) == 0
     (out / "result.json").unlink()  # pretend the run was interrupted after its last checkpoint
-    checkpoint = list_checkpoints(out)[-1][1]
-    (checkpoint / "optimizer.bin").write_bytes(b"garbage")
+    for _, checkpoint in list_checkpoints(out):
+        (checkpoint / "optimizer.bin").write_bytes(b"garbage")
     before = snapshot(out)
     capsys.readouterr()
     assert main(tiny_cli(out, "--resume", "--checkpoint-every", "2")) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "is corrupt: optimizer.bin" in error
+    assert "no older checkpoint is intact; remove" in error
     assert snapshot(out) == before
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, caplog) -> None:
+    out = tmp_path / "run"
+    assert main(tiny_cli(out, "--checkpoint-every", "2")) == 0
+    expected = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (out / "result.json").unlink()  # pretend the run was interrupted after its last checkpoint
+    assert [step for step, _ in list_checkpoints(out)] == [2, 4]
+    (list_checkpoints(out)[-1][1] / "optimizer.bin").write_bytes(b"garbage")
+    with caplog.at_level("WARNING"):
+        assert main(tiny_cli(out, "--resume", "--checkpoint-every", "2")) == 0
+    assert "step-00000004' is corrupt: optimizer.bin" in caplog.text and "resuming from the intact" in caplog.text
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == [1, 2, 3, 4]  # steps 3 and 4 trained again from step 2
+    assert [m["loss"] for m in logged] == pytest.approx([m["loss"] for m in expected], rel=1e-5)
+    assert latest_checkpoint(out)[0] == 4  # the damaged checkpoint was replaced by an intact one
+
+
+def test_the_first_loss_is_logged_and_the_last_step_is_not_evaluated_twice(tmp_path) -> None:
+    """A run shorter than its logging interval still reports its first loss; the quick in-training evaluation is
+    not repeated after the last step when it falls off the eval_every schedule (the final evaluation covers it)."""
+    out = tmp_path / "run"
+    result = run_task(tiny_spec(steps=3, log_every=10, eval_every=2), out, progress=False)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 3]
+    assert [r["step"] for r in records if "eval" in r] == [2]
+    assert result["first_loss"] == records[0]["loss"] != result["final_loss"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -230,6 +258,9 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, capsys) -> None:
     (["train", "--task", "addition", "--pe", "tape", "--schedule", "linear"], "schedule='linear' is not allowed"),
     (["train", "--task", "addition", "--pe", "tape", "--model-option", "hidden_size=30"],
      "hidden_size=30 must be divisible by num_attention_heads=8"),
+    (["train", "--task", "addition", "--pe", "tape", "--model-option", "num_hiden_layers=6"],
+     "unknown model option 'num_hiden_layers'; choose from the TapeConfig fields: "),
+    (["compare", "addition", "--pe", "tape", "--model-option", "hiden_size=64"], "unknown model option 'hiden_size'"),
     (["compare", "addition", "--pe", "tape", "sine"], "unknown encoding 'sine'"),
     (["eval", "/no/such/run"], "'/no/such/run' is not a tapelm run directory"),
     (["report", "--root", "/no/such/root"], "results folder '/no/such/root' does not exist"),
@@ -355,3 +386,10 @@ def test_mixed_precision_and_gradient_checkpointing_train(tmp_path, options) -> 
     assert len(result.losses) == 3 and all(torch.isfinite(torch.tensor(result.losses)))
     if options.get("grad_checkpointing"):
         assert model.model.gradient_checkpointing
+
+
+def test_out_naming_a_file_is_refused(tmp_path, capsys) -> None:
+    (tmp_path / "run").write_text("a file")
+    assert main(tiny_cli(tmp_path / "run")) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "--out '" in error and "is a file; give a run folder" in error

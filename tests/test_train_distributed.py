@@ -83,3 +83,51 @@ def test_two_cpu_processes_train_in_sync(tmp_path) -> None:
     manifest = json.loads(next((tmp_path / "run" / "checkpoints").glob("step-*/manifest.json")).read_text())
     assert manifest["world_size"] == 2
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(manifest["files"])
+
+
+SCROLLS_WORKER = textwrap.dedent("""
+    import sys
+    from datetime import timedelta
+    from accelerate import PartialState
+    PartialState(cpu=True, timeout=timedelta(seconds=float(sys.argv[1])))  # a short collective timeout everywhere
+    from tapelm.cli import main
+    sys.exit(main(["scrolls", "run", "qasper", *sys.argv[2:]]))
+""")
+
+
+@pytest.mark.slow
+def test_two_processes_run_scrolls_with_generation_longer_than_the_collective_timeout(tmp_path) -> None:
+    """`scrolls run` under a launcher: the ranks fine-tune together, then no rank waits on a collective while the
+    main process generates, so a generation longer than the process group's timeout does not kill the run."""
+    from tapelm.experiments.runs import RunSpec, run_task
+
+    launcher = _launcher()
+    if launcher is None:
+        pytest.skip("neither accelerate nor torchrun is installed next to this Python")
+    launcher = [a if a != "29533" else "29534" for a in launcher]
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("def add(a, b):\n    return a + b\n" * 40)
+    run_task(RunSpec(task="text", pe="tape", task_options={"corpus": str(corpus), "train_length": 16,
+                                                           "eval_multipliers": (1, 2)},
+                     model_options={"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                                    "num_attention_heads": 4, "num_key_value_heads": 2},
+                     train_options={"steps": 1, "batch_size": 2, "warmup": 0}, eval_n=4, eval_batch_size=4),
+             tmp_path / "text-run", progress=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, count in (("train", 8), ("validation", 80)):
+        rows = [{"id": f"{split}{i}", "input": f"What is {i}?\n\n{i} is a number.", "output": f"number {i}"}
+                for i in range(count)]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    script = tmp_path / "worker.py"
+    script.write_text(SCROLLS_WORKER)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "runs"
+    done = subprocess.run([*launcher, str(script), "3", "--model", str(tmp_path / "text-run"), "--data", str(data),
+                           "--out", str(out), "--target-cap", "10", "--steps", "2", "--batch-size", "2",
+                           "--warmup", "0", "--max-new-tokens", "40", "--predict-batch-size", "1", "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "qasper" / "scrolls.json").read_text())["finished"]
+    assert len(json.loads((out / "qasper" / "predictions-validation.json").read_text())) == 80
+    assert json.loads((out / "qasper" / "scores-validation.json").read_text())["num_predicted"] == 80

@@ -29,11 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.handler(args)
+        status = args.handler(args)  # None or 0: done; another number: part of the work failed
     except ValueError as error:
         print(f"tapelm: error: {error}", file=sys.stderr)
         return 2
-    return 0
+    return int(status or 0)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,8 @@ def _train_command(args) -> None:
     run = resolve(spec)
     apply_threads(args)
     out = Path(args.out or f"runs/train/{spec.task}-{spec.pe}-seed{spec.seed}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out '{out}' is a file; give a run folder")
     result = run_task(run, out, resume=args.resume, progress=not args.no_progress, compile_layers=args.compile)
     if result is not None:
         summary = result["summary"]

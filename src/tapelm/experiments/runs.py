@@ -10,6 +10,7 @@ it, a BPE is never retrained), eval.json / eval.png and result.json (written las
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import shlex
 import time
@@ -29,6 +30,7 @@ from .train import (
     CheckpointError,
     TrainSettings,
     check_run_dir,
+    load_saved_model,
     make_accelerator,
     train,
     write_json_atomically,
@@ -78,7 +80,7 @@ class ResolvedRun:
         if not (directory / "config.json").is_file():
             raise ValueError(f"run '{directory.parent}' has no trained model yet (no {directory}/config.json); "
                              "finish it with `tapelm train ... --resume`")
-        return TapeForCausalLM.from_pretrained(str(directory))
+        return load_saved_model(directory, TapeForCausalLM)
 
     run_dir: Path | None = None
 
@@ -117,6 +119,15 @@ def matched_intermediate(config: TapeConfig, target: int) -> int:
     per_unit = 3 * config.hidden_size * config.num_hidden_layers  # gate, up and down projections
     extra = max(0, -(-(target - base) // per_unit))
     return config.intermediate_size + extra
+
+
+def check_model_options(options: dict[str, Any]) -> None:
+    """ValueError naming a key that is not a TapeConfig field (a typo would otherwise train the preset's value)."""
+    known = [name for name in inspect.signature(TapeConfig.__init__).parameters if name not in ("self", "kwargs")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown model option '{unknown[0]}'; choose from the TapeConfig fields: "
+                         f"{', '.join(known)}")
 
 
 def _recipe(spec: RunSpec) -> tuple[Preset, dict[str, Any], TrainSettings]:
@@ -166,6 +177,7 @@ def resolve(spec: RunSpec, tokenizer_dir: str | Path | None = None) -> ResolvedR
     longest = max(task.eval_conditions(), key=lambda c: c["length"])
     next(iter(task.eval_batches(longest, 0, preset.eval_n, preset.eval_batch_size)))  # the task's own checks, now
     model_options = dict(spec.model_options)
+    check_model_options(model_options)
     try:
         config = model_config(task, spec.pe, preset, model_options)
         if spec.match_params and spec.pe != "tape":
@@ -261,7 +273,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         evaluate_fn = eager(_quick_evaluation(run))
     started = time.time()
     trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
-                    progress=progress, stop_after=stop_after, accelerator=state)
+                    progress=progress, stop_after=stop_after, accelerator=state,
+                    evaluate_last=False)  # the full evaluation below covers the last step
     if trained.start_step + len(trained.losses) < run.settings.steps:
         return None
     if not state.is_main_process:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -48,6 +49,8 @@ MIXED_PRECISION = ("no", "bf16", "fp16")
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d{8})$")
 MANIFEST = "manifest.json"
+
+logger = logging.getLogger(__name__)
 
 BatchStream = Callable[[int], Mapping[str, torch.Tensor]]
 EvaluateFn = Callable[[torch.nn.Module, int], Mapping[str, Any]]
@@ -231,6 +234,27 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return step, path
 
 
+def newest_intact_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """The newest checkpoint that verifies, with a warning for every newer one that does not (a resume from it
+    overwrites them); CheckpointError when there are checkpoints and none is intact."""
+    found = list_checkpoints(run_dir)
+    problems = []
+    for step, path in reversed(found):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as error:
+            problems.append(str(error))
+            continue
+        for problem in problems:
+            logger.warning("tapelm: %s; resuming from the intact '%s' instead (removing the damaged folder "
+                           "silences this)", problem, path)
+        return step, path
+    if problems:
+        raise CheckpointError(f"{problems[0]}, and no older checkpoint is intact; remove "
+                              f"'{Path(run_dir) / CHECKPOINT_DIR}' to start the run afresh")
+    return None
+
+
 def _save_checkpoint(accelerator, run_dir: Path, step: int, micro: int, keep_last: int) -> Path:
     """accelerate's save_state into a temporary folder, a manifest, then one atomic rename."""
     root = run_dir / CHECKPOINT_DIR
@@ -295,8 +319,8 @@ def _tensorboard(run_dir: Path):
 def check_run_dir(run_dir: Path, settings: TrainSettings, resume: bool) -> tuple[int, Path] | None:
     """Validate `run_dir` for a new run or a resume before anything is written; the checkpoint to resume from.
 
-    Raises CheckpointError when the folder holds a run with other settings, a run without `resume`, or a corrupt
-    newest checkpoint."""
+    Raises CheckpointError when the folder holds a run with other settings, a run without `resume`, or checkpoints
+    none of which is intact (a damaged newest one falls back to the newest intact one, with a warning)."""
     run_dir = Path(run_dir)
     saved = run_dir / "settings.json"
     if saved.exists():
@@ -315,7 +339,7 @@ def check_run_dir(run_dir: Path, settings: TrainSettings, resume: bool) -> tuple
     elif list_checkpoints(run_dir):
         raise CheckpointError(f"run directory '{run_dir}' holds checkpoints but no settings.json; it is not a "
                               "tapelm run to resume")
-    return latest_checkpoint(run_dir) if resume else None
+    return newest_intact_checkpoint(run_dir) if resume else None
 
 
 def _model_save(accelerator, model, directory: Path) -> None:
@@ -344,6 +368,17 @@ def _model_save(accelerator, model, directory: Path) -> None:
             shutil.rmtree(directory)
         os.replace(temporary, directory)
     accelerator.wait_for_everyone()
+
+
+def load_saved_model(directory: Path, model_class, **kwargs):
+    """`model_class.from_pretrained(directory, **kwargs)`; ValueError naming the folder when its files cannot be
+    read (a copy cut short, a disk that filled up)."""
+    try:
+        return model_class.from_pretrained(str(directory), **kwargs)
+    except Exception as error:  # safetensors, json and torch each raise their own kinds
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"the model in '{directory}' cannot be read ({type(error).__name__}: {reason}); it is "
+                         "truncated or corrupt: write it again (rerun or --resume the command that made it)") from None
 
 
 def make_accelerator(settings: TrainSettings):
@@ -386,12 +421,14 @@ def train(
     progress: bool = True,
     accelerator=None,
     stop_after: int | None = None,
+    evaluate_last: bool = True,
 ) -> TrainResult:
     """Train `model` for `settings.steps` optimizer updates and save it to `run_dir/model`.
 
     batch_stream: index -> keyword arguments of `model` for one micro-batch (see the module docstring).
     evaluate_fn(model, step) -> JSON-able dict: called on every process with the unwrapped model in eval mode every
-    `eval_every` steps and after the last step; the main process's result is logged.
+    `eval_every` steps and after the last step (unless `evaluate_last` is False: the caller evaluates the final
+    model itself, so only a last step on the `eval_every` schedule is evaluated); the main process's result is logged.
     resume: continue from the newest checkpoint in `run_dir` (a fresh start when there is none).
     parameters: the parameters to optimise (default: every parameter with requires_grad).
     accelerator: an `accelerate.Accelerator` to use (default: a new one from the settings and the launch environment).
@@ -479,7 +516,7 @@ def train(
             tokens = step_tokens * world
             result.tokens += tokens
             window_tokens += tokens
-            if step % settings.log_every == 0 or step == last_step:
+            if step % settings.log_every == 0 or step in (1, last_step):  # the first loss is always logged
                 now = time.perf_counter()
                 rate = window_tokens / max(now - window_start, 1e-9)
                 window_tokens, window_start = 0, now
@@ -495,7 +532,7 @@ def train(
                 bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
             bar.update(1)
             if evaluate_fn is not None and ((settings.eval_every and step % settings.eval_every == 0)
-                                            or step == settings.steps):
+                                            or (step == settings.steps and evaluate_last)):
                 _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, result)
             if settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.steps:
                 _save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
@@ -530,5 +567,5 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, resul
 
 
 __all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError",
-           "latest_checkpoint", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda",
+           "latest_checkpoint", "newest_intact_checkpoint", "load_saved_model", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda",
            "SCHEDULES", "MIXED_PRECISION"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import torch
 
 from .convert import CONVERTIBLE_PE_TYPES, convert
 from .finetune import METHODS, FinetuneSettings
-from .retrofit import EvalPlan, RunPlan, run_all
+from .data import PROSE_OPTION
+from .retrofit import EvalPlan, MethodsFailed, RunPlan, run_all
 
 
 def _cli_convert(args) -> None:
@@ -42,14 +44,19 @@ def _settings_from_args(args, method: str) -> FinetuneSettings:
                             batch_size=args.batch_size, grad_accum=args.grad_accum, warmup=args.warmup,
                             seed=args.seed, lora=not args.no_lora, train_embeddings=not args.no_embeddings,
                             train_norms=not args.no_norms, theta=args.theta, target_length=args.target_length,
-                            pretrained_length=args.pretrained_length)
+                            pretrained_length=args.pretrained_length, prose_corpus=args.prose_corpus)
 
 
-def _cli_finetune(args: argparse.Namespace) -> None:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def _cli_finetune(args: argparse.Namespace) -> int:
+    """Exit status 1 when a method failed (the others are still done), 2 for bad input (before any work)."""
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
+    if args.eval_documents is not None and args.eval_documents < 1:
+        raise ValueError(f"--eval-documents={args.eval_documents} is not allowed; it must be a positive integer")
+    if args.markdown and Path(args.markdown).is_dir():
+        raise ValueError(f"--markdown '{args.markdown}' is a folder; give a markdown file")
     methods = list(METHODS) if args.method == "all" else [args.method]
-    eval_plan = EvalPlan()
+    eval_plan = EvalPlan(prose_corpus=args.prose_corpus)
     if args.eval_lengths or args.passkey_lengths is not None or args.eval_documents:
         eval_plan = replace(eval_plan, lengths=tuple(args.eval_lengths or eval_plan.lengths),
                             passkey_lengths=tuple(eval_plan.passkey_lengths if args.passkey_lengths is None
@@ -58,14 +65,21 @@ def _cli_finetune(args: argparse.Namespace) -> None:
     plan = RunPlan(model=args.model, out=Path(args.out), results=Path(args.results) if args.results else None,
                    settings={m: _settings_from_args(args, m) for m in methods},
                    evaluate=not args.no_eval, baselines=args.method == "all", quick=args.quick, eval_plan=eval_plan)
-    run_all(plan, markdown=Path(args.markdown) if args.markdown else None)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        run_all(plan, markdown=Path(args.markdown) if args.markdown else None)
+    except MethodsFailed as error:
+        print(f"tapelm: error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _add_finetune(commands) -> None:
     parser = commands.add_parser(
         "finetune", help="fine-tune a pretrained model with TAPE, LoRA, LongLoRA, theta scaling or PI, and evaluate",
         description="Convert a pretrained Llama-family model, fine-tune it parameter-efficiently on real text "
-                    "(Python standard library + python3.11-doc), evaluate perplexity and passkey retrieval against "
+                    "(Python standard library + python3.11-doc or --prose-corpus), evaluate perplexity and passkey retrieval against "
                     "length. `--method all` also evaluates the original and converted models and writes the results "
                     "table. Resumable: rerun the same command after an interruption.")
     parser.add_argument("--model", default="smollm2-135m", help="source name, checkpoint folder or .gguf "
@@ -97,6 +111,9 @@ def _add_finetune(commands) -> None:
                                                                        "no passkey)")
     parser.add_argument("--eval-documents", type=int, help="held-out files per corpus for perplexity (default: 1)")
     parser.add_argument("--threads", type=int, help="torch threads (1 is fastest on a CPU shared with other jobs)")
+    parser.add_argument(PROSE_OPTION, metavar="FOLDER", help="a folder (or glob) of text files to use as the prose "
+                                                             "corpus (default: Debian's python3.11-doc, fetched with "
+                                                             "apt-get)")
     parser.set_defaults(handler=_cli_finetune)
 
 

@@ -6,7 +6,8 @@ i % VAL_EVERY == 0), so no held-out file is ever trained on:
 - "code": the Python standard library's *.py files (always present; `tasks.text.corpus_files(None)`).
 - "prose": the reStructuredText sources of the Python 3.11 documentation (English prose with some code), from
   Debian's python3.11-doc package, fetched at run time with ``apt-get download`` and unpacked with ``dpkg-deb -x``
-  into the tapelm cache (never committed).
+  into the tapelm cache (never committed); or any file tree given as `prose` (`tapelm finetune --prose-corpus`),
+  e.g. on a machine without apt-get.
 
 Training: a stream per corpus of whole training files in a seeded shuffled order, separated by the tokenizer's eos,
 cut after `train_tokens` tokens; a micro-batch is a window of `length` tokens from one corpus (alternating), at a
@@ -35,21 +36,28 @@ DOC_PACKAGE = "python3.11-doc"
 CORPORA = ("code", "prose")
 
 
+PROSE_OPTION = "--prose-corpus"
+
+
 def python_docs(root: Path | None = None) -> Path:
-    """The folder of python3.11-doc's .rst.txt sources, fetched and unpacked into the tapelm cache on first use."""
+    """The folder of python3.11-doc's .rst.txt sources, fetched and unpacked into the tapelm cache on first use;
+    ValueError naming PROSE_OPTION when it cannot be fetched."""
     root = Path(root) if root is not None else cache_root() / DOC_PACKAGE
     sources = root / "usr/share/doc/python3.11/html/_sources"
     if sources.is_dir():
         return sources
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise RuntimeError(f"the prose corpus needs Debian's {DOC_PACKAGE}: apt-get and dpkg-deb are not available")
+        raise ValueError(f"the default prose corpus is Debian's {DOC_PACKAGE}, and apt-get / dpkg-deb are not "
+                         f"available here to fetch it; pass {PROSE_OPTION} FOLDER (a tree of text files) instead")
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent, prefix=".tmp-doc-") as tmp:
         logger.warning("tapelm: fetching %s with apt-get download into %s (once)", DOC_PACKAGE, root)
         done = subprocess.run(["apt-get", "download", DOC_PACKAGE], cwd=tmp, capture_output=True, text=True)
         debs = list(Path(tmp).glob("*.deb"))
         if done.returncode != 0 or len(debs) != 1:
-            raise RuntimeError(f"apt-get download {DOC_PACKAGE} failed: {done.stderr.strip()[-300:]}")
+            reason = (done.stderr.strip().splitlines() or ["no package downloaded"])[-1][-200:]
+            raise ValueError(f"apt-get download {DOC_PACKAGE} (the default prose corpus) failed ({reason}); pass "
+                             f"{PROSE_OPTION} FOLDER (a tree of text files) instead")
         staged = Path(tmp) / "x"
         subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(staged)], check=True)
         if root.exists():
@@ -60,15 +68,23 @@ def python_docs(root: Path | None = None) -> Path:
     return sources
 
 
-def corpus_split(name: str) -> tuple[list[Path], list[Path]]:
-    """(training files, held-out files) of a corpus, split like the `text` task."""
+def corpus_split(name: str, prose: str | None = None) -> tuple[list[Path], list[Path]]:
+    """(training files, held-out files) of a corpus, split like the `text` task. `prose`: a file tree (or glob) to
+    use as the prose corpus instead of python3.11-doc."""
     if name == "code":
         files = corpus_files(None)
+    elif name == "prose" and prose is not None:
+        if not any(char in prose for char in "*?[") and not Path(prose).exists():
+            raise ValueError(f"{PROSE_OPTION} '{prose}' does not exist; give a folder of text files or a glob")
+        files = corpus_files(prose)
     elif name == "prose":
         files = corpus_files(str(python_docs() / "**" / "*.rst.txt"))
     else:
         raise ValueError(f"corpus={name!r} is not allowed; choose one of: {', '.join(CORPORA)}")
     files = list(files)
+    if len(files) < 2:
+        raise ValueError(f"the {name} corpus has {len(files)} file; it needs at least 2 (file i is held out when "
+                         f"i % {VAL_EVERY} == 0, the others are trained on)")
     return [f for i, f in enumerate(files) if i % VAL_EVERY], files[::VAL_EVERY]
 
 
@@ -79,9 +95,9 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def training_stream(tokenizer, name: str, train_tokens: int, seed: int = 0) -> np.ndarray:
+def training_stream(tokenizer, name: str, train_tokens: int, seed: int = 0, prose: str | None = None) -> np.ndarray:
     """At least `train_tokens` tokens (fewer if the corpus is smaller) of whole training files, eos-separated."""
-    files, _ = corpus_split(name)
+    files, _ = corpus_split(name, prose)
     order = np.random.default_rng(seed).permutation(len(files))
     pieces, total = [], 0
     for index in order:
@@ -93,12 +109,15 @@ def training_stream(tokenizer, name: str, train_tokens: int, seed: int = 0) -> n
         total += len(ids)
         if total >= train_tokens:
             break
+    if not pieces:
+        raise ValueError(f"the {name} corpus has no readable text in its training files")
     return np.concatenate(pieces)
 
 
-def held_out_documents(tokenizer, name: str, min_tokens: int, count: int) -> list[tuple[str, np.ndarray]]:
+def held_out_documents(tokenizer, name: str, min_tokens: int, count: int,
+                       prose: str | None = None) -> list[tuple[str, np.ndarray]]:
     """Up to `count` held-out files of the corpus with at least `min_tokens` tokens: (relative name, ids)."""
-    _, files = corpus_split(name)
+    _, files = corpus_split(name, prose)
     documents = []
     for path in files:
         text = _read(path)
@@ -126,8 +145,8 @@ class TrainingText:
 
     @classmethod
     def build(cls, tokenizer, length: int, train_tokens: int, batch_size: int = 1, seed: int = 0,
-              corpora: tuple[str, ...] = CORPORA) -> TrainingText:
-        streams = {name: training_stream(tokenizer, name, train_tokens, seed) for name in corpora}
+              corpora: tuple[str, ...] = CORPORA, prose: str | None = None) -> TrainingText:
+        streams = {name: training_stream(tokenizer, name, train_tokens, seed, prose) for name in corpora}
         for name, stream in streams.items():
             if len(stream) <= length:
                 raise ValueError(f"the {name} training stream has {len(stream)} tokens, fewer than length={length}")

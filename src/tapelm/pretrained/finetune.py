@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class FinetuneSettings:
     s2_group_fraction: float = 0.25
     train_tokens: int = 400_000
     checkpoint_every: int = 30
+    prose_corpus: str | None = None  # None: python3.11-doc (see tapelm.pretrained.data)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -72,6 +74,29 @@ class FinetuneSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
+        for name in ("warmup", "seed", "checkpoint_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name}={value!r} is not allowed; it must be a non-negative integer")
+        for name in ("lr", "theta"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ValueError(f"{name}={value!r} is not allowed; it must be a positive number")
+        for name in ("target_length", "pretrained_length"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
+        if self.method == "pi" and self.pretrained_length is not None:
+            pi_factor(self, self.pretrained_length)  # the identity is refused now, not after loading the model
+        self.train_settings()  # the training loop's own checks, now
+
+    def train_settings(self):
+        """The `tapelm.experiments.train.TrainSettings` of this recipe."""
+        from ..experiments.train import TrainSettings
+
+        return TrainSettings(steps=self.steps, lr=self.lr, warmup=self.warmup, schedule="constant", weight_decay=0.0,
+                             batch_size=self.batch_size, grad_accum=self.grad_accum, clip=1.0,
+                             checkpoint_every=self.checkpoint_every, keep_last=1, log_every=5, seed=self.seed)
         group = self.s2_group()
         if self.method == "longlora" and (group < 2 or group % 2 or self.train_length % group):
             raise ValueError(f"s2_group_fraction={self.s2_group_fraction} of train_length={self.train_length} must "
@@ -92,8 +117,8 @@ def pi_factor(settings: FinetuneSettings, pretrained_length: int) -> float:
     factor = settings.target_length / pretrained
     if factor <= 1:
         raise ValueError(f"target_length={settings.target_length} does not exceed the pretrained context "
-                         f"{pretrained}: linear interpolation would be the identity; pass pretrained_length to "
-                         "interpolate relative to a shorter nominal window")
+                         f"{pretrained}: linear interpolation would be the identity; raise target_length "
+                         "(--target-length) or lower pretrained_length (--pretrained-length)")
     return factor
 
 
@@ -187,13 +212,46 @@ class FinetuneResult:
     seconds_per_step: float = 0.0
 
 
+RUN_RECORD = "finetune.json"
+
+
+def check_run_folder(run_dir: str | Path, settings: FinetuneSettings, source_name: str | None) -> None:
+    """ValueError when `run_dir` holds a fine-tuning from another source model or with other settings (resuming
+    it would train, or report, one model under another's name)."""
+    path = Path(run_dir) / RUN_RECORD
+    if not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise ValueError(f"run folder '{run_dir}' has an unreadable {RUN_RECORD}; choose another --out") from None
+    if "settings" not in saved:  # written before the source was recorded
+        saved = {"source": None, "settings": saved}
+    try:
+        same_settings = FinetuneSettings(**saved["settings"]) == settings
+    except (TypeError, ValueError):
+        same_settings = False
+    if saved.get("source") != source_name:
+        previous = saved.get("source") or "an unrecorded source model"
+        raise ValueError(f"run folder '{run_dir}' holds a fine-tuning of {previous}, not of {source_name}; choose "
+                         "another --out")
+    if not same_settings:
+        changed = sorted(k for k, v in settings.to_dict().items() if saved["settings"].get(k, v) != v)
+        raise ValueError(f"run folder '{run_dir}' holds a fine-tuning with other settings (different "
+                         f"{', '.join(changed) or 'settings'}); choose another --out")
+
+
 def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path, resume: bool = True,
-             batch_stream=None, progress: bool = True, stop_after: int | None = None) -> FinetuneResult:
-    """Build the method's model from `source`, train it with `tapelm.experiments.train.train` on real text (or `batch_stream`),
-    merge LoRA and save the merged model and tokenizer to `run_dir/merged`. Resumes from `run_dir`'s checkpoints."""
-    from ..experiments.train import TrainSettings, train
+             batch_stream=None, progress: bool = True, stop_after: int | None = None,
+             source_name: str | None = None) -> FinetuneResult:
+    """Build the method's model from `source`, train it with `tapelm.experiments.train.train` on real text (or
+    `batch_stream`), merge LoRA and save the merged model and tokenizer to `run_dir/merged`. Resumes from `run_dir`'s
+    checkpoints when they are a fine-tuning of the same `source_name` (the model's name, recorded in RUN_RECORD)
+    with the same settings; ValueError otherwise."""
+    from ..experiments.train import train
 
     run_dir = Path(run_dir)
+    check_run_folder(run_dir, settings, source_name)
     torch.manual_seed(settings.seed)
     model = build_model(source, settings)
     model, groups = prepare(model, settings)
@@ -202,13 +260,10 @@ def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path,
         from .data import TrainingText
 
         batch_stream = TrainingText.build(tokenizer, settings.train_length, settings.train_tokens,
-                                          settings.batch_size, settings.seed)
-    train_settings = TrainSettings(steps=settings.steps, lr=settings.lr, warmup=settings.warmup, schedule="constant",
-                                   weight_decay=0.0, batch_size=settings.batch_size, grad_accum=settings.grad_accum,
-                                   clip=1.0, checkpoint_every=settings.checkpoint_every, keep_last=1,
-                                   log_every=5, seed=settings.seed)
+                                          settings.batch_size, settings.seed, prose=settings.prose_corpus)
+    train_settings = settings.train_settings()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "finetune.json").write_text(json.dumps(settings.to_dict(), indent=2))
+    (run_dir / RUN_RECORD).write_text(json.dumps({"source": source_name, "settings": settings.to_dict()}, indent=2))
     has_run = (run_dir / "settings.json").exists()
     with _s2_context(model, settings):
         outcome = train(model, batch_stream, train_settings, run_dir, resume=resume and has_run, parameters=params,

@@ -15,15 +15,16 @@ import platform
 import subprocess
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..experiments.markdown import HEADER, splice
-from .data import CORPORA, held_out_documents
-from .evaluation import evaluate_model
-from .finetune import METHODS, FinetuneSettings, finetune
+from ..experiments.tasks.passkey import KEY_HIGH
+from .data import CORPORA, corpus_split, held_out_documents
+from .evaluation import evaluate_model, passkey_prompt, stride_for
+from .finetune import METHODS, FinetuneSettings, check_run_folder, finetune
 
 SECTION, TITLE = "pretrained-model", "Pretrained model: TAPE retrofitted into SmolLM2-135M"
 ORDER = ("original", *METHODS, "converted")
@@ -37,16 +38,37 @@ COMMAND = ("tapelm finetune --model smollm2-135m --method all --threads 1 --out 
 
 @dataclass(frozen=True)
 class EvalPlan:
+    """What every model is evaluated on; `prose_corpus` as in `FinetuneSettings` (None: python3.11-doc)."""
+
     lengths: tuple[int, ...] = (128, 256, 512, 1024)
     passkey_lengths: tuple[int, ...] = (256, 512)
     scored: int = 256
     documents: int = 1
     trials: int = 20
     seed: int = 0
+    prose_corpus: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", tuple(self.lengths))
+        object.__setattr__(self, "passkey_lengths", tuple(self.passkey_lengths))
+        for name, low in (("scored", 1), ("documents", 1), ("trials", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}={value!r} is not allowed; it must be an integer >= {low}")
+        if not self.lengths or any(not isinstance(n, int) or isinstance(n, bool) or n < 2 for n in self.lengths):
+            raise ValueError(f"eval lengths {list(self.lengths)} are not allowed; give one or more integers >= 2")
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.passkey_lengths):
+            raise ValueError(f"passkey lengths {list(self.passkey_lengths)} are not allowed; give positive integers")
+        for length in self.lengths:
+            if self.scored % stride_for(length):
+                raise ValueError(f"eval length {length} is not allowed: its stride min(256, {length} // 2) = "
+                                 f"{stride_for(length)} must divide the {self.scored} scored tokens (e.g. lengths "
+                                 "that are powers of two)")
 
     @classmethod
-    def quick(cls) -> EvalPlan:
-        return cls(lengths=(64, 128), passkey_lengths=(128,), scored=64, documents=1, trials=2)
+    def quick(cls, prose_corpus: str | None = None) -> EvalPlan:
+        return cls(lengths=(64, 128), passkey_lengths=(128,), scored=64, documents=1, trials=2,
+                   prose_corpus=prose_corpus)
 
 
 @dataclass
@@ -79,28 +101,104 @@ def _write(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
+class MethodsFailed(RuntimeError):
+    """Raised by `run_all` after every other model is done when fine-tuning one or more methods failed."""
+
+
+def _record_mismatch(record: dict, plan: RunPlan, name: str, eval_plan: EvalPlan) -> list[str]:
+    """What of `plan` differs from the cached result `record` of model `name` (empty: the record is this plan's)."""
+    differ = []
+    if record.get("model") != plan.model:
+        differ.append(f"source model {record.get('model')!r}, not {plan.model!r}")
+    if name in plan.settings:
+        try:
+            same = FinetuneSettings(**record["settings"]) == plan.settings[name]
+        except (KeyError, TypeError, ValueError):
+            same = False
+        if not same:
+            differ.append("fine-tuning settings")
+    if plan.evaluate and "eval" in record:
+        try:
+            same = EvalPlan(**record["eval_plan"]) == eval_plan
+        except (KeyError, TypeError, ValueError):
+            same = False
+        if not same:
+            differ.append("evaluation plan")
+    return differ
+
+
+def _reusable(record: dict, plan: RunPlan) -> bool:
+    return not plan.evaluate or "eval" in record
+
+
+def check_plan(plan: RunPlan, names: list[str], eval_plan: EvalPlan) -> dict[str, dict]:
+    """Everything about `plan` that can be checked before loading a model: folders, corpora, and that every cached
+    result and run folder is this plan's (same source model, settings and evaluation). Returns the reusable
+    results by name; ValueError naming the problem otherwise."""
+    for flag, folder in (("--out", plan.out), ("--results", plan.results_dir())):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{flag} '{folder}' is a file; give a folder")
+    done = {}
+    for name in names:
+        path = plan.results_dir() / f"{name}.json"
+        if not path.exists():
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise ValueError(f"result file '{path}' is unreadable; move it away to redo {name}") from None
+        differ = _record_mismatch(record, plan, name, eval_plan)
+        if differ:
+            raise ValueError(f"'{path}' holds results of another configuration (different {'; '.join(differ)}); "
+                             "choose another --results folder (and --out)")
+        if _reusable(record, plan):
+            done[name] = record
+    todo = [name for name in names if name not in done]
+    for name in todo:
+        if name in plan.settings:
+            check_run_folder(plan.out / name, plan.settings[name], plan.model)
+    proses = {plan.settings[name].prose_corpus for name in todo if name in plan.settings}
+    if plan.evaluate and todo:
+        proses.add(eval_plan.prose_corpus)
+    for prose in proses:
+        corpus_split("prose", prose)
+    return done
+
+
 def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str, dict]:
     """Evaluate the original and converted models (when `plan.baselines`) and fine-tune + evaluate every method of
-    `plan.settings`, skipping models whose result JSON exists. Returns {name: result}."""
+    `plan.settings`, reusing the result JSON of a model when it is this plan's (`check_plan`). Returns {name: result};
+    MethodsFailed at the end when a method failed (the others are still done)."""
     from .convert import from_pretrained_llama
     from .sources import load_pretrained
 
-    eval_plan = EvalPlan.quick() if plan.quick else plan.eval_plan
+    eval_plan = EvalPlan.quick(plan.eval_plan.prose_corpus) if plan.quick else plan.eval_plan
     results_dir = plan.results_dir()
+    names = [n for n in ORDER if n in plan.settings or (plan.baselines and n in ("original", "converted"))]
+    done = check_plan(plan, names, eval_plan)
+    if len(done) == len(names):
+        for name in names:
+            log(f"{name}: done before ({results_dir / f'{name}.json'})")
+        return done
     source, tokenizer = load_pretrained(plan.model)
     source.eval()
     documents, sample_prompt = None, None
     if plan.evaluate:
+        for length in eval_plan.passkey_lengths:
+            try:
+                passkey_prompt(tokenizer, length, KEY_HIGH - 1, 0.5)
+            except ValueError:
+                raise ValueError(f"passkey length {length} cannot hold a passkey document with this tokenizer; "
+                                 "give longer --passkey-lengths") from None
         need = max(eval_plan.lengths) + eval_plan.scored
-        documents = {c: [ids[:need] for _, ids in held_out_documents(tokenizer, c, need, eval_plan.documents)]
+        documents = {c: [ids[:need] for _, ids in held_out_documents(tokenizer, c, need, eval_plan.documents,
+                                                                      eval_plan.prose_corpus)]
                      for c in CORPORA}
         sample_prompt = tokenizer.decode(documents["prose"][0][:48].tolist())
-    names = [n for n in ORDER if n in plan.settings or (plan.baselines and n in ("original", "converted"))]
-    done: dict[str, dict] = {}
+    failed = []
     for name in names:
         path = results_dir / f"{name}.json"
-        if path.exists():
-            done[name] = json.loads(path.read_text())
+        if name in done:
             log(f"{name}: done before ({path})")
             continue
         started = time.perf_counter()
@@ -115,9 +213,10 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
         else:
             settings = plan.settings[name]
             try:
-                outcome = finetune(source, tokenizer, settings, plan.out / name, resume=True)
+                outcome = finetune(source, tokenizer, settings, plan.out / name, resume=True, source_name=plan.model)
             except Exception:  # one failing method must not stop an unattended run of the others
                 log(f"{name}: FAILED\n{traceback.format_exc()}")
+                failed.append(name)
                 continue
             model = outcome.model
             record.update(settings=settings.to_dict(), trainable=outcome.trainable,
@@ -125,7 +224,7 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
                                  "seconds_per_step": outcome.seconds_per_step,
                                  "losses": outcome.losses, **_metrics(plan.out / name)})
         if plan.evaluate:
-            record["eval_plan"] = eval_plan.__dict__
+            record["eval_plan"] = asdict(eval_plan)
             record["eval"] = evaluate_model(model, tokenizer, documents, list(eval_plan.lengths),
                                             list(eval_plan.passkey_lengths), eval_plan.scored, eval_plan.trials,
                                             eval_plan.seed, sample_prompt,
@@ -136,7 +235,10 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
         log(f"{name}: done in {record['seconds_total']:.0f} s -> {path}")
         if markdown is not None:
             update_markdown(markdown, results_dir)
-    return done
+    if failed:
+        raise MethodsFailed(f"{len(failed)} of {len(names)} models failed ({', '.join(failed)}); see the "
+                            "tracebacks above; the others are done")
+    return dict(sorted(done.items(), key=lambda item: names.index(item[0])))
 
 
 def _metrics(run_dir: Path) -> dict:

@@ -32,6 +32,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..experiments.train import load_saved_model
+
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -145,7 +147,7 @@ def load_checkpoint(
         raise ValueError(f"{folder} is not a transformers checkpoint folder: it has no config.json")
     config = AutoConfig.from_pretrained(folder)
     _check_model_type(config, folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
+    model = load_saved_model(folder, AutoModelForCausalLM, config=config, dtype=dtype)
     return model, AutoTokenizer.from_pretrained(folder)
 
 

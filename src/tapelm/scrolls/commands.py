@@ -6,6 +6,7 @@ allowed values (exit status 2)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -23,6 +24,11 @@ def _threads(args) -> None:
         if args.threads < 1:
             raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
         torch.set_num_threads(args.threads)
+
+
+def _check_folder(flag: str, path) -> None:
+    if Path(path).exists() and not Path(path).is_dir():
+        raise ValueError(f"{flag} '{path}' is a file; give a folder")
 
 
 def _tasks(name: str) -> list[str]:
@@ -51,8 +57,8 @@ def _finetune_arguments(parser) -> None:
                         help="linear position interpolation by context / pretraining length (RoPE family)")
     parser.add_argument("--pretrained-length", type=int, help="the source's pretraining length (default: the "
                                                               "text run's train_length or max_position_embeddings)")
-    parser.add_argument("--pe", default="tape", help="tape or rope: the encoding a Llama-family source is "
-                                                     "converted to (default: %(default)s)")
+    parser.add_argument("--pe", help="tape or rope: the encoding a Llama-family source is converted to (default: "
+                                      "tape); a tapelm source keeps its own")
     add_train_flags(parser, flags=TRAIN_FLAGS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, help="use at most this many training ids")
@@ -85,6 +91,7 @@ def _check_source(model: str) -> None:
 def _cli_finetune(args) -> None:
     get_task(args.task)
     _check_source(args.model)
+    _check_folder("--out", args.out)
     spec = _spec(args, args.task, Path(args.out))
     _threads(args)
     from .finetune import finetune
@@ -103,17 +110,42 @@ def _decode_arguments(parser) -> None:
     parser.add_argument("--predict-limit", type=int, help="predict at most this many examples")
 
 
-def _predict_one(task: str, model: str, data, split: str, out: Path, args, context=None, target_cap=None,
-                 progress: bool = True) -> dict:
-    from .data import check_split, load_examples, references
-    from .generate import DecodeSettings, predict
-    from .metrics import score
-    from .models import SCROLLS_RUN_FILE, load_source
-    from .prompting import PromptSettings
+def _decode_settings(args):
+    """The decoding options, checked (before any fine-tuning or loading)."""
+    from .generate import DecodeSettings
 
-    check_split(split)
+    if args.predict_limit is not None and args.predict_limit < 1:
+        raise ValueError(f"--predict-limit={args.predict_limit} is not allowed; it must be a positive integer")
     decode = DecodeSettings(args.max_new_tokens, args.top_k, args.predict_batch_size, args.seed)
     decode.check()
+    return decode
+
+
+def _warn_if_training_rows(task: str, record: dict, data, split: str) -> None:
+    """A warning when the rows to predict are the fine-tuning run's own training rows."""
+    from .data import resolve_file
+
+    trained_on = record.get("identity", {}).get("data")
+    same = split == "train" and trained_on == data
+    if not same and data is not None and trained_on is not None:
+        try:
+            same = resolve_file(trained_on, "train").resolve() == resolve_file(data, split).resolve()
+        except ValueError:  # the training data is not there any more: nothing to compare
+            same = False
+    if same:
+        print(f"tapelm: warning: predicting '{task}' on the rows this model was fine-tuned on; its scores say "
+              "nothing about held-out data", file=sys.stderr)
+
+
+def _predict_one(task: str, model: str, data, split: str, out: Path, decode, context=None, target_cap=None,
+                 limit=None, progress: bool = True) -> dict:
+    from .data import check_split, load_examples, references
+    from .generate import predict
+    from .metrics import score
+    from .models import SCROLLS_RUN_FILE, load_source
+    from .prompting import PromptSettings, check_document_room
+
+    check_split(split)
     spec = get_task(task)
     record_path = Path(model) / SCROLLS_RUN_FILE
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
@@ -123,9 +155,15 @@ def _predict_one(task: str, model: str, data, split: str, out: Path, args, conte
     if context is None:
         raise ValueError("--context is required when --model is not a `tapelm scrolls finetune` run")
     prompts = PromptSettings(context, target_cap or record.get("target_cap"))
-    examples = load_examples(task, split, data, args.predict_limit)
+    if record:
+        _warn_if_training_rows(task, record, data, split)
+    examples = load_examples(task, split, data, limit)
     source = load_source(model, context)
     prompts.check(spec, source.codec)
+    dropped = check_document_room(spec, source.codec, [example.input for example in examples], prompts)
+    if dropped:
+        print(f"tapelm: warning: {dropped} of {len(examples)} prompts keep no document token at context={context} "
+              f"with target_cap={prompts.cap(spec)}", file=sys.stderr)
     if torch.cuda.is_available():
         source.model.to("cuda")
     predictions = predict(source.model, source.codec, spec, examples, out, prompts, decode, progress=progress)
@@ -144,9 +182,12 @@ def _cli_predict(args) -> None:
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')}={value} is not allowed; it must be a positive integer")
     out = Path(args.out) if args.out else Path(args.model) / f"predictions-{args.split}.json"
+    if out.is_dir():
+        raise ValueError(f"--out '{out}' is a folder; give the predictions file to write")
+    decode = _decode_settings(args)
     _threads(args)
-    result = _predict_one(args.task, args.model, args.data, args.split, out, args, args.context, args.target_cap,
-                          progress=not args.no_progress)
+    result = _predict_one(args.task, args.model, args.data, args.split, out, decode, args.context, args.target_cap,
+                          args.predict_limit, progress=not args.no_progress)
     print(f"wrote {result['count']} predictions to {out}")
     if "scores" in result:
         print(json.dumps(result["scores"], indent=1))
@@ -174,18 +215,29 @@ def _cli_score(args) -> None:
 
 
 def _cli_run(args) -> None:
-    """finetune -> predict (validation) -> score, for one task or all seven."""
+    """finetune -> predict (validation) -> score, for one task or all seven. Every task is fine-tuned first (by every
+    process of a launch); then the process group is left and the main process alone predicts and scores, so no
+    process waits on a collective (and its timeout) while another generates."""
     from .data import check_split, resolve_file
 
     tasks = _tasks(args.task)
     check_split(args.split)
+    if args.split == "train":
+        raise ValueError("--split train is not allowed for `scrolls run`: it would score the model on the rows it is "
+                         "fine-tuned on; choose validation or test")
     _check_source(args.model)
+    _check_folder("--out", args.out)
+    decode = _decode_settings(args)
     out = Path(args.out)
     specs = {task: _spec(args, task, out / task) for task in tasks}
     if args.data is not None:  # every task's files exist before the first one trains
         for task in tasks:
-            for split in ("train", args.split):
-                resolve_file(args.data if len(tasks) == 1 else _task_data(args.data, task), split)
+            data = args.data if len(tasks) == 1 else _task_data(args.data, task)
+            train_file, eval_file = resolve_file(data, "train"), resolve_file(data, args.split)
+            if train_file.resolve() == eval_file.resolve():
+                raise ValueError(f"--data '{data}' is one file for both splits: `scrolls run` would fine-tune on the "
+                                 f"rows it then scores; give a folder with train.jsonl and {args.split}.jsonl (the "
+                                 "SCROLLS release layout)")
     _threads(args)
     from accelerate.state import PartialState
 
@@ -193,20 +245,24 @@ def _cli_run(args) -> None:
     from .finetune import finetune
     from .metrics import average_score
 
-    all_scores = {}
     for task, spec in specs.items():
         run_dir = out / task
         finetune(spec, run_dir, resume=(run_dir / "settings.json").exists(), progress=not args.no_progress)
-        state = PartialState()
-        if state.is_main_process:
-            result = _predict_one(task, str(run_dir), args.data if len(tasks) == 1 else _task_data(args.data, task),
-                                  args.split, run_dir / f"predictions-{args.split}.json", args,
-                                  progress=not args.no_progress)
-            if "scores" in result:
-                write_json_atomically(run_dir / f"scores-{args.split}.json", result["scores"])
-                all_scores[task] = result["scores"]
-                print(f"{task}: {get_task(task).metric} {result['scores']['scrolls_score']:.2f}")
-        state.wait_for_everyone()
+    state = PartialState()
+    if state.num_processes > 1:
+        state.destroy_process_group()  # fine-tuning is done; generation needs no collective
+    if not state.is_main_process:
+        return
+    all_scores = {}
+    for task in tasks:
+        run_dir = out / task
+        result = _predict_one(task, str(run_dir), args.data if len(tasks) == 1 else _task_data(args.data, task),
+                              args.split, run_dir / f"predictions-{args.split}.json", decode,
+                              limit=args.predict_limit, progress=not args.no_progress)
+        if "scores" in result:
+            write_json_atomically(run_dir / f"scores-{args.split}.json", result["scores"])
+            all_scores[task] = result["scores"]
+            print(f"{task}: {get_task(task).metric} {result['scores']['scrolls_score']:.2f}")
     if len(all_scores) > 1:
         summary = {"tasks": {t: s["scrolls_score"] for t, s in all_scores.items()},
                    "average": average_score(all_scores)}

@@ -18,6 +18,8 @@ prediction and scoring use).
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,14 +85,31 @@ def _load_dataset(task: str, split: str, data: str | Path | None):
     path = resolve_file(data, split)
     logging_was = datasets.utils.logging.get_verbosity()
     bars_were_off = datasets.utils.are_progress_bars_disabled()
-    datasets.utils.logging.set_verbosity_error()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)  # a bad file is reported below, once
     datasets.utils.disable_progress_bars()  # a bar per small local file is noise
     try:
         return datasets.load_dataset(FORMATS[path.suffix], data_files=str(path), split="train")
+    except Exception as error:  # datasets wraps the parser's error in its own kinds
+        raise ValueError(_unreadable(path, error)) from None
     finally:
         datasets.utils.logging.set_verbosity(logging_was)
         if not bars_were_off:
             datasets.utils.enable_progress_bars()
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    """Why a local data file does not load: the first malformed line of a .jsonl, else the loader's reason."""
+    if path.suffix == ".jsonl":
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, 1):
+                try:
+                    if line.strip():
+                        json.loads(line)
+                except json.JSONDecodeError as bad:
+                    return (f"data file '{path}' line {number} is not valid JSON ({bad.msg}); each line must be one "
+                            "JSON object with id, input and output")
+    reason = (str(error).strip().splitlines() or [""])[0][:200]
+    return f"data file '{path}' cannot be read as {path.suffix[1:]} ({type(error).__name__}: {reason})"
 
 
 def load_rows(task: str, split: str, data: str | Path | None = None, limit: int | None = None) -> list[Row]:

@@ -7,7 +7,8 @@ Presets:
   accumulation steps on one process; under `accelerate launch` with N processes pass --grad-accum 64/N), AdamW lr
   1e-5, 1,000 steps, 10% (100 steps) linear warm-up then polynomial (linear) decay to 0, no weight decay, clip 1.0,
   bf16, activation checkpointing, a checkpoint every 100 steps.
-- `cpu-small`: a laptop recipe sized for the laptop end-to-end run (context 4x the source's pretraining length).
+- `cpu-small`: a laptop recipe sized for the laptop end-to-end run (context 4x the source's pretraining length,
+  target caps at most a quarter of the context, so that a QA document keeps most of the prompt).
 
 A run directory holds, besides what `train` writes: scrolls.json (source, task, data, context, caps, tokenizer,
 settings; a resume with other ones is refused) and, after `tapelm scrolls predict`, predictions and scores.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from ..experiments.tasks.base import collate
+from ..experiments.tasks.tokenization import save_tokenizer
 from ..experiments.train import (
     CheckpointError,
     TrainSettings,
@@ -35,15 +38,17 @@ from ..experiments.train import (
 )
 from .data import load_rows
 from .models import SCROLLS_RUN_FILE, load_source
-from .prompting import PromptSettings, training_example
+from .prompting import TARGET_CAPS, PromptSettings, check_document_room, training_example
 from .tasks import get_task
+
+logger = logging.getLogger(__name__)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {"context": 8192, "train": TrainSettings(
         steps=1000, lr=1e-5, warmup=100, schedule="polynomial", min_lr_ratio=0.0, weight_decay=0.0, batch_size=1,
         grad_accum=64, clip=1.0, mixed_precision="bf16", grad_checkpointing=True, checkpoint_every=100, keep_last=2,
         log_every=10)},
-    "cpu-small": {"context_multiplier": 4, "train": TrainSettings(
+    "cpu-small": {"context_multiplier": 4, "target_cap_share": 0.25, "train": TrainSettings(
         steps=150, lr=1e-3, warmup=15, schedule="polynomial", min_lr_ratio=0.0, weight_decay=0.0, batch_size=8,
         grad_accum=1, clip=1.0, checkpoint_every=50, keep_last=1, log_every=10)},
 }
@@ -61,7 +66,7 @@ class FinetuneSpec:
     target_cap: int | None = None
     position_interpolation: bool = False
     pretrained_length: int | None = None
-    pe: str = "tape"
+    pe: str | None = None  # the encoding a Llama-family source is converted to (None: tape)
     train_options: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     limit: int | None = None  # at most this many training ids (a quick run)
@@ -82,6 +87,14 @@ def resolve_context(spec: FinetuneSpec, pretrained_length: int) -> int:
         return spec.context
     preset = get_preset(spec.preset)
     return preset.get("context") or preset["context_multiplier"] * pretrained_length
+
+
+def resolve_target_cap(spec: FinetuneSpec, task, context: int) -> int:
+    """--target-cap, else the task kind's cap (TARGET_CAPS), at most the preset's share of the context."""
+    if spec.target_cap is not None:
+        return spec.target_cap
+    share = get_preset(spec.preset).get("target_cap_share")
+    return min(TARGET_CAPS[task.kind], int(share * context)) if share else TARGET_CAPS[task.kind]
 
 
 def check_spec(spec: FinetuneSpec) -> None:
@@ -135,9 +148,9 @@ class TrainingStream:
         return {"input_ids": batch.input_ids, "labels": batch.labels, "attention_mask": batch.attention_mask}
 
 
-def _identity(spec: FinetuneSpec, context: int, source) -> dict[str, Any]:
+def _identity(spec: FinetuneSpec, context: int, target_cap: int, source) -> dict[str, Any]:
     return {"source": str(spec.source), "task": spec.task, "data": None if spec.data is None else str(spec.data),
-            "preset": spec.preset, "context": context, "target_cap": spec.target_cap,
+            "preset": spec.preset, "context": context, "target_cap": target_cap,
             "position_interpolation": spec.position_interpolation, "pretrained_length": source.pretrained_length,
             "pe": source.model.config.pe_type, "limit": spec.limit, "train": spec.settings().to_dict()}
 
@@ -155,11 +168,17 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
         raise ValueError(f"the training split of '{spec.task}' has no row with an output")
     source = load_source(spec.source, spec.context, False, spec.pretrained_length, spec.pe)
     context = resolve_context(spec, source.pretrained_length)
-    prompts = PromptSettings(context, spec.target_cap)
+    prompts = PromptSettings(context, resolve_target_cap(spec, task, context))
     prompts.check(task, source.codec)
+    sample = np.random.default_rng(spec.seed).permutation(len(rows))[:256]
+    dropped = check_document_room(task, source.codec, [rows[int(i)].input for i in sample], prompts)
+    if dropped:
+        logger.warning("tapelm: %d of %d sampled training rows keep no document token at context=%d with "
+                       "target_cap=%d; raise --context or lower --target-cap", dropped, len(sample), context,
+                       prompts.target_cap)
     if spec.position_interpolation:  # rebuilt with the interpolation factor context / pretraining length
         source = load_source(spec.source, context, True, spec.pretrained_length, spec.pe)
-    identity = _identity(spec, context, source)
+    identity = _identity(spec, context, prompts.target_cap, source)
     record_path = run_dir / SCROLLS_RUN_FILE
     if record_path.exists():
         saved = json.loads(record_path.read_text())
@@ -171,7 +190,6 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
         if resume and saved.get("finished"):
             return saved
     examples = TokenizedRows(task, source.codec, rows, prompts)
-    sample = np.random.default_rng(spec.seed).permutation(len(rows))[:256]
     record = {"identity": identity, "settings_hash": hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
               .hexdigest()[:10], "tokenizer": source.tokenizer, "pretrained_length": source.pretrained_length,
               "context": context, "target_cap": prompts.cap(task), "task": spec.task,
@@ -191,6 +209,8 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
     if accelerator.is_main_process:
         if done and source.hf_tokenizer is not None:
             source.hf_tokenizer.save_pretrained(str(run_dir / "model"))
+        elif done:  # a tapelm text run's own tokenizer: the fine-tuned model carries it from now on
+            save_tokenizer(source.codec.tokenizer, run_dir / "model")
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         losses = [m["loss"] for m in metrics if "loss" in m]
         record.update(finished=done, first_loss=losses[0] if losses else None,

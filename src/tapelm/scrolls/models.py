@@ -10,7 +10,11 @@ A source is one of:
   its source had;
 - a transformers checkpoint folder of a TapeForCausalLM (e.g. written by `tapelm convert`) with its tokenizer;
 - a Llama-family checkpoint folder, a .gguf file or a registered source name (`smollm2-135m`): converted with
-  `tapelm.pretrained.from_pretrained_llama` to `pe_type` tape (default) or rope.
+  `tapelm.pretrained.from_pretrained_llama` to `pe_type` tape (default) or rope. A tapelm source keeps its own
+  encoding: a `pe_type` other than its own is refused.
+
+A fine-tuned run records how to rebuild its tokenizer without paths: a transformers tokenizer is saved in its model
+folder; a text run's tokenizer is rebuilt from the text task's options (bytes, or the BPE trained on the same corpus).
 
 Fine-tuning at a context longer than the source's pretraining length can use linear position interpolation
 (rope_parameters rope_type "linear", factor = context / pretraining length) for the RoPE family (tape, rope, randpe,
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ROTARY_PE_TYPES, TapeConfig
+from ..experiments.train import load_saved_model
 from ..modeling import TapeForCausalLM
 
 SCROLLS_RUN_FILE = "scrolls.json"
@@ -86,20 +91,32 @@ def _text_run_identity(run_dir: Path) -> dict[str, Any]:
 
 def text_run_codec(run_dir: str | Path) -> TapeTextCodec:
     """The tokenizer of a `tapelm train --task text` run (bytes directly; the BPE the run saved)."""
-    run_dir = Path(run_dir)
-    options = _text_run_identity(run_dir)["task_options"]
-    if options.get("tokenizer", "byte") == "byte":
+    return text_task_codec(_text_run_identity(Path(run_dir))["task_options"], run_dir)
+
+
+def text_task_codec(task_options: dict[str, Any], tokenizer_dir: str | Path) -> TapeTextCodec:
+    """The tokenizer of the text task with `task_options` (a text run's identity): bytes, or the BPE saved in
+    `tokenizer_dir` (never one trained anew: it would give other ids)."""
+    if task_options.get("tokenizer", "byte") == "byte":
         from ..experiments.tasks.tokenization import ByteTokenizer
 
         return TapeTextCodec(ByteTokenizer())
-    from ..experiments.runs import load_run
+    from ..experiments.tasks import get_task, has_saved_tokenizer
 
-    return TapeTextCodec(load_run(run_dir).task.tokenizer)
+    if not has_saved_tokenizer(tokenizer_dir):
+        raise ValueError(f"'{tokenizer_dir}' holds no saved tokenizer, and a BPE trained anew would give other ids; "
+                         "use a run made by this version of tapelm")
+    return TapeTextCodec(get_task("text", tokenizer_dir, **task_options).tokenizer)
 
 
 def codec_from_spec(spec: dict[str, Any], model_dir: Path):
     """Rebuild a codec recorded by `Source.tokenizer`."""
-    if spec["kind"] == "tapelm-text-run":
+    if spec["kind"] == "tapelm-text-run" and "task_options" in spec:
+        return text_task_codec(spec["task_options"], model_dir), None
+    if spec["kind"] == "tapelm-text-run":  # recorded by path before the task options were
+        if not (Path(spec["run"]) / "run.json").is_file():
+            raise ValueError(f"the tokenizer of '{model_dir.parent}' is the one of text run '{spec['run']}', which "
+                             "is not there any more; fine-tune again to record it without a path")
         return text_run_codec(spec["run"]), None
     from transformers import AutoTokenizer
 
@@ -127,9 +144,17 @@ def _check_context(config: TapeConfig, context: int) -> None:
                          f"{config.max_position_embeddings}); pe_type 'learned' cannot go beyond it")
 
 
+def _check_pe(pe_type: str | None, config: TapeConfig, where: Path) -> None:
+    if pe_type is not None and pe_type != config.pe_type:
+        raise ValueError(f"--pe {pe_type} does not apply to '{where}': it is a tapelm model with pe_type "
+                         f"{config.pe_type!r}, kept as it is (--pe only chooses what a Llama-family model is "
+                         "converted to); drop --pe")
+
+
 def load_source(source: str | Path, context: int | None = None, position_interpolation: bool = False,
-                pretrained_length: int | None = None, pe_type: str = "tape") -> Source:
-    """Load `source` (see the module docstring) for fine-tuning or prediction at `context` tokens."""
+                pretrained_length: int | None = None, pe_type: str | None = None) -> Source:
+    """Load `source` (see the module docstring) for fine-tuning or prediction at `context` tokens. `pe_type`: the
+    encoding a Llama-family model is converted to (None: tape); for a tapelm source, None or its own."""
     from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()
@@ -151,12 +176,14 @@ def _load_source(source, context, position_interpolation, pretrained_length, pe_
                              "`tapelm train --task text ... --resume`")
         length = pretrained_length or int(identity["task_options"].get("train_length", 256))
         config = TapeConfig.from_pretrained(str(model_dir))
+        _check_pe(pe_type, config, path)
         if position_interpolation:
             config = interpolated(config, context or length, length)
         if context is not None:
             _check_context(config, context)
-        model = TapeForCausalLM.from_pretrained(str(model_dir), config=config)
-        return Source(model, text_run_codec(path), length, {"kind": "tapelm-text-run", "run": str(path.resolve())},
+        model = load_saved_model(model_dir, TapeForCausalLM, config=config)
+        return Source(model, text_task_codec(identity["task_options"], path), length,
+                      {"kind": "tapelm-text-run", "task_options": identity["task_options"]},
                       f"tapelm text run {path} (pe {config.pe_type}, pretrained at {length} tokens)")
     if path.is_dir() and (path / SCROLLS_RUN_FILE).is_file():
         record = json.loads((path / SCROLLS_RUN_FILE).read_text())
@@ -166,7 +193,8 @@ def _load_source(source, context, position_interpolation, pretrained_length, pe_
                              "`tapelm scrolls finetune ... --resume`")
         if position_interpolation:
             raise ValueError("--position-interpolation applies when fine-tuning; a fine-tuned run keeps its own")
-        model = TapeForCausalLM.from_pretrained(str(model_dir))
+        _check_pe(pe_type, TapeConfig.from_pretrained(str(model_dir)), path)
+        model = load_saved_model(model_dir, TapeForCausalLM)
         codec, hf_tokenizer = codec_from_spec(record["tokenizer"], model_dir)
         return Source(model, codec, record["pretrained_length"], record["tokenizer"],
                       f"tapelm scrolls fine-tuning run {path}", hf_tokenizer, extra=record)
@@ -175,17 +203,19 @@ def _load_source(source, context, position_interpolation, pretrained_length, pe_
         from transformers import AutoTokenizer
 
         config = TapeConfig.from_pretrained(str(path))
+        _check_pe(pe_type, config, path)
         length = pretrained_length or config.max_position_embeddings
         if position_interpolation:
             config = interpolated(config, context or length, length)
         if context is not None:
             _check_context(config, context)
-        model = TapeForCausalLM.from_pretrained(str(path), config=config)
+        model = load_saved_model(path, TapeForCausalLM, config=config)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         return Source(model, HFCodec(tokenizer), length, {"kind": "hf"}, f"tapelm checkpoint {path}", tokenizer)
     from ..pretrained.convert import CONVERTIBLE_PE_TYPES, from_pretrained_llama
     from ..pretrained.sources import load_pretrained
 
+    pe_type = pe_type or "tape"
     if pe_type not in CONVERTIBLE_PE_TYPES:
         raise ValueError(f"pe={pe_type!r} is not allowed for converting a pretrained model; choose one of: "
                          f"{', '.join(CONVERTIBLE_PE_TYPES)}")
@@ -202,5 +232,5 @@ def _load_source(source, context, position_interpolation, pretrained_length, pe_
     return Source(model, HFCodec(tokenizer), length, {"kind": "hf"}, f"{source} converted to {pe_type}", tokenizer)
 
 
-__all__ = ["Source", "load_source", "TapeTextCodec", "HFCodec", "interpolated", "text_run_codec", "codec_from_spec",
-           "SCROLLS_RUN_FILE"]
+__all__ = ["Source", "load_source", "TapeTextCodec", "HFCodec", "interpolated", "text_run_codec", "text_task_codec",
+           "codec_from_spec", "SCROLLS_RUN_FILE"]

@@ -8,7 +8,9 @@ generate_scrolls.py), for any context length.
 - Room is always left for the capped target plus an end-of-sequence token: prompt <= context - target_cap - 1, so
   generating up to target_cap tokens never exceeds the context (8,192 = 7,184 + 7 + 1,000 + 1 = 7,991 + 200 + 1).
 - Training sequences are prompt + target[:target_cap] + eos; the loss covers the target and the eos only.
-- Target caps default to the paper's: 1,000 tokens for summaries, 200 for QA / NLI.
+- Target caps default to the paper's: 1,000 tokens for summaries, 200 for QA / NLI (a preset may lower them).
+- A QA / NLI input is the question, a blank line, then the document: `check_document_room` refuses prompts whose
+  budget the question fills in every row (the document would be dropped entirely) and counts the rows where it does.
 """
 
 from __future__ import annotations
@@ -72,6 +74,26 @@ def prompt_ids(task: ScrollsTask, codec: Codec, text: str, settings: PromptSetti
     return codec.encode(text, first=True)[:budget]
 
 
+def document_dropped(task: ScrollsTask, codec: Codec, text: str, settings: PromptSettings) -> bool:
+    """Whether the prompt of a QA / NLI input keeps no token of the document that follows its question (the text
+    before the first blank line); False for summaries (`PromptSettings.check` keeps their document) and inputs
+    without a blank line."""
+    question, blank, _ = text.partition("\n\n")
+    if task.is_summary or not blank:
+        return False
+    return len(codec.encode(question + blank, first=True)) >= settings.context - settings.cap(task) - 1
+
+
+def check_document_room(task: ScrollsTask, codec: Codec, texts: Sequence[str], settings: PromptSettings) -> int:
+    """How many of `texts` lose their whole document to truncation; ValueError when every one does."""
+    dropped = sum(document_dropped(task, codec, text, settings) for text in texts)
+    if texts and dropped == len(texts):
+        raise ValueError(f"context={settings.context} leaves {settings.context - settings.cap(task) - 1} prompt "
+                         f"tokens after target_cap={settings.cap(task)} + eos, and the question alone fills them: no "
+                         "document token would be kept; raise --context or lower --target-cap")
+    return dropped
+
+
 def target_ids(task: ScrollsTask, codec: Codec, output: str, settings: PromptSettings) -> list[int]:
     """The capped target followed by the end-of-sequence token."""
     return codec.encode(output)[: settings.cap(task)] + [codec.eos_id]
@@ -86,4 +108,5 @@ def training_example(task: ScrollsTask, codec: Codec, text: str, output: str,
 
 
 __all__ = ["Codec", "PromptSettings", "prompt_ids", "target_ids", "training_example", "TARGET_CAPS",
+           "document_dropped", "check_document_room",
            "SUMMARY_PREFIX", "SUMMARY_INSTRUCTION"]
