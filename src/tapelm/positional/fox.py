@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import cached_state, layer_state_slot, store_state
+from ..cache import cached_state, store_keys_values, store_state
 from .base import LayerPositional, PositionalEncoding, PositionContext
 
 
@@ -43,7 +43,6 @@ class FoXLayer(LayerPositional):
         super().__init__()
         self.gate = nn.Linear(config.hidden_size, config.num_attention_heads, bias=True)
         self.gate_bias_init = float(config.fox_gate_bias_init)
-        self.slot = layer_state_slot(config.num_hidden_layers, layer_idx)
         with torch.no_grad():
             self.gate.bias.fill_(self.gate_bias_init)
 
@@ -58,13 +57,12 @@ class FoXLayer(LayerPositional):
             log_f = log_f.masked_fill(~ctx.token_mask[..., None], 0.0)
         return log_f.transpose(1, 2)
 
-    def attention_inputs(self, x, q, k, stream, cache, layer_idx, valid, ctx):
+    def attention_inputs(self, x, q, k, stream, value_width, cache, layer_idx, valid, ctx):
         cumulative = self.log_forget(x, ctx).cumsum(-1)[..., None]  # (B, H, N, 1)
-        past = cached_state(cache, self.slot)
+        past = cached_state(cache, layer_idx, "forget")
         if past is not None:
             cumulative = cumulative + past[:, :, -1:, :]
-        every = store_state(cache, self.slot, cumulative)  # (B, H, T, 1)
-        if cache is not None:
-            k, stream = cache.update(k, stream, layer_idx)
+        every = store_state(cache, layer_idx, "forget", cumulative)  # (B, H, T, 1)
+        k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         bias = cumulative - every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
         return q, k, stream, bias.to(q.dtype)
