@@ -8,7 +8,7 @@ log f. Initialisation follows the reference's data-dependent ("full") gate: weig
 (`fox_gate_bias_init`), so f starts near 1/2.
 
 The cumulative sums are computed and cached in float32 (float64 in a float64 model) whatever the model dtype, one
-value per head and token in an extra cache layer per decoder layer; padding tokens get log f = 0, so a left-padded
+value per head and token beside the layer's keys in its cache layer; padding tokens get log f = 0, so a left-padded
 sequence computes what it computes alone. As in the reference, c_i - c_j is a difference of two running sums: over
 very long contexts float32 keeps about 1e-7 of |c| as absolute error in the bias.
 """

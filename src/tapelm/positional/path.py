@@ -30,7 +30,7 @@ product of Householder matrices for every pair, in float64.
 
 PaTH's logits are not q . k for one fixed key per token, so the layer hands them to attention as the additive bias and
 gives attention a zero query: softmax, masking and the value mixing stay the decoder's. The cache holds the transformed
-keys (rewritten in place at every step), the values, and, in one extra layer, the convolution's inputs (kv_dim
+keys (rewritten in place at every step), the values, and beside them the convolution's inputs (kv_dim
 numbers per token). A cropped cache cannot be un-transformed: `crop` (assisted / contrastive decoding) is not
 supported for PaTH.
 """
