@@ -48,3 +48,11 @@ def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
 @pytest.fixture(params=PE_TYPES)
 def pe_type(request) -> str:
     return request.param
+
+
+def pytest_configure(config):
+    """The marks transformers' own common tests use (tests/test_transformers_common.py), so they load without
+    warnings."""
+    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
+                 "torch_compile_test"):
+        config.addinivalue_line("markers", f"{mark}: a mark of transformers' common tests")

@@ -25,12 +25,29 @@ def test_cache_parity(pe_type):
     torch.testing.assert_close(decode_in_chunks(model, ids, [7, 1, 1, 5, 4]), full, atol=1e-10, rtol=0)
 
 
-def test_tape_cache_holds_keys_and_the_value_stream():
+def test_cache_layers_hold_transformers_keys_and_values(pe_type):
+    """One cache layer per decoder layer, each with transformers' (B, Hkv, T, d) keys and values; the values are
+    exactly the V projections of the tokens (tapelm's extra state lives beside them)."""
+    model = tiny_model(pe_type, num_hidden_layers=3)
+    ids = tokens(2, 9)
+    cache = model(ids, use_cache=True).cache
+    config, shape = model.config, (2, model.config.num_key_value_heads, 9, model.config.head_dim)
+    assert len(cache.layers) == config.num_hidden_layers
+    assert all(layer.keys.shape == shape and layer.values.shape == shape for layer in cache.layers)
+    hidden = model(ids, output_hidden_states=True, use_cache=False).hidden_states
+    for layer, block, x in zip(cache.layers, model.model.layers, hidden):
+        v = block.self_attn.v_proj(block.input_layernorm(x)).view(2, 9, -1, config.head_dim).transpose(1, 2)
+        torch.testing.assert_close(layer.values, v)
+
+
+def test_tape_cache_keeps_e_beside_the_values():
+    """TAPE's value stream [V | E] is one buffer whose first head_dim features are the layer's values."""
     model = tiny_model("tape", num_hidden_layers=3)
-    out = model(tokens(1, 9), use_cache=True)
+    cache = model(tokens(1, 9), use_cache=True).cache
     d = model.config.head_dim
-    widths = [(layer.keys.shape[-1], layer.values.shape[-1]) for layer in out.cache.layers]
-    assert widths == [(d, 2 * d), (d, 2 * d), (d, d)]  # [V | E] except in the last layer, whose E is discarded
+    streams = [layer.stream().shape[-1] for layer in cache.layers]
+    assert streams == [2 * d, 2 * d, d]  # E joins the values except in the last layer, whose E is discarded
+    assert all(layer.stream()[..., :d].data_ptr() == layer.values.data_ptr() for layer in cache.layers)
 
 
 def test_generate_with_and_without_cache(pe_type):
@@ -82,12 +99,12 @@ def test_beam_search_reorders_the_growing_cache(pe_type):
 
 
 def test_growing_layer_crop_then_continue():
-    """After a crop the layer rebuilds its buffer from the cropped views and keeps decoding correctly."""
+    """After a crop the layer keeps writing into its buffer and keeps decoding correctly."""
     model = tiny_model("tape", dtype=torch.float64)
     ids = tokens(1, 12)
     cache = DynamicCache(config=model.config)
     model(ids[:, :9], cache=cache, use_cache=True)
-    assert type(cache.layers[0]).__name__ == "GrowingLayer"
+    assert type(cache.layers[0]).__name__ == "TapeCacheLayer"
     cache.crop(-3)
     rest = model(ids[:, 6:], cache=cache, use_cache=True).logits
     torch.testing.assert_close(rest, model(ids).logits[:, 6:], atol=1e-10, rtol=0)

@@ -57,3 +57,17 @@ def test_package_registers_auto_classes():
                                   num_hidden_layers=1, num_attention_heads=2)
     assert isinstance(AutoModelForCausalLM.from_config(config), TapeForCausalLM)
     assert tapelm.__version__
+
+
+def test_set_attn_implementation_switches_the_attention_path():
+    """transformers' runtime switch works: after `set_attn_implementation("eager")` a model computes exactly what the
+    same weights compute when built eager (tapelm reads the choice at every call), and "sdpa" switches back."""
+    ids = tokens(2, 9)
+    model = tiny_model("tape")
+    eager = TapeForCausalLM(tiny_config("tape", attn_implementation="eager")).eval()
+    eager.load_state_dict(model.state_dict())
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    torch.testing.assert_close(model(ids).logits, eager(ids).logits, atol=0, rtol=0)
+    model.set_attn_implementation("sdpa")
+    assert model.config._attn_implementation == "sdpa"

@@ -60,7 +60,7 @@ def test_fox_bias_is_the_double_sum_of_log_gates():
     q, k = torch.zeros(batch, heads, length, dim, dtype=torch.float64), torch.zeros(batch, 2, length, dim,
                                                                                       dtype=torch.float64)
     ctx = PositionContext(query_positions=torch.arange(length).expand(batch, -1))
-    _, _, _, bias = layer.attention_inputs(x, q, k, k, None, 1, None, ctx)
+    _, _, _, bias = layer.attention_inputs(x, q, k, k, dim, None, 1, None, ctx)
     f = torch.sigmoid(x @ layer.gate.weight.T + layer.gate.bias)  # (B, N, H)
     for i in range(length):
         for j in range(i + 1):
@@ -73,10 +73,9 @@ def test_fox_bias_is_the_double_sum_of_log_gates():
 def test_fox_keeps_cumulative_gates_in_float32_in_a_bf16_cache():
     model = tiny_model("fox", dtype=torch.bfloat16)
     out = model(tokens(1, 6), use_cache=True)
-    layers = model.config.num_hidden_layers
-    states = out.cache.layers[layers + 1:]
-    assert len(states) == layers
-    assert all(state.keys.dtype == torch.float32 and state.keys.shape == (1, 4, 6, 1) for state in states)
+    states = [layer.state("forget") for layer in out.cache.layers]
+    assert len(states) == model.config.num_hidden_layers
+    assert all(state.dtype == torch.float32 and state.shape == (1, 4, 6, 1) for state in states)
 
 
 # --- PaTH --------------------------------------------------------------------------------------------------------

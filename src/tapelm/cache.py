@@ -1,15 +1,18 @@
-"""What tapelm keeps in a transformers `Cache`, and how it grows.
+"""What tapelm keeps in a transformers `DynamicCache`, and how it grows.
 
-Per decoder layer the cache holds the transformed keys and the value stream ([V | E] for TAPE, whose positional
-state of past tokens never changes). Encodings with relative biases also need the positions of every cached key;
-those live in one extra layer after the decoder layers (slot `num_hidden_layers`), so that cropping, beam reordering
-and batch selection treat them exactly like the keys they belong to. Encodings with per-token state of their own keep
-it the same way, one extra layer per decoder layer after that (`layer_state_slot`, `store_state`): FoX's cumulative log forget gates,
-PaTH's short-convolution inputs.
+One `TapeCacheLayer` per decoder layer, nothing else: its `keys` and `values` are transformers' own (B, Hkv, T, d)
+(the keys as attention reads them: rotated for RoPE, Eᵀk for TAPE). Beside them each layer keeps what an encoding
+also needs per cached token:
 
-transformers' `DynamicLayer` concatenates the whole cache with each new token, which makes every decoding step copy
-everything cached so far; `GrowingLayer` writes into spare capacity instead (doubling when full). `prepare_cache`
-swaps it into a `DynamicCache` (the one `generate` creates included) before anything is stored.
+- the value stream attention reads, [V | E] for TAPE (E of past tokens never changes, so it is cached): one buffer
+  whose first d features *are* `values` (a view), so attention reads [V | E] in one pass and nothing is copied;
+- named per-token state (B, S, T, F) (`store_state`): the positions of the keys for relative biases (in layer 0),
+  FoX's cumulative log forget gates, PaTH's short-convolution inputs.
+
+Cropping, beam reordering and batch selection treat all of it like the keys. transformers' `DynamicLayer`
+concatenates the whole cache with each new token; these layers write into spare capacity instead (doubling when
+full). `prepare_cache` swaps them into a `DynamicCache` (the one `generate` creates included) before anything is
+stored.
 """
 
 from __future__ import annotations
@@ -17,95 +20,173 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+_KEYS, _STREAM = "keys", "stream"
 
-class GrowingLayer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values are views into buffers with spare room along the sequence axis."""
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+class TapeCacheLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys, values and per-token state grow inside buffers with spare room along T."""
 
-    def _views_buffers(self) -> bool:
-        """Whether keys/values are still the views this layer handed out (crop or reorder replace them)."""
-        if self._buffers is None:
-            return False
-        key_buffer, value_buffer = self._buffers
-        return (self.keys.data_ptr() == key_buffer.data_ptr() and self.values.data_ptr() == value_buffer.data_ptr()
-                and self.keys.shape[:-2] == key_buffer.shape[:-2])
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._buffers: dict[str, torch.Tensor] = {}  # name -> (B, S, capacity, F); the first `_length` rows are held
+        self._length = 0
+        self._value_width: int | None = None
+
+    def _held(self, name: str) -> torch.Tensor:
+        return self._buffers[name][..., : self._length, :]
+
+    def _append(self, name: str, new: torch.Tensor, length: int) -> torch.Tensor:
+        """Write `new` after the first `length` rows of buffer `name` and return rows [0, length + N)."""
+        total = length + new.shape[-2]
+        buffer = self._buffers.get(name)
+        if new.requires_grad or (buffer is not None and buffer.requires_grad):  # in-place writes would break autograd
+            held = new if buffer is None or length == 0 else torch.cat([buffer[..., :length, :], new], dim=-2)
+            self._buffers[name] = held
+            return held
+        if buffer is None or total > buffer.shape[-2] or buffer.shape[:-2] != new.shape[:-2]:
+            grown = new.new_empty(*new.shape[:-2], max(2 * total, 64), new.shape[-1])
+            if length:
+                grown[..., :length, :] = buffer[..., :length, :]
+            self._buffers[name] = buffer = grown
+        buffer[..., length:total, :] = new
+        return buffer[..., :total, :]
+
+    def _expose(self) -> None:
+        self.keys = self._held(_KEYS)
+        self.values = self._held(_STREAM)[..., : self._value_width]
+
+    def update_stream(self, key_states: torch.Tensor, stream: torch.Tensor, value_width: int):
+        """Append keys (B, Hkv, N, dk) and the value stream (B, Hkv, N, F >= value_width) whose first `value_width`
+        features are the values; return every key and the whole stream."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, stream[..., :value_width])
+        if self._value_width not in (None, value_width):
+            raise ValueError(f"a cache layer holding values of width {self._value_width} cannot take {value_width}")
+        self._value_width = value_width
+        self.keys = self._append(_KEYS, key_states, self._length)
+        stream = self._append(_STREAM, stream, self._length)
+        self.values = stream[..., :value_width]
+        self._length += key_states.shape[-2]
+        return self.keys, stream
+
+    def stream(self) -> torch.Tensor:
+        """The value stream (B, Hkv, T, F) of the cached tokens; its first d features are `values`."""
+        return self._held(_STREAM)
+
+    def held_bytes(self) -> int:
+        """Bytes of everything this layer holds for the cached tokens: keys, the value stream, the state."""
+        return sum(self._held(name).nbytes for name in self._buffers)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if key_states.requires_grad or value_states.requires_grad:  # in-place writes would break autograd
-            return super().update(key_states, value_states, *args, **kwargs)
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        length = self.get_seq_length()
-        total = length + key_states.shape[-2]
-        if not self._views_buffers() or total > self._buffers[0].shape[-2]:
-            capacity = max(2 * total, 64)
-            self._buffers = tuple(
-                old.new_empty(*new.shape[:-2], capacity, new.shape[-1])
-                for old, new in ((key_states, key_states), (value_states, value_states)))
-            if length:
-                self._buffers[0][..., :length, :] = self.keys
-                self._buffers[1][..., :length, :] = self.values
-        key_buffer, value_buffer = self._buffers
-        key_buffer[..., length:total, :] = key_states
-        value_buffer[..., length:total, :] = value_states
-        self.keys, self.values = key_buffer[..., :total, :], value_buffer[..., :total, :]
-        return self.keys, self.values
+        return self.update_stream(key_states, value_states, value_states.shape[-1])[0], self.values
+
+    def store_state(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        """Append per-token state (B, S, N, F) for the tokens this forward pass adds (called before their keys are
+        stored, so the state's rows are [0, length + N)); return all of it."""
+        return self._append(name, new, self._length)
+
+    def state(self, name: str) -> torch.Tensor | None:
+        """The state (B, S, T, F) stored under `name` for the cached tokens, or None."""
+        return self._held(name) if name in self._buffers and self._length else None
+
+    def rewrite_keys(self, keys: torch.Tensor) -> None:
+        """Replace every cached key by `keys` (same shape): for encodings whose cached keys change when new tokens
+        arrive (PaTH). In place unless autograd needs the old ones."""
+        if keys.shape != self.keys.shape:
+            raise ValueError(f"rewrite_keys: keys of shape {tuple(keys.shape)} for a cache layer of "
+                             f"{tuple(self.keys.shape)}")
+        if keys.requires_grad or self._buffers[_KEYS].requires_grad:
+            self._buffers[_KEYS] = keys
+        else:
+            self._held(_KEYS).copy_(keys)
+        self._expose()
+
+    def _apply_rows(self, fn) -> None:
+        """Replace every buffer by `fn` of its held rows (beam reordering, batch selection, repeats)."""
+        if self._length:
+            self._buffers = {name: fn(self._held(name)) for name in self._buffers}
+            self._expose()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._apply_rows(lambda held: held.index_select(0, beam_idx.to(held.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._apply_rows(lambda held: held[indices, ...])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._apply_rows(lambda held: held.repeat_interleave(repeats, dim=0))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): give a negative number of tokens to remove")
+        if tokens_to_remove == 0 or not self.is_initialized or not self._length:
+            return
+        self._length = max(self._length + tokens_to_remove, 0)
+        self._expose()
+
+    def reset(self) -> None:
+        super().reset()
+        self._buffers, self._length, self._value_width = {}, 0, None
+
+    def offload(self):
+        raise ValueError("tapelm caches cannot be offloaded (their value streams and state stay on the device)")
 
 
 def check_cache_type(cache: Cache | None) -> None:
     """Refuse, before any work, a cache tapelm cannot fill: only `DynamicCache` (generate's default) holds the
-    [V | E] value stream and the key positions."""
+    value stream and the per-token state beside the keys and values."""
     if cache is not None and not isinstance(cache, DynamicCache):
         raise ValueError(f"tapelm models support only DynamicCache (generate's default cache_implementation="
                          f"'dynamic'), not {type(cache).__name__}; drop cache_implementation or pass 'dynamic'")
 
 
 def prepare_cache(cache: Cache | None) -> None:
-    """Give an empty `DynamicCache` growing layers (other caches are left as they are)."""
+    """Give an empty `DynamicCache` tapelm's layers (other caches are left as they are)."""
     if type(cache) is DynamicCache and cache.get_seq_length() == 0:
-        cache.layers = [GrowingLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
+        cache.layers = [TapeCacheLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
                         for layer in cache.layers]
         if cache.layer_class_to_replicate is DynamicLayer:
-            cache.layer_class_to_replicate = GrowingLayer
+            cache.layer_class_to_replicate = TapeCacheLayer
 
 
-def key_positions(cache: Cache | None, query_positions: torch.Tensor, slot: int) -> torch.Tensor:
-    """Positions (B, T) of all keys: the cached ones followed by the new queries' (which are stored)."""
+def cache_layer(cache: Cache, layer_idx: int) -> TapeCacheLayer:
+    """Decoder layer `layer_idx`'s cache layer (created when the cache has fewer layers)."""
+    while len(cache.layers) <= layer_idx:
+        cache.layers.append(TapeCacheLayer())
+    layer = cache.layers[layer_idx]
+    if not isinstance(layer, TapeCacheLayer):
+        raise ValueError(f"cache layer {layer_idx} is a {type(layer).__name__}, not one tapelm filled; pass an empty "
+                         f"DynamicCache (or none) to a tapelm model")
+    return layer
+
+
+def store_keys_values(cache: Cache | None, layer_idx: int, keys: torch.Tensor, stream: torch.Tensor,
+                      value_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append the new keys and value stream of decoder layer `layer_idx` and return all of them (as given without a
+    cache)."""
     if cache is None:
-        return query_positions
-    while len(cache.layers) <= slot:
-        cache.layers.append(GrowingLayer())
-    stored = query_positions[:, None, :, None]
-    positions, _ = cache.layers[slot].update(stored, stored)
-    return positions[:, 0, :, 0]
+        return keys, stream
+    return cache_layer(cache, layer_idx).update_stream(keys, stream, value_width)
 
 
-def layer_state_slot(num_layers: int, layer_idx: int) -> int:
-    """The cache slot of decoder layer `layer_idx`'s per-token state: after the decoder layers and the key
-    positions' slot."""
-    return num_layers + 1 + layer_idx
+def key_positions(cache: Cache | None, query_positions: torch.Tensor) -> torch.Tensor:
+    """Positions (B, T) of all keys: the cached ones followed by the new queries' (which are stored, in layer 0)."""
+    return store_state(cache, 0, "positions", query_positions[:, None, :, None])[:, 0, :, 0]
 
 
-def cached_state(cache: Cache | None, slot: int) -> torch.Tensor | None:
-    """The per-token state (B, S, T, F) stored in extra cache layer `slot`, or None when nothing is stored."""
-    if cache is None or len(cache.layers) <= slot:
+def cached_state(cache: Cache | None, layer_idx: int, name: str) -> torch.Tensor | None:
+    """The per-token state (B, S, T, F) decoder layer `layer_idx` stored under `name`, or None."""
+    if cache is None or len(cache.layers) <= layer_idx:
         return None
-    layer = cache.layers[slot]
-    return layer.keys if layer.is_initialized and layer.get_seq_length() > 0 else None
+    return cache_layer(cache, layer_idx).state(name)
 
 
-def store_state(cache: Cache | None, slot: int, new: torch.Tensor) -> torch.Tensor:
-    """Append per-token state `new` (B, S, N, F) to extra cache layer `slot` and return all of it (B, S, T + N, F);
-    without a cache, `new` itself. The state keeps its own dtype (e.g. float32 in a bf16 model)."""
+def store_state(cache: Cache | None, layer_idx: int, name: str, new: torch.Tensor) -> torch.Tensor:
+    """Append per-token state `new` (B, S, N, F) beside decoder layer `layer_idx`'s keys and return all of it
+    (B, S, T + N, F); without a cache, `new` itself. The state keeps its own dtype (e.g. float32 in a bf16 model)."""
     if cache is None:
         return new
-    while len(cache.layers) <= slot:
-        cache.layers.append(GrowingLayer())
-    stored, _ = cache.layers[slot].update(new, new[..., :0])
-    return stored
+    return cache_layer(cache, layer_idx).store_state(name, new)
 
 
 def cached_keys(cache: Cache | None, layer_idx: int) -> torch.Tensor | None:
@@ -117,12 +198,6 @@ def cached_keys(cache: Cache | None, layer_idx: int) -> torch.Tensor | None:
 
 
 def rewrite_keys(cache: Cache, layer_idx: int, keys: torch.Tensor) -> None:
-    """Replace every cached key of decoder layer `layer_idx` by `keys` (same shape): for encodings whose cached keys
-    change when new tokens arrive (PaTH). In place when the layer's keys are its own buffer."""
-    layer = cache.layers[layer_idx]
-    if keys.shape != layer.keys.shape:
-        raise ValueError(f"rewrite_keys: keys of shape {tuple(keys.shape)} for a cache layer of {tuple(layer.keys.shape)}")
-    if isinstance(layer, GrowingLayer) and layer._views_buffers() and not keys.requires_grad:
-        layer.keys.copy_(keys)
-    else:
-        layer.keys = keys
+    """Replace every cached key of decoder layer `layer_idx` by `keys` (same shape): PaTH's keys change as tokens
+    arrive."""
+    cache_layer(cache, layer_idx).rewrite_keys(keys)

@@ -62,8 +62,8 @@ class TapeAttention(nn.Module):
         q, k = positional.transform_qk(q, k, state, ctx)
         extra = positional.value_extra(state)
         stream = v if extra is None else torch.cat([v, extra.to(v.dtype)], dim=-1)
-        q, k, stream, bias = positional.attention_inputs(layout.unpack(hidden), q, k, stream, cache, self.layer_idx,
-                                                         mask.valid, ctx)
+        q, k, stream, bias = positional.attention_inputs(layout.unpack(hidden), q, k, stream, self.head_dim, cache,
+                                                         self.layer_idx, mask.valid, ctx)
         bias = _sum_optional(ctx.bias, bias)
         scale, probs = positional.logit_scale(self.head_dim), None
         if output_attentions:
@@ -126,6 +126,13 @@ class TapePreTrainedModel(PreTrainedModel):
     def register_for_auto_class(cls, auto_class="AutoModel"):
         """Nothing to do (see `TapeConfig.register_for_auto_class`): a saved folder keeps its `tapelm.remote_code`
         modules, not a copy of modeling.py."""
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """`set_attn_implementation` may switch between "sdpa" and "eager" at run time: every attention call reads
+        `config._attn_implementation` (transformers' own heuristic looks for its attention interface in the source
+        and would refuse)."""
+        return True
 
     def set_attention_function(self, function: AttentionFunction | None) -> None:
         """Use `function` (see `tapelm.attention.AttentionFunction`) in every attention module of this model, or
@@ -211,7 +218,7 @@ class TapeModel(TapePreTrainedModel):
         ctx = PositionContext(query_positions=self.positional.positions(position_ids, past, documents),
                               token_mask=real_tokens(attention_mask, length, past))
         if self.positional.needs_key_positions:
-            ctx.key_positions = key_positions(cache, ctx.query_positions, self.config.num_hidden_layers)
+            ctx.key_positions = key_positions(cache, ctx.query_positions)
         self.positional.prepare(ctx, inputs_embeds.dtype)
         mask = build_attention_mask(attention_mask, documents, length, past + length, self.config.causal,
                                     dense=self.positional.adds_logit_bias)

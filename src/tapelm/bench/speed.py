@@ -103,7 +103,7 @@ class Workload:
         self.model.eval()
         out = self.model(self.context, use_cache=True)
         cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-        cache_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if layer.is_initialized)
+        cache_bytes = sum(layer.held_bytes() for layer in cache.layers)
         start = time.perf_counter()
         for _ in range(self.size.decode_tokens):
             out = self.model(token, cache=cache, use_cache=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..cache import store_keys_values
+
 
 @dataclass
 class PositionContext:
@@ -71,17 +73,17 @@ class LayerPositional(CustomInit):
         return None
 
     def attention_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor,
-                         cache, layer_idx: int, valid: torch.Tensor | None, ctx: PositionContext):
+                         value_width: int, cache, layer_idx: int, valid: torch.Tensor | None, ctx: PositionContext):
         """Store the new keys and value stream in the cache (when there is one) and return what attention reads:
         q (B, H, N, d), every key (B, Hkv, T, d), every value (B, Hkv, T, F) and this layer's additive logit bias
-        (B, H, N, T) or None. `x` (B, N, C) is the layer's attention input (after the norm).
+        (B, H, N, T) or None. `x` (B, N, C) is the layer's attention input (after the norm); the first `value_width`
+        features of the stream are V.
 
         The default caches k and the stream and asks `logit_bias`. Encodings that keep per-token state of their own
         (FoX's cumulative forget gates, PaTH's transformed keys and convolution inputs) override this and keep that
         state in the cache too (see `tapelm.cache.store_state`), so cropping, beam reordering and batch selection
         treat it like the keys."""
-        if cache is not None:
-            k, stream = cache.update(k, stream, layer_idx)
+        k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         return q, k, stream, self.logit_bias(q, k, valid, ctx)
 
     def value_extra(self, state) -> torch.Tensor | None:

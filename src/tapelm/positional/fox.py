@@ -8,7 +8,7 @@ log f. Initialisation follows the reference's data-dependent ("full") gate: weig
 (`fox_gate_bias_init`), so f starts near 1/2.
 
 The cumulative sums are computed and cached in float32 (float64 in a float64 model) whatever the model dtype, one
-value per head and token in an extra cache layer per decoder layer; padding tokens get log f = 0, so a left-padded
+value per head and token beside the layer's keys in its cache layer; padding tokens get log f = 0, so a left-padded
 sequence computes what it computes alone. Packed documents need no restart of the sums: c_i - c_j only adds the
 gates between two tokens of one document (the mask hides every other pair). As in the reference, c_i - c_j is a
 difference of two running sums: over very long contexts float32 keeps about 1e-7 of |c| as absolute error in the
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import cached_state, layer_state_slot, store_state
+from ..cache import cached_state, store_keys_values, store_state
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
 
@@ -55,7 +55,6 @@ class FoXLayer(LayerPositional):
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.gate = ForgetGate(config)
-        self.slot = layer_state_slot(config.num_hidden_layers, layer_idx)
 
     def log_forget(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         """log f (B, H, N) in float32 or wider; 0 at padding tokens."""
@@ -64,13 +63,12 @@ class FoXLayer(LayerPositional):
             log_f = log_f.masked_fill(~ctx.token_mask[..., None], 0.0)
         return log_f.transpose(1, 2)
 
-    def attention_inputs(self, x, q, k, stream, cache, layer_idx, valid, ctx):
+    def attention_inputs(self, x, q, k, stream, value_width, cache, layer_idx, valid, ctx):
         cumulative = self.log_forget(x, ctx).cumsum(-1)[..., None]  # (B, H, N, 1)
-        past = cached_state(cache, self.slot)
+        past = cached_state(cache, layer_idx, "forget")
         if past is not None:
             cumulative = cumulative + past[:, :, -1:, :]
-        every = store_state(cache, self.slot, cumulative)  # (B, H, T, 1)
-        if cache is not None:
-            k, stream = cache.update(k, stream, layer_idx)
+        every = store_state(cache, layer_idx, "forget", cumulative)  # (B, H, T, 1)
+        k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         bias = cumulative - every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
         return q, k, stream, bias.to(q.dtype)

@@ -30,7 +30,7 @@ product of Householder matrices for every pair, in float64.
 
 PaTH's logits are not q . k for one fixed key per token, so the layer hands them to attention as the additive bias and
 gives attention a zero query: softmax, masking and the value mixing stay the decoder's. The cache holds the transformed
-keys (rewritten in place at every step), the values, and, in one extra layer, the convolution's inputs (kv_dim
+keys (rewritten in place at every step), the values, and beside them the convolution's inputs (kv_dim
 numbers per token). A cropped cache cannot be un-transformed: `crop` (assisted / contrastive decoding) is not
 supported for PaTH.
 """
@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import cached_keys, cached_state, layer_state_slot, rewrite_keys, store_state
+from ..cache import cached_keys, cached_state, rewrite_keys, store_keys_values, store_state
 from .base import LayerPositional, PositionalEncoding
 
 CHUNK = 64
@@ -118,7 +118,7 @@ class PaTHLayer(LayerPositional):
         self.conv_size = config.path_conv_size
         self.w_conv = nn.Conv1d(kv_dim, kv_dim, self.conv_size, groups=kv_dim, bias=False)
         self.beta_proj = nn.Linear(config.hidden_size, self.kv_heads, bias=True)
-        self.slot = layer_state_slot(config.num_hidden_layers, layer_idx)
+        self.layer_idx = layer_idx
 
     def householder(self, x, ctx, cache, valid=None) -> tuple[torch.Tensor, torch.Tensor]:
         """w (B, Hkv, N, d), unit vectors, and beta (B, Hkv, N) in float32 or wider, for the new tokens. The
@@ -134,8 +134,8 @@ class PaTHLayer(LayerPositional):
         history = self.conv_size - 1
         mixed = inputs * self.w_conv.weight[:, 0, history]
         if history:
-            past = cached_state(cache, self.slot)
-            store_state(cache, self.slot, inputs[:, None])
+            past = cached_state(cache, self.layer_idx, "conv")
+            store_state(cache, self.layer_idx, "conv", inputs[:, None])
             cached = 0 if past is None else past.shape[-2]
             before = inputs.new_zeros(batch, history, inputs.shape[-1])
             if past is not None:
@@ -151,7 +151,7 @@ class PaTHLayer(LayerPositional):
         w = w / w.norm(dim=-1, keepdim=True).clamp(min=NORM_EPS)
         return w, beta.transpose(1, 2)
 
-    def attention_inputs(self, x, q, k, stream, cache, layer_idx, valid, ctx):
+    def attention_inputs(self, x, q, k, stream, value_width, cache, layer_idx, valid, ctx):
         w, beta = self.householder(x, ctx, cache, valid)
         wide = w.dtype
         batch, heads, length, dim = q.shape
@@ -159,7 +159,7 @@ class PaTHLayer(LayerPositional):
         past = cached_keys(cache, layer_idx)
         logits, keys = path_logits(grouped, k.to(wide), w, beta, None if past is None else past.to(wide))
         if cache is not None:
-            k, stream = cache.update(k, stream, layer_idx)
+            k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
             rewrite_keys(cache, layer_idx, keys.to(k.dtype))
         bias = (logits * self.logit_scale(dim)).view(batch, heads, length, -1)
         return torch.zeros_like(q), k, stream, bias.to(q.dtype)
