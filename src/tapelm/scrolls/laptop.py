@@ -398,7 +398,7 @@ def _reading(results: dict[str, dict[str, Any]], pes: list[str]) -> str:
                  "does show is that the whole SCROLLS pipeline — release-format data, truncated prompts with the "
                  "loss on the target only, fine-tuning at 4x the pretraining length through tapelm's training loop, "
                  "cached batched generation, SCROLLS' metrics — runs end to end on one CPU thread. The paper's "
-                 "protocol on GPUs is `tapelm scrolls run all --preset paper` (README).")
+                 "protocol on GPUs is `tapelm scrolls run all --preset paper` (docs/SCROLLS.md).")
     return " ".join(parts)
 
 
