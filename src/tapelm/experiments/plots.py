@@ -98,7 +98,10 @@ def curves(series: dict[str, tuple[list[float], list[float], list[float] | None]
                           linestyle=LINE_STYLES[index // 10 % len(LINE_STYLES)])
         if stds is not None:
             spread = np.asarray(stds, float) * (100 if metric != "perplexity" else 1)
-            axis.fill_between(xs, shown - spread, shown + spread, color=line.get_color(), alpha=0.15)
+            low, high = shown - spread, shown + spread
+            if metric != "perplexity":  # an accuracy's spread stops at 0 and 100%
+                low, high = np.clip(low, 0, 100), np.clip(high, 0, 100)
+            axis.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
     if edge is not None:
         axis.axvline(edge, color="grey", linestyle=":", linewidth=1)
     if metric == "perplexity":
@@ -123,16 +126,22 @@ def state_norm_panels(panels: dict[str, tuple[list[int], np.ndarray]], path: Pat
     """One panel per variant: the positional state's norm (relative to E0) at each layer against the training step;
     `panels` maps a variant to (steps, array (steps, layers + 1)), the mean over seeds."""
     plt = _pyplot()
-    width = max(4.2 * len(panels), 6.0)
-    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.4), squeeze=False, sharey=True, layout="constrained")
-    for axis, (name, (steps, norms)) in zip(axes[0], panels.items()):
+    columns = min(len(panels), 4)
+    rows = -(-len(panels) // columns)
+    width = max(4.2 * columns, 6.0)
+    fig, axes = plt.subplots(rows, columns, figsize=(width, 3.4 * rows + 1.0), squeeze=False, sharey=True,
+                             layout="constrained")
+    for axis, (name, (steps, norms)) in zip(axes.flat, panels.items()):
         for layer in range(norms.shape[1]):
             label = f"entering layer {layer}" if layer < norms.shape[1] - 1 else "leaving the last layer"
             axis.plot(steps, norms[:, layer], label=label, linestyle=LINE_STYLES[layer % len(LINE_STYLES)])
         axis.set_title(name, fontsize=9)
         axis.set_xlabel("training step")
         axis.grid(alpha=0.3)
-    axes[0][0].set_ylabel("norm of E / norm of E0")
+    for axis in list(axes.flat)[len(panels):]:
+        axis.axis("off")
+    for row in axes:
+        row[0].set_ylabel("norm of E / norm of E0")
     legend_below(fig, axes[0][0])
     fig.suptitle(wrapped(title, width), fontsize=10)
     fig.savefig(path, dpi=110)
