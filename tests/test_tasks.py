@@ -28,7 +28,8 @@ from tapelm.experiments.tasks import (
 from tapelm.experiments.tasks.addition import format_problem
 from tapelm.experiments.tasks.base import HOLDOUT_EVERY, held_out
 from tapelm.experiments.tasks.passkey import FILLER, TASK_LINE
-from tapelm.experiments.tasks.text import VAL_EVERY, corpus_files, sliding_windows
+from tapelm.experiments.tasks.corpora import VAL_EVERY, corpus_files
+from tapelm.experiments.tasks.text import sliding_windows
 
 SYNTHETIC = sorted(set(TASKS) - {"text"})
 
@@ -548,6 +549,27 @@ def test_text_split_holds_out_whole_files(corpus: str) -> None:
         marker = f"file{i:03d}marker"
         assert (marker in validation) == (i % VAL_EVERY == 0) != (marker in train)
     assert validation == "".join(_corpus_text(i) for i in range(0, 41, VAL_EVERY))
+
+
+def test_text_corpus_list_is_split_source_by_source(corpus: str, tmp_path) -> None:
+    """A list of sources holds out each source's own every-20th file, as each source alone does: a file held out in
+    one corpus is never trained on in another that contains its source."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for i in range(25):
+        (other / f"g{i:03d}.txt").write_text(_corpus_text(100 + i))
+    task = get_task("text", corpus=[corpus, str(other)], train_length=32)
+    train, validation = (task.tokenizer.decode(s.tolist()) for s in (task.train_stream, task.validation_stream))
+    alone = get_task("text", corpus=str(other), train_length=32)
+    assert validation == get_task("text", corpus=corpus, train_length=32).tokenizer.decode(
+        get_task("text", corpus=corpus, train_length=32).validation_stream.tolist()) + alone.tokenizer.decode(
+        alone.validation_stream.tolist())
+    for i in (*range(41), *range(100, 125)):
+        marker = f"file{i:03d}marker"
+        assert (marker in validation) == ((i % 100) % VAL_EVERY == 0) != (marker in train)
+    for bad in ([], [corpus, 3]):
+        with pytest.raises(ValueError, match="corpus=.* is not allowed"):
+            get_task("text", corpus=bad)
 
 
 def test_text_corpus_paths(corpus: str, tmp_path) -> None:

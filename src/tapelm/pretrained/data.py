@@ -3,11 +3,9 @@
 Two corpora, both split by file exactly as the `text` task splits them (sorted files; file i is held out when
 i % VAL_EVERY == 0), so no held-out file is ever trained on:
 
-- "code": the Python standard library's *.py files (always present; `tasks.text.corpus_files(None)`).
-- "prose": the reStructuredText sources of the Python 3.11 documentation (English prose with some code), from
-  Debian's python3.11-doc package, fetched at run time with ``apt-get download`` and unpacked with ``dpkg-deb -x``
-  into the tapelm cache (never committed); or any file tree given as `prose` (`tapelm finetune --prose-corpus`),
-  e.g. on a machine without apt-get.
+- "code": the Python standard library's *.py files (the source "stdlib" of `tapelm.experiments.tasks.corpora`).
+- "prose": the Python 3.11 documentation (the source "python-docs", fetched once with apt-get), or any file tree
+  given as `prose` (`tapelm finetune --prose-corpus`), e.g. on a machine without apt-get.
 
 Training: a stream per corpus of whole training files in a seeded shuffled order, separated by the tokenizer's eos,
 cut after `train_tokens` tokens; a micro-batch is a window of `length` tokens from one corpus (alternating), at a
@@ -17,75 +15,44 @@ method). Evaluation: whole held-out files that are long enough, each tokenized o
 
 from __future__ import annotations
 
-import logging
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..experiments.tasks.text import VAL_EVERY, corpus_files
-from .sources import cache_root
+from ..experiments.tasks.corpora import PYTHON_DOCS, STDLIB, VAL_EVERY, corpus_files, python_docs, split_files
 
-logger = logging.getLogger(__name__)
-
-DOC_PACKAGE = "python3.11-doc"
 CORPORA = ("code", "prose")
-
-
 PROSE_OPTION = "--prose-corpus"
-
-
-def python_docs(root: Path | None = None) -> Path:
-    """The folder of python3.11-doc's .rst.txt sources, fetched and unpacked into the tapelm cache on first use;
-    ValueError naming PROSE_OPTION when it cannot be fetched."""
-    root = Path(root) if root is not None else cache_root() / DOC_PACKAGE
-    sources = root / "usr/share/doc/python3.11/html/_sources"
-    if sources.is_dir():
-        return sources
-    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise ValueError(f"the default prose corpus is Debian's {DOC_PACKAGE}, and apt-get / dpkg-deb are not "
-                         f"available here to fetch it; pass {PROSE_OPTION} FOLDER (a tree of text files) instead")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root.parent, prefix=".tmp-doc-") as tmp:
-        logger.warning("tapelm: fetching %s with apt-get download into %s (once)", DOC_PACKAGE, root)
-        done = subprocess.run(["apt-get", "download", DOC_PACKAGE], cwd=tmp, capture_output=True, text=True)
-        debs = list(Path(tmp).glob("*.deb"))
-        if done.returncode != 0 or len(debs) != 1:
-            reason = (done.stderr.strip().splitlines() or ["no package downloaded"])[-1][-200:]
-            raise ValueError(f"apt-get download {DOC_PACKAGE} (the default prose corpus) failed ({reason}); pass "
-                             f"{PROSE_OPTION} FOLDER (a tree of text files) instead")
-        staged = Path(tmp) / "x"
-        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(staged)], check=True)
-        if root.exists():
-            shutil.rmtree(root)
-        staged.rename(root)
-    if not sources.is_dir():
-        raise RuntimeError(f"{DOC_PACKAGE} did not contain {sources}")
-    return sources
 
 
 def corpus_split(name: str, prose: str | None = None) -> tuple[list[Path], list[Path]]:
     """(training files, held-out files) of a corpus, split like the `text` task. `prose`: a file tree (or glob) to
     use as the prose corpus instead of python3.11-doc."""
-    if name == "code":
-        files = corpus_files(None)
-    elif name == "prose" and prose is not None:
-        if not any(char in prose for char in "*?[") and not Path(prose).exists():
-            raise ValueError(f"{PROSE_OPTION} '{prose}' does not exist; give a folder of text files or a glob")
-        files = corpus_files(prose)
-    elif name == "prose":
-        files = corpus_files(str(python_docs() / "**" / "*.rst.txt"))
-    else:
-        raise ValueError(f"corpus={name!r} is not allowed; choose one of: {', '.join(CORPORA)}")
-    files = list(files)
+    files = list(corpus_files(source_of(name, prose)))
     if len(files) < 2:
         raise ValueError(f"the {name} corpus has {len(files)} file; it needs at least 2 (file i is held out when "
                          f"i % {VAL_EVERY} == 0, the others are trained on)")
-    return [f for i, f in enumerate(files) if i % VAL_EVERY], files[::VAL_EVERY]
+    return split_files(files)
+
+
+def source_of(name: str, prose: str | None = None) -> str:
+    """The `tapelm.experiments.tasks.corpora` source of corpus `name`: "stdlib" for code, "python-docs" or `prose`
+    for prose; ValueError naming PROSE_OPTION when the prose corpus is not there and cannot be fetched."""
+    if name == "code":
+        return STDLIB
+    if name != "prose":
+        raise ValueError(f"corpus={name!r} is not allowed; choose one of: {', '.join(CORPORA)}")
+    if prose is not None:
+        if not any(char in prose for char in "*?[") and not Path(prose).exists():
+            raise ValueError(f"{PROSE_OPTION} '{prose}' does not exist; give a folder of text files or a glob")
+        return prose
+    try:
+        python_docs()
+    except ValueError as error:
+        raise ValueError(f"{error} ({PROSE_OPTION} FOLDER)") from None
+    return PYTHON_DOCS
 
 
 def _read(path: Path) -> str | None:

@@ -33,6 +33,7 @@ from transformers import (
 )
 
 from ..experiments.train import load_saved_model
+from ..storage import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +76,6 @@ PRETRAINED_SOURCES: dict[str, PretrainedSource] = {
         ),
     ),
 }
-
-
-def cache_root() -> Path:
-    """``$TAPELM_CACHE``, else ``$XDG_CACHE_HOME/tapelm``, else ``~/.cache/tapelm``."""
-    if env := os.environ.get("TAPELM_CACHE"):
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "tapelm"
 
 
 def checkpoint_dir(name: str) -> Path:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..experiments.markdown import HEADER, splice
-from ..experiments.tasks.text import VAL_EVERY, corpus_files
+from ..experiments.tasks.corpora import VAL_EVERY, corpus_files
 from ..experiments.train import write_json_atomically, write_text_atomically
 from .data import load_examples, references
 from .finetune import FinetuneSpec, finetune

@@ -1,10 +1,9 @@
 """Language modelling on real text, evaluated by sliding-window perplexity at growing lengths.
 
-Corpus: the `corpus` file, directory (every UTF-8 file under it, recursively, skipping hidden and
-__pycache__ folders) or glob; by default the *.py files of this Python's standard library, without
-site-packages and test folders. Files are read sorted by path; files that are not UTF-8 are skipped.
-Split: file i (sorted) is held out for validation when i % VAL_EVERY == 0; a one-file corpus holds out
-its last 1/VAL_EVERY instead. The tokenizer ("byte", or "bpe": a byte-level BPE trained on the training split
+Corpus: one source or a list of sources of `tapelm.experiments.tasks.corpora` (a named corpus such as "stdlib",
+the default, or "python-docs", a file, a directory or a glob), split source by source as that module says; files
+that are not UTF-8 are skipped. A list trains on every source's training files and validates on every source's
+held-out ones. The tokenizer ("byte", or "bpe": a byte-level BPE trained on the training split
 only, or the one a run saved, `saved_tokenizer`, which is never retrained) and the token streams are cached in memory
 per corpus.
 
@@ -18,9 +17,7 @@ the start.
 
 from __future__ import annotations
 
-import glob
 import math
-import sysconfig
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -39,37 +36,12 @@ from .base import (
     check_eval_sizes,
     collate,
 )
+from .corpora import VAL_EVERY, corpus_sources
 from .options import check_choice, check_int, check_multipliers
 from .tokenization import BackendTokenizer, ByteTokenizer, Tokenizer, load_tokenizer
 
-VAL_EVERY = 20
-STDLIB_EXCLUDED = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 TOKENIZERS = ("byte", "bpe")
 DEFAULT_TOKENIZER = "byte"
-
-
-def corpus_files(corpus: str | None) -> tuple[Path, ...]:
-    """The sorted files of `corpus` (see the module docstring)."""
-    if corpus is None:
-        root = Path(sysconfig.get_paths()["stdlib"])
-        files = (p for p in root.rglob("*.py") if not STDLIB_EXCLUDED & set(p.relative_to(root).parts[:-1]))
-    elif any(char in corpus for char in "*?["):
-        files = (Path(p) for p in glob.glob(corpus, recursive=True))
-    elif not Path(corpus).exists():
-        raise ValueError(f"corpus path '{corpus}' does not exist; pass a file, a directory or a glob")
-    elif Path(corpus).is_file():
-        files = iter([Path(corpus)])
-    else:
-        root = Path(corpus)
-        files = (p for p in root.rglob("*") if not _hidden(p.relative_to(root)))
-    found = tuple(sorted(p for p in files if p.is_file()))
-    if not found:
-        raise ValueError(f"corpus path '{corpus}' does not exist or holds no files")
-    return found
-
-
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") or part == "__pycache__" for part in relative.parts)
 
 
 def _read_texts(files: tuple[Path, ...]) -> list[str]:
@@ -83,7 +55,7 @@ def _read_texts(files: tuple[Path, ...]) -> list[str]:
 
 
 def split_texts(texts: list[str]) -> tuple[list[str], list[str]]:
-    """(train, validation) texts; see the module docstring."""
+    """(train, validation) texts of one source; see `tapelm.experiments.tasks.corpora`."""
     if len(texts) == 1:
         cut = len(texts[0]) - len(texts[0]) // VAL_EVERY
         return [texts[0][:cut]], [texts[0][cut:]]
@@ -95,14 +67,18 @@ def _stream(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
 
 
 @lru_cache(maxsize=4)
-def _load(files: tuple[Path, ...], tokenizer: str, bpe_vocab_size: int,
+def _load(sources: tuple[tuple[Path, ...], ...], tokenizer: str, bpe_vocab_size: int,
           saved: Path | None) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
-    """(tokenizer, training stream, validation stream) for one corpus and tokenizer choice (the BPE saved in `saved`
-    when given)."""
-    texts = _read_texts(files)
-    if not texts:
-        raise ValueError(f"corpus holds no UTF-8 text files (first file: '{files[0]}')")
-    train, validation = split_texts(texts)
+    """(tokenizer, training stream, validation stream) for one corpus (its sources' files) and tokenizer choice (the
+    BPE saved in `saved` when given)."""
+    train, validation = [], []
+    for files in sources:
+        texts = _read_texts(files)
+        if not texts:
+            raise ValueError(f"corpus holds no UTF-8 text files (first file: '{files[0]}')")
+        source_train, source_validation = split_texts(texts)
+        train += source_train
+        validation += source_validation
     if tokenizer == "byte":
         encoder: Tokenizer = ByteTokenizer()
     elif saved is not None:
@@ -131,7 +107,7 @@ class TextTask(Task):
 
     def __init__(
         self,
-        corpus: str | None = None,
+        corpus: str | list[str] | None = None,
         train_length: int = 256,
         tokenizer: str = DEFAULT_TOKENIZER,
         bpe_vocab_size: int = 1024,
@@ -148,7 +124,8 @@ class TextTask(Task):
         self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
         self.stride = None if stride is None else check_int("stride", stride, 1, self.train_length - 1)
         saved = None if saved_tokenizer is None else Path(saved_tokenizer).resolve()
-        self.tokenizer, self.train_stream, self.validation_stream = _load(corpus_files(corpus), tokenizer, vocab, saved)
+        self.tokenizer, self.train_stream, self.validation_stream = _load(corpus_sources(corpus), tokenizer, vocab,
+                                                                            saved)
         if len(self.train_stream) < self.train_length or len(self.validation_stream) < 2:
             raise ValueError(
                 f"corpus '{corpus or 'standard library'}' is too small: {len(self.train_stream)} training tokens "
