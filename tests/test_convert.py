@@ -25,7 +25,7 @@ import tapelm
 from tapelm import TapeForCausalLM
 from tapelm.pretrained import sources
 from tapelm.cli import main as cli_main
-from tapelm.pretrained.convert import from_pretrained_llama
+from tapelm.pretrained.convert import from_pretrained_llama, to_llama
 
 SIZES = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
              max_position_embeddings=256)
@@ -136,6 +136,20 @@ def test_rope_overrides_change_the_positions_only():
     assert model.config.rope_parameters["rope_theta"] == 1e6
     with torch.no_grad():
         assert not torch.allclose(model(ids()).logits, source(ids()).logits, atol=1e-3)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_rope_model_exports_to_llama_exactly_and_back(tied):
+    """Llama -> tapelm RoPE -> Llama is the identity on logits (float64), with the stated window; TAPE is refused."""
+    source = random_source("llama", tied=tied).double()
+    rope = from_pretrained_llama(source, pe_type="rope")
+    llama = to_llama(rope, max_position_embeddings=16)
+    assert type(llama).__name__ == "LlamaForCausalLM" and llama.config.max_position_embeddings == 16
+    torch.testing.assert_close(llama(ids()).logits, source(ids()).logits, atol=0, rtol=0)
+    torch.testing.assert_close(from_pretrained_llama(llama, pe_type="rope")(ids()).logits, rope(ids()).logits,
+                               atol=0, rtol=0)
+    with pytest.raises(ValueError, match="only a causal RoPE model"):
+        to_llama(from_pretrained_llama(source, pe_type="tape"))
 
 
 def save_with_tokenizer(model: torch.nn.Module, folder: Path) -> None:

@@ -13,7 +13,7 @@ import tapelm  # noqa: F401  (registers the Auto classes)
 from tapelm import TapeForCausalLM
 from tapelm.attention import AttentionMask, explicit_attention
 from tapelm.modeling import attention_modules
-from tapelm.pretrained.finetune import METHODS, FinetuneSettings, build_model, finetune, pi_factor, prepare
+from tapelm.pretrained.finetune import METHODS, FinetuneSettings, build_model, finetune, scale_factor, prepare
 from tapelm.pretrained.longlora import make_attend, s2_attention, s2_reference_mask, shifted_sparse_attention
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB, INTER = 32, 4, 2, 2, 61, 48
@@ -30,7 +30,7 @@ def tiny_llama(tied: bool = True) -> LlamaForCausalLM:
 
 def settings(method: str, **overrides) -> FinetuneSettings:
     options = dict(method=method, train_length=32, steps=12, lr=1e-2, warmup=0, target_length=256,
-                   pretrained_length=128, checkpoint_every=0)
+                   pretrained_length=128, checkpoint_every=0, lora=method != "full")
     options.update(overrides)
     return FinetuneSettings(**options)
 
@@ -50,6 +50,9 @@ TAPE = (LAYERS - 1) * (KV_HEADS * HEADS + HIDDEN * POSITION + 2 * POSITION * KV_
     ("longlora", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
     ("theta", {"train_embeddings": False}, {"lora": LORA, "norms": NORMS}),
     ("pi", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+    ("yarn", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+    ("full", {}, {"all": EMBEDDINGS + NORMS + LAYERS * (2 * HIDDEN * HEADS * HEAD_DIM + 2 * HIDDEN * KV_HEADS * HEAD_DIM
+                                                        + 3 * HIDDEN * INTER)}),
 ])
 def test_trainable_parameters_per_method(method, overrides, expected):
     config = settings(method, **overrides)
@@ -72,12 +75,20 @@ def test_methods_set_their_positions():
     assert build_model(source, settings("theta", theta=1e6)).config.rope_parameters["rope_theta"] == 1e6
     pi = build_model(source, settings("pi", target_length=512, pretrained_length=128)).config.rope_parameters
     assert pi["rope_type"] == "linear" and pi["factor"] == 4.0
+    yarn = build_model(source, settings("yarn", target_length=512, pretrained_length=128)).config.rope_parameters
+    assert (yarn["rope_type"], yarn["factor"], yarn["original_max_position_embeddings"]) == ("yarn", 4.0, 128)
+    yarn_from_config = build_model(source, settings("yarn", target_length=512, pretrained_length=None))
+    assert yarn_from_config.config.rope_parameters["factor"] == 4.0  # the source's window, 128, from its config
     with pytest.raises(ValueError, match="would be the identity"):
-        pi_factor(settings("pi", target_length=64, pretrained_length=None), 128)
+        scale_factor(settings("pi", target_length=64, pretrained_length=None), 128)
     with pytest.raises(ValueError, match="method='x' is not allowed"):
         FinetuneSettings(method="x")
     with pytest.raises(ValueError, match="lora=False is only for method 'tape'"):
         FinetuneSettings(method="lora", lora=False)
+    with pytest.raises(ValueError, match="method 'full' trains every weight"):
+        FinetuneSettings(method="full")
+    with pytest.raises(ValueError, match="s2_group_fraction=0.3 of train_length=32"):
+        settings("longlora", s2_group_fraction=0.3)
 
 
 @pytest.mark.parametrize("length,group", [(32, 8), (24, 8), (8, 8)])
@@ -168,7 +179,7 @@ def test_results_section_is_spliced_into_the_report_and_rebuilt_in_place(tmp_pat
     update_markdown(markdown, results)
     first = markdown.read_text()
     assert "kept text" in first and "| tape | 4.500 | 3.500 | 4.500 | 3.500 |" in first
-    assert "| original | 0.95 |" in first and "Missing from this run: lora, longlora, theta, pi, converted." in first
+    assert "| original | 0.95 |" in first and "Missing from this run: lora, longlora, theta, pi, yarn, full, converted." in first
     assert "identical for every method" in first
     update_markdown(markdown, results)
     assert markdown.read_text() == first
@@ -177,14 +188,17 @@ def test_results_section_is_spliced_into_the_report_and_rebuilt_in_place(tmp_pat
     assert markdown.read_text() == first
 
 
-def test_the_decoder_really_computes_s2_attention_inside_the_block_only():
+def test_the_decoder_really_computes_s2_attention_inside_the_block_only_while_training():
     model = build_model(tiny_llama(), settings("longlora"))
     tokens = cycle_stream(32)(0)["input_ids"]
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
         with shifted_sparse_attention(model, 8):
-            sparse = model(tokens, use_cache=False).logits
+            evaluated = model(tokens, use_cache=False).logits  # eval mode: an evaluation while training
+            sparse = model.train()(tokens, use_cache=False).logits
+            model.eval()
         again = model(tokens, use_cache=False).logits
+    torch.testing.assert_close(evaluated, full, atol=0, rtol=0)
     torch.testing.assert_close(sparse[:, :4], full[:, :4], atol=1e-5, rtol=0)  # a first half-group sees all keys
     assert not torch.allclose(sparse[:, 16:], full[:, 16:], atol=1e-4)
     torch.testing.assert_close(again, full, atol=0, rtol=0)
@@ -199,7 +213,7 @@ def test_s2_attention_is_per_model_two_models_in_one_process_differ():
     with torch.no_grad():
         reference = full_model(tokens, use_cache=False).logits
         with shifted_sparse_attention(sparse_model, 8):
-            sparse = sparse_model(tokens, use_cache=False).logits
+            sparse = sparse_model.train()(tokens, use_cache=False).logits
             full = full_model(tokens, use_cache=False).logits
     torch.testing.assert_close(full, reference, atol=0, rtol=0)
     assert not torch.allclose(sparse[:, 16:], full[:, 16:], atol=1e-4)

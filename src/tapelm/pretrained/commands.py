@@ -42,7 +42,7 @@ def _add_convert(commands) -> None:
 def _settings_from_args(args, method: str) -> FinetuneSettings:
     return FinetuneSettings(method=method, train_length=args.train_length, steps=args.steps, lr=args.lr,
                             batch_size=args.batch_size, grad_accum=args.grad_accum, warmup=args.warmup,
-                            seed=args.seed, lora=not args.no_lora, train_embeddings=not args.no_embeddings,
+                            seed=args.seed, lora=not args.no_lora and method != "full", train_embeddings=not args.no_embeddings,
                             train_norms=not args.no_norms, theta=args.theta, target_length=args.target_length,
                             pretrained_length=args.pretrained_length, prose_corpus=args.prose_corpus)
 
@@ -96,10 +96,11 @@ def _add_finetune(commands) -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--theta", type=float, default=1e6, help="RoPE base for --method theta")
-    parser.add_argument("--target-length", type=int, default=512, help="context PI interpolates to (default: %(default)s)")
-    parser.add_argument("--pretrained-length", type=int, default=128,
-                        help="nominal pretrained window PI interpolates from (default: %(default)s = the training "
-                             "length: the real one, 8192 for SmolLM2, cannot be exceeded on a CPU)")
+    parser.add_argument("--target-length", type=int, default=512, help="context PI and YaRN scale to (default: "
+                                                                         "%(default)s)")
+    parser.add_argument("--pretrained-length", type=int,
+                        help="pretrained window PI and YaRN scale from (default: the model's, read from its config: "
+                             "rope_parameters' original_max_position_embeddings, else max_position_embeddings)")
     parser.add_argument("--no-lora", action="store_true", help="method tape: train TAPE without LoRA")
     parser.add_argument("--no-embeddings", action="store_true", help="do not train the embeddings")
     parser.add_argument("--no-norms", action="store_true", help="do not train the norms")

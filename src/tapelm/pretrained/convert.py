@@ -163,3 +163,23 @@ def save(model: TapeForCausalLM, tokenizer: PreTrainedTokenizerBase | None, dst:
     if tokenizer is not None:
         tokenizer.save_pretrained(dst)
     return dst
+
+
+def to_llama(model: TapeForCausalLM, max_position_embeddings: int | None = None):
+    """The `LlamaForCausalLM` computing exactly what a RoPE `TapeForCausalLM` computes (every weight copied), e.g. to
+    hand a base model tapelm trained to any Llama-family tool; `max_position_embeddings` overrides the window its
+    config states (the length it was trained at). ValueError for a model that is not plain RoPE."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = model.config
+    if config.pe_type != "rope" or getattr(config, "qkv_bias", False) or not getattr(config, "causal", True):
+        raise ValueError(f"only a causal RoPE model without q/k/v-only biases converts to Llama (this one: pe_type="
+                         f"{config.pe_type!r}); convert the other way with from_pretrained_llama")
+    fields = {name: getattr(config, name) for name in _COPIED_FIELDS
+              if name not in ("qkv_bias", "causal", "max_position_embeddings")}
+    llama_config = LlamaConfig(**fields, max_position_embeddings=max_position_embeddings
+                               or config.max_position_embeddings, initializer_range=config.initializer_range)
+    llama = LlamaForCausalLM(llama_config).to(next(model.parameters()).dtype)
+    llama.load_state_dict(model.state_dict(), strict=True)
+    llama.generation_config = model.generation_config
+    return llama.eval()

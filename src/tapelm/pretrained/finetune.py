@@ -11,6 +11,8 @@ Methods (trainable sets are chosen by module type, never by parameter-name subst
   when evaluating.
 - ``theta``: ``lora`` with the RoPE base raised to `theta` (default 1e6).
 - ``pi``: ``lora`` with linear position interpolation by target_length / pretrained_length.
+- ``yarn``: ``lora`` with YaRN (transformers' ``rope_type="yarn"``) by the same factor.
+- ``full``: RoPE, every weight trained (no LoRA): the upper bound of a fine-tune with the same budget.
 
 LoRA is merged into the weights after training, so the saved model is a plain `TapeForCausalLM` that
 `AutoModelForCausalLM.from_pretrained` loads (after ``import tapelm``).
@@ -35,7 +37,8 @@ from .convert import from_pretrained_llama
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("tape", "lora", "longlora", "theta", "pi")
+METHODS = ("tape", "lora", "longlora", "theta", "pi", "yarn", "full")
+SCALED_METHODS = ("pi", "yarn")  # position scalings by target_length / pretrained_length
 LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -63,18 +66,21 @@ class FinetuneSettings:
     s2_group_fraction: float = 0.25
     train_tokens: int = 400_000
     checkpoint_every: int = 30
+    eval_every: int = 0  # steps between evaluations while training (0: none)
     prose_corpus: str | None = None  # None: python3.11-doc (see tapelm.pretrained.data)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} is not allowed; choose one of: {', '.join(METHODS)}")
-        if self.method != "tape" and not self.lora:
+        if self.method == "full" and self.lora:
+            raise ValueError("method 'full' trains every weight; lora must be False")
+        if self.method not in ("tape", "full") and not self.lora:
             raise ValueError(f"method={self.method!r} always trains LoRA; lora=False is only for method 'tape'")
         for name in ("train_length", "steps", "batch_size", "grad_accum", "lora_rank", "lora_alpha", "train_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
-        for name in ("warmup", "seed", "checkpoint_every"):
+        for name in ("warmup", "seed", "checkpoint_every", "eval_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name}={value!r} is not allowed; it must be a non-negative integer")
@@ -86,8 +92,12 @@ class FinetuneSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
-        if self.method == "pi" and self.pretrained_length is not None:
-            pi_factor(self, self.pretrained_length)  # the identity is refused now, not after loading the model
+        if self.method in SCALED_METHODS and self.pretrained_length is not None:
+            scale_factor(self, self.pretrained_length)  # the identity is refused now, not after loading the model
+        group = self.s2_group()
+        if self.method == "longlora" and (group < 2 or group % 2 or self.train_length % group):
+            raise ValueError(f"s2_group_fraction={self.s2_group_fraction} of train_length={self.train_length} must "
+                             "give an even group size that divides train_length")
         self.train_settings()  # the training loop's own checks, now
 
     def train_settings(self):
@@ -96,11 +106,8 @@ class FinetuneSettings:
 
         return TrainSettings(steps=self.steps, lr=self.lr, warmup=self.warmup, schedule="constant", weight_decay=0.0,
                              batch_size=self.batch_size, grad_accum=self.grad_accum, clip=1.0,
-                             checkpoint_every=self.checkpoint_every, keep_last=1, log_every=5, seed=self.seed)
-        group = self.s2_group()
-        if self.method == "longlora" and (group < 2 or group % 2 or self.train_length % group):
-            raise ValueError(f"s2_group_fraction={self.s2_group_fraction} of train_length={self.train_length} must "
-                             "give an even group size that divides train_length")
+                             checkpoint_every=self.checkpoint_every, eval_every=self.eval_every, keep_last=1,
+                             log_every=5, seed=self.seed)
 
     def s2_group(self) -> int:
         return int(self.train_length * self.s2_group_fraction)
@@ -109,11 +116,12 @@ class FinetuneSettings:
         return asdict(self)
 
 
-def pi_factor(settings: FinetuneSettings, pretrained_length: int) -> float:
-    """target_length / pretrained_length; ValueError when that is not > 1 (interpolation would change nothing)."""
+def scale_factor(settings: FinetuneSettings, pretrained_length: int) -> float:
+    """target_length / pretrained_length of a position scaling (pi, yarn); ValueError when that is not > 1 (the
+    scaling would change nothing)."""
     pretrained = settings.pretrained_length or pretrained_length
     if settings.target_length is None:
-        raise ValueError("method 'pi' needs target_length (the context to reach by interpolation)")
+        raise ValueError(f"method {settings.method!r} needs target_length (the context to reach by scaling)")
     factor = settings.target_length / pretrained
     if factor <= 1:
         raise ValueError(f"target_length={settings.target_length} does not exceed the pretrained context "
@@ -129,14 +137,32 @@ def build_model(source, settings: FinetuneSettings) -> TapeForCausalLM:
     overrides = None
     if settings.method == "theta":
         overrides = {"rope_theta": float(settings.theta)}
-    elif settings.method == "pi":
+    elif settings.method in SCALED_METHODS:
         if isinstance(source, (str, Path)):
             from .sources import load_pretrained
 
             source = load_pretrained(str(source))[0]
-        factor = pi_factor(settings, source.config.max_position_embeddings)
-        overrides = {"rope_type": "linear", "factor": factor}
+        overrides = scaling_overrides(settings.method, settings.target_length, settings.pretrained_length
+                                      or pretrained_window(source.config))
     return from_pretrained_llama(source, pe_type="rope", rope_overrides=overrides)
+
+
+def pretrained_window(config) -> int:
+    """The context a model was pretrained on: the `original_max_position_embeddings` of its RoPE scaling when it has
+    one, else `max_position_embeddings`."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return int(rope.get("original_max_position_embeddings") or config.max_position_embeddings)
+
+
+def scaling_overrides(method: str, target_length: int | None, pretrained_length: int) -> dict:
+    """The `rope_parameters` changes of a position scaling ("pi": linear interpolation, "yarn") from
+    `pretrained_length` to `target_length`; ValueError when it would not extend."""
+    factor = scale_factor(FinetuneSettings(method=method, target_length=target_length), pretrained_length)
+    if method == "pi":
+        return {"rope_type": "linear", "factor": factor}
+    if method == "yarn":
+        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": pretrained_length}
+    raise ValueError(f"method={method!r} is not a position scaling; choose one of: {', '.join(SCALED_METHODS)}")
 
 
 def lora_target_names(model: nn.Module) -> list[str]:
@@ -161,6 +187,8 @@ def trainable_groups(model: nn.Module, settings: FinetuneSettings) -> dict[str, 
 
     groups: dict[str, list[nn.Parameter]] = {}
     modules = list(model.modules())
+    if settings.method == "full":
+        return {"all": _unique(model.parameters())}
     if settings.method == "tape":
         groups["tape"] = _unique(p for m in modules if isinstance(m, TapeLayer) for p in m.parameters())
     if settings.lora:
@@ -243,11 +271,12 @@ def check_run_folder(run_dir: str | Path, settings: FinetuneSettings, source_nam
 
 def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path, resume: bool = True,
              batch_stream=None, progress: bool = True, stop_after: int | None = None,
-             source_name: str | None = None) -> FinetuneResult:
+             source_name: str | None = None, evaluate_fn=None) -> FinetuneResult:
     """Build the method's model from `source`, train it with `tapelm.experiments.train.train` on real text (or
     `batch_stream`), merge LoRA and save the merged model and tokenizer to `run_dir/merged`. Resumes from `run_dir`'s
     checkpoints when they are a fine-tuning of the same `source_name` (the model's name, recorded in RUN_RECORD)
-    with the same settings; ValueError otherwise."""
+    with the same settings; ValueError otherwise. `evaluate_fn(model, step)`: called every `settings.eval_every`
+    steps (see `tapelm.experiments.train.train`)."""
     from ..experiments.train import train
 
     run_dir = Path(run_dir)
@@ -266,8 +295,9 @@ def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path,
     (run_dir / RUN_RECORD).write_text(json.dumps({"source": source_name, "settings": settings.to_dict()}, indent=2))
     has_run = (run_dir / "settings.json").exists()
     with _s2_context(model, settings):
-        outcome = train(model, batch_stream, train_settings, run_dir, resume=resume and has_run, parameters=params,
-                        progress=progress, stop_after=stop_after)
+        outcome = train(model, batch_stream, train_settings, run_dir, evaluate_fn=evaluate_fn,
+                        resume=resume and has_run, parameters=params, progress=progress, stop_after=stop_after,
+                        evaluate_last=False)
     trained = outcome.steps - outcome.start_step if stop_after is None else len(outcome.losses)
     result = FinetuneResult(merge(model), {k: sum(p.numel() for p in v) for k, v in groups.items()},
                             outcome.losses, outcome.seconds, outcome.seconds / max(1, len(outcome.losses) or trained))

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..attention import AttentionMask
+from ..attention import AttentionMask, attend
 from ..modeling import attention_modules
 
 
@@ -90,15 +90,30 @@ def make_attend(group: int):
 
 @contextlib.contextmanager
 def shifted_sparse_attention(model: torch.nn.Module, group: int) -> Iterator[None]:
-    """Inside this block every attention module of `model` computes S²-Attn with groups of `group` tokens; on exit
-    each gets back the attention function it had."""
+    """Inside this block every attention module of `model` computes S²-Attn with groups of `group` tokens while it is
+    in training mode, and full attention in eval mode (evaluations during training); on exit each gets back the
+    attention function it had."""
     modules = attention_modules(model)
     previous = [module.attention_function for module in modules]
     s2 = make_attend(group)
-    for module in modules:
-        module.attention_function = s2
+    for module, full in zip(modules, previous):
+        module.attention_function = _while_training(module, s2, full)
     try:
         yield
     finally:
         for module, function in zip(modules, previous):
             module.attention_function = function
+
+
+def _while_training(module: torch.nn.Module, training_function, eval_function):
+    """An attention function that is `training_function` while `module` trains, and otherwise `eval_function` (None:
+    tapelm's own attention, as the module computes it without a custom function)."""
+
+    def function(q, k, v, mask, bias, scale: float):
+        if module.training:
+            return training_function(q, k, v, mask, bias, scale)
+        if eval_function is not None:
+            return eval_function(q, k, v, mask, bias, scale)
+        return attend(q, k, v, mask, bias, scale, eager=module.config._attn_implementation == "eager")
+
+    return function

@@ -24,16 +24,24 @@ from ..experiments.markdown import HEADER, splice
 from ..experiments.tasks.passkey import KEY_HIGH
 from .data import CORPORA, corpus_split, held_out_documents
 from .evaluation import evaluate_model, passkey_prompt, stride_for
-from .finetune import METHODS, FinetuneSettings, check_run_folder, finetune
+from .finetune import (
+    METHODS,
+    SCALED_METHODS,
+    FinetuneSettings,
+    check_run_folder,
+    finetune,
+    pretrained_window,
+    scale_factor,
+)
 
 SECTION, TITLE = "pretrained-model", "Pretrained model: TAPE retrofitted into SmolLM2-135M"
 ORDER = ("original", *METHODS, "converted")
 MORE_SUFFIX = "-more"
-COMMAND_MORE = ("tapelm finetune --model smollm2-135m --method all --threads 1 --out runs/retrofit "
-                "--results docs/results/pretrained-more --eval-lengths 128 1024 --passkey-lengths --eval-documents 8")
+COMMAND_MORE = ("tapelm finetune --model smollm2-135m --method all --pretrained-length 128 --threads 1 "
+                "--out runs/retrofit --results docs/results/pretrained-more --eval-lengths 128 1024 --passkey-lengths --eval-documents 8")
 BUDGET_FIELDS = ("train_length", "steps", "batch_size", "grad_accum", "lr", "warmup", "seed")
-COMMAND = ("tapelm finetune --model smollm2-135m --method all --threads 1 --out runs/retrofit "
-           "--results docs/results/pretrained --markdown docs/RESULTS.md")
+COMMAND = ("tapelm finetune --model smollm2-135m --method all --pretrained-length 128 --threads 1 "
+           "--out runs/retrofit --results docs/results/pretrained --markdown docs/RESULTS.md")
 
 
 @dataclass(frozen=True)
@@ -157,12 +165,24 @@ def check_plan(plan: RunPlan, names: list[str], eval_plan: EvalPlan) -> dict[str
     for name in todo:
         if name in plan.settings:
             check_run_folder(plan.out / name, plan.settings[name], plan.model)
+            check_scaling(plan.settings[name], plan.model)
     proses = {plan.settings[name].prose_corpus for name in todo if name in plan.settings}
     if plan.evaluate and todo:
         proses.add(eval_plan.prose_corpus)
     for prose in proses:
         corpus_split("prose", prose)
     return done
+
+
+def check_scaling(settings: FinetuneSettings, model: str) -> None:
+    """For a position scaling (pi, yarn) of a local checkpoint folder: ValueError now, before any model is loaded,
+    when it would not extend the model's pretrained window (read from its config.json when not given)."""
+    folder = Path(model).expanduser()
+    if settings.method not in SCALED_METHODS or settings.pretrained_length or not (folder / "config.json").is_file():
+        return
+    from transformers import AutoConfig
+
+    scale_factor(settings, pretrained_window(AutoConfig.from_pretrained(folder)))
 
 
 def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str, dict]:
