@@ -12,6 +12,7 @@ import torch
 from .convert import CONVERTIBLE_PE_TYPES, convert
 from .finetune import METHODS, FinetuneSettings
 from .data import PROSE_OPTION
+from .extend import ROWS as ROWS_HELP
 from .retrofit import EvalPlan, MethodsFailed, RunPlan, run_all
 
 
@@ -118,7 +119,93 @@ def _add_finetune(commands) -> None:
     parser.set_defaults(handler=_cli_finetune)
 
 
+def _cli_extend(args: argparse.Namespace) -> int:
+    """Exit status 1 when a row failed (the others are still done), 2 for bad input (before any work)."""
+    from .extend import (
+        PRESETS,
+        ROWS,
+        ExtendPlan,
+        base_window,
+        check_plan_folder,
+        eval_plan_for,
+        run_extension,
+        train_base,
+    )
+
+    for name in ("jobs", "threads", "eval_documents", "passkey_trials"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={value} is not allowed; it must be a positive integer")
+    if args.preset == "paper" and args.base is None:
+        raise ValueError("--preset paper needs --base (a Llama-family checkpoint folder, .gguf or source name); "
+                         "only cpu-small trains its own base")
+    budget, eval_template = PRESETS[args.preset]
+    budget = replace(budget, **{k: v for k in ("steps", "batch_size", "grad_accum", "lr", "warmup", "eval_every")
+                                if (v := getattr(args, k)) is not None})
+    eval_template = replace(eval_template, **{k: v for k, v in (("documents", args.eval_documents),
+                                                                ("trials", args.passkey_trials)) if v is not None})
+    out = Path(args.out)
+    base = args.base or str(out / "base" / "llama")
+    window = args.pretrained_length or base_window(args.base)
+    eval_plan = eval_plan_for(eval_template, window, args.prose_corpus)
+    if args.no_passkey:
+        eval_plan = replace(eval_plan, passkey_lengths=())
+    plan = ExtendPlan(base=base, out=out, window=window, factor=args.factor, rows=tuple(args.rows or ROWS),
+                      seeds=tuple(args.seeds), budget=budget, eval_plan=eval_plan,
+                      prose_corpus=args.prose_corpus, results=Path(args.results) if args.results else None)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    check_plan_folder(plan)
+    if args.base is None:
+        train_base(out, progress=not args.no_progress)
+    try:
+        summary = run_extension(plan, jobs=args.jobs, progress=not args.no_progress)
+    except MethodsFailed as error:
+        print(f"tapelm: error: {error}", file=sys.stderr)
+        return 1
+    for claim in summary.get("claims", []):
+        print(f"{claim['name']}: {claim['verdict']}")
+    print(f"results: {plan.results_dir} (tapelm report writes the section and figures)")
+    return 0
+
+
+def _add_extend(commands) -> None:
+    parser = commands.add_parser(
+        "extend", help="extend a short-window RoPE model's context with TAPE and every peer method, and evaluate",
+        description="Context extension (the paper's Proof-pile / PG-19 experiment at laptop scale): from one RoPE base "
+                    "(by default a 128-token-window model tapelm trains on the code and prose corpora), extend the "
+                    "context FACTOR x with TAPE (with and without LoRA), LoRA, LongLoRA, theta scaling, position "
+                    "interpolation, YaRN and a full fine-tune under the same budget, plus the zero-training rows; "
+                    "evaluate perplexity and passkey retrieval at 1x-8x the base window over several seeds. "
+                    "Resumable: rerun the same command after an interruption.")
+    parser.add_argument("--base", help="a Llama-family checkpoint folder, .gguf or source name (default: the "
+                                       "cpu-small base, trained into OUT/base on first use)")
+    parser.add_argument("--preset", choices=("cpu-small", "paper"), default="cpu-small",
+                        help="budget and evaluation (paper: 1,000 steps of 64 x 8,192 tokens, lr 2e-5, for GPUs; "
+                             "needs --base)")
+    parser.add_argument("--rows", nargs="+", metavar="ROW", help="rows to run (default: all): " + ", ".join(ROWS_HELP))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--factor", type=int, default=4, help="extended context / base window (default: %(default)s)")
+    parser.add_argument("--pretrained-length", type=int, help="the base's window (default: read from its config)")
+    parser.add_argument("--out", default="runs/extend", help="run folder (default: %(default)s)")
+    parser.add_argument("--results", help="folder for the result JSON files (default: OUT/results)")
+    for name, kind in (("steps", int), ("batch-size", int), ("grad-accum", int), ("lr", float), ("warmup", int),
+                       ("eval-every", int)):
+        parser.add_argument(f"--{name}", type=kind, help=f"fine-tuning {name.replace('-', ' ')} (default: the "
+                                                         "preset's)")
+    parser.add_argument("--eval-documents", type=int, help="held-out files per corpus (default: the preset's, 8)")
+    parser.add_argument("--passkey-trials", type=int, help="passkey trials per length (default: the preset's, 20)")
+    parser.add_argument("--no-passkey", action="store_true", help="measure perplexity only")
+    parser.add_argument("--jobs", type=int, default=1, help="rows trained at once, one thread each (default: 1)")
+    parser.add_argument("--threads", type=int, help="torch threads with --jobs 1")
+    parser.add_argument(PROSE_OPTION, metavar="FOLDER", help="a folder (or glob) of text files to use as the prose "
+                                                             "corpus (default: Debian's python3.11-doc)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(handler=_cli_extend)
+
+
 def add_commands(commands) -> None:
-    """Register convert and finetune on the `tapelm` sub-command parser `commands`."""
+    """Register convert, finetune and extend on the `tapelm` sub-command parser `commands`."""
     _add_convert(commands)
     _add_finetune(commands)
+    _add_extend(commands)

@@ -28,6 +28,7 @@ def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
     from . import (  # noqa: F401  (each registers its section)
         claims_section,
         coverage_section,
+        extend_section,
         pretrained_section,
         scrolls_section,
         tasks_section,

@@ -11,6 +11,7 @@ from ..experiments import claims
 from ..experiments.compare import COMPARISON_FILE, aggregate
 from ..experiments.plan import default_settings_hash
 from .archive import archived_comparisons
+from .extend_section import results_dir as extend_results
 from .sections import ReportContext, register_section
 
 
@@ -51,30 +52,42 @@ def judge_all(context: ReportContext) -> list[tuple[claims.Claim, dict[str, Any]
     return judged
 
 
+def extension_claims(context: ReportContext) -> list[dict[str, Any]]:
+    """The claims of `tapelm extend` judged on its committed results (none without results)."""
+    from ..pretrained.extend import summarize
+
+    return summarize(extend_results(context)).get("claims", [])
+
+
 def build_verdicts(context: ReportContext) -> str | None:
     """The short table for the README: each claim and its verdict, linking to the evidence in docs/RESULTS.md."""
-    judged = judge_all(context)
-    if judged is None:
+    judged, extension = judge_all(context), extension_claims(context)
+    if judged is None and not extension:
         return None
     lines = ["| the paper's claim, tested at laptop scale | verdict |", "|---|---|"]
-    lines += [f"| {claim.statement} | **{result}** |" for claim, _, result, _ in judged]
+    lines += [f"| {claim.statement} | **{result}** |" for claim, _, result, _ in judged or []]
+    lines += [f"| {claim['statement']} | **{claim['verdict']}** |" for claim in extension]
     return "\n".join(lines)
 
 
 def build(context: ReportContext) -> str | None:
-    judged = judge_all(context)
-    if judged is None:
+    judged, extension = judge_all(context), extension_claims(context)
+    if judged is None and not extension:
         return None
     doc = (claims.__doc__ or "").split("\n\n", 1)[1].strip().replace("\n", " ")
     lines = [doc, "", "| claim | comparison | verdict |", "|---|---|---|"]
-    for claim, summary, result, _ in judged:
+    for claim, summary, result, _ in judged or []:
         where = f"`{claim.task}` {summary['settings_hash']}" if summary else "–"
         lines.append(f"| {claim.statement} | {where} | **{result}** |")
-    for claim, summary, result, details in judged:
+    lines += [f"| {claim['statement']} | `tapelm extend` | **{claim['verdict']}** |" for claim in extension]
+    for claim, summary, result, details in judged or []:
         if summary is None:
             continue
         lines += ["", f"**{claim.name}** ({claim.headline.replace('_', '-')}, {summary['metric'].replace('_', ' ')}): "
                   f"**{result}**.", ""] + [f"- {line}" for line in details]
+    for claim in extension:
+        lines += ["", f"**{claim['name']}**: **{claim['verdict']}** (section \"Context extension\").", ""]
+        lines += [f"- {line}" for line in claim["details"]]
     return "\n".join(lines)
 
 
