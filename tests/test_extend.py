@@ -140,3 +140,20 @@ def test_extend_refuses_bad_input_in_one_line_before_any_work(finetune_inputs, t
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and message in error
     assert not (tmp_path / "out").exists()
+
+
+def test_a_failing_row_makes_extend_exit_nonzero_after_the_others(finetune_inputs, tmp_path, capsys,  # noqa: F811
+                                                                 monkeypatch):
+    from tapelm.cli import main
+    from tapelm.pretrained import extend
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("this row broke")
+
+    monkeypatch.setattr(extend, "finetune", broken)  # every trained row fails; the zero-training row is still done
+    argv = ["extend", "--base", finetune_inputs["llama"], "--pretrained-length", "16", "--out", str(tmp_path),
+            "--prose-corpus", finetune_inputs["prose"], "--eval-documents", "1", "--no-passkey", "--rows", "base",
+            "lora", "--seeds", "0"]
+    assert main(argv) == 1
+    assert "1 of 2 results failed (lora/seed0)" in capsys.readouterr().err
+    assert (tmp_path / "results" / "base.json").is_file() and not (tmp_path / "results" / "lora").exists()
