@@ -48,6 +48,7 @@ def test_every_trained_row_shares_the_budget_and_differs_only_by_method(finetune
     assert len({json.dumps({k: r[k] for k in budget}) for r in recipes.values()}) == 1
     assert recipes["tape"]["train_length"] == 32 and recipes["tape"]["seed"] == 1
     assert not recipes["tape-no-lora"]["lora"] and not recipes["full"]["lora"] and recipes["lora"]["lora"]
+    assert [row for row, r in recipes.items() if r["interpolate_positions"]] == ["longlora"]  # LongLoRA = S²-Attn + PI
     assert recipes["theta"]["theta"] == pytest.approx(ntk_theta(1e4, 2, 8)) == pytest.approx(1e4 * 2 ** (8 / 6))
 
 

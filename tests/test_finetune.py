@@ -85,6 +85,11 @@ def test_methods_set_their_positions():
         FinetuneSettings(method="x")
     with pytest.raises(ValueError, match="lora=False is only for method 'tape'"):
         FinetuneSettings(method="lora", lora=False)
+    longlora = build_model(source, settings("longlora", interpolate_positions=True)).config.rope_parameters
+    assert (longlora["rope_type"], longlora["factor"]) == ("linear", 2.0)
+    assert build_model(source, settings("longlora")).config.rope_parameters.get("rope_type", "default") == "default"
+    with pytest.raises(ValueError, match="interpolate_positions is for method 'longlora'"):
+        settings("lora", interpolate_positions=True)
     with pytest.raises(ValueError, match="method 'full' trains every weight"):
         FinetuneSettings(method="full")
     with pytest.raises(ValueError, match="s2_group_fraction=0.3 of train_length=32"):

@@ -86,7 +86,7 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     else:
         import torch
 
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent,
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
                                  initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(_run_one, run, run_dir, False, command, torch.get_num_threads(), compile_layers)
                        for run, run_dir in pending]
@@ -107,7 +107,7 @@ def comparison_tokenizer(directory: Path) -> Path | None:
     return next((path.parent for path in sorted(Path(directory).glob(f"*/seed*/{TOKENIZER_FILE}"))), None)
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """In a worker: end when the comparison's process ends (killed or not), instead of training on as an orphan;
     the unfinished run resumes from its checkpoint next time. Linux only (prctl); elsewhere a no-op."""
     if sys.platform.startswith("linux"):

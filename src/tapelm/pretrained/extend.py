@@ -2,7 +2,8 @@
 extended to `factor` x W by every method with the same budget, and every result is measured at 1x, 2x, 4x and 8x W.
 
 Rows: the zero-training rows ("base" as it is, "pi-zero" and "yarn-zero": the scalings without training) and the
-trained ones ("tape": converted, exact at step 0, with LoRA; "tape-no-lora"; "lora"; "longlora"; "theta": the RoPE
+trained ones ("tape": converted, exact at step 0, with LoRA; "tape-no-lora"; "lora"; "longlora": S²-Attn while
+training with linear position interpolation, as LongLoRA extends Llama2; "theta": the RoPE
 base raised by the NTK-aware rule theta * factor ** (d / (d - 2)); "pi"; "yarn"; "full": every weight, the upper
 bound). Every trained row uses the same steps, tokens (`factor` x W per sequence), learning-rate schedule (constant
 after warm-up, as the paper) and data order (a pure function of the seed); the seed also draws the new parameters.
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..experiments.compare import die_with_parent
 from ..experiments.runs import RunSpec, resolve, run_task
 from ..experiments.statistics import format_difference, interval, paired_difference, verdict
 from ..experiments.tasks.corpora import PYTHON_DOCS, STDLIB
@@ -126,7 +128,8 @@ class ExtendPlan:
             grad_accum=budget.grad_accum, lr=budget.lr, warmup=budget.warmup, seed=seed,
             lora=row not in ("tape-no-lora", "full"), theta=ntk_theta(theta, self.factor, head_dim),
             target_length=self.target, pretrained_length=self.window, train_tokens=budget.train_tokens,
-            checkpoint_every=budget.checkpoint_every, eval_every=budget.eval_every, prose_corpus=self.prose_corpus)
+            checkpoint_every=budget.checkpoint_every, eval_every=budget.eval_every, prose_corpus=self.prose_corpus,
+            interpolate_positions=row == "longlora")
 
     def record(self) -> dict[str, Any]:
         """What every result of this plan belongs to (compared with plan.json: another base or budget is refused)."""
@@ -336,7 +339,8 @@ def run_extension(plan: ExtendPlan, jobs: int = 1, progress: bool = True, log=pr
                 log(f"{row} / seed {seed}: FAILED\n{traceback.format_exc()}")
                 failed.append(f"{row}/seed{seed}")
     else:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(_worker, plan, row, seed, 1): (row, seed) for row, seed in pending}
             for future in as_completed(futures):
                 row, seed = futures[future]

@@ -8,7 +8,9 @@ Methods (trainable sets are chosen by module type, never by parameter-name subst
   by TAPE (`--no-lora`, `--no-embeddings`, `--no-norms` switch these off).
 - ``lora``: RoPE; peft LoRA (rank 8, alpha 16) on q/k/v/o plus the embeddings and norms.
 - ``longlora``: ``lora`` plus shifted sparse attention (S²-Attn, `tapelm.longlora`) while training; full attention
-  when evaluating.
+  when evaluating. With `interpolate_positions` also linear position interpolation by target_length /
+  pretrained_length, as LongLoRA extends a context (its groups of a quarter of the target length would otherwise
+  never show the model a distance beyond its window).
 - ``theta``: ``lora`` with the RoPE base raised to `theta` (default 1e6).
 - ``pi``: ``lora`` with linear position interpolation by target_length / pretrained_length.
 - ``yarn``: ``lora`` with YaRN (transformers' ``rope_type="yarn"``) by the same factor.
@@ -64,6 +66,7 @@ class FinetuneSettings:
     target_length: int | None = None
     pretrained_length: int | None = None
     s2_group_fraction: float = 0.25
+    interpolate_positions: bool = False  # longlora: with linear position interpolation (LongLoRA's extension)
     train_tokens: int = 400_000
     checkpoint_every: int = 30
     eval_every: int = 0  # steps between evaluations while training (0: none)
@@ -92,6 +95,8 @@ class FinetuneSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
+        if self.interpolate_positions and self.method != "longlora":
+            raise ValueError(f"interpolate_positions is for method 'longlora' (method {self.method!r}: use 'pi')")
         if self.method in SCALED_METHODS and self.pretrained_length is not None:
             scale_factor(self, self.pretrained_length)  # the identity is refused now, not after loading the model
         group = self.s2_group()
@@ -137,12 +142,13 @@ def build_model(source, settings: FinetuneSettings) -> TapeForCausalLM:
     overrides = None
     if settings.method == "theta":
         overrides = {"rope_theta": float(settings.theta)}
-    elif settings.method in SCALED_METHODS:
+    elif settings.method in SCALED_METHODS or settings.interpolate_positions:
         if isinstance(source, (str, Path)):
             from .sources import load_pretrained
 
             source = load_pretrained(str(source))[0]
-        overrides = scaling_overrides(settings.method, settings.target_length, settings.pretrained_length
+        scaling = "pi" if settings.interpolate_positions else settings.method
+        overrides = scaling_overrides(scaling, settings.target_length, settings.pretrained_length
                                       or pretrained_window(source.config))
     return from_pretrained_llama(source, pe_type="rope", rope_overrides=overrides)
 
