@@ -22,7 +22,7 @@ def _pyplot():
 
 def wrapped(title: str, width_inches: float) -> str:
     """`title` broken into lines that fit a figure `width_inches` wide at the titles' font size."""
-    return textwrap.fill(title, width=max(20, int(width_inches * 13)))
+    return textwrap.fill(title, width=max(20, int(width_inches * 11)))
 
 
 def legend_below(fig, axis) -> None:

@@ -512,8 +512,8 @@ def write_figures(summary: dict[str, Any], figures: Path) -> list[str]:
                         [stats["perplexity"][corpus][str(n)]["std"] for n in lengths])
                   for row, stats in summary["rows"].items()}
         name = f"extend-perplexity-{corpus}.png"
-        curves(series, figures / name, f"Held-out {corpus} perplexity after extending a {summary['window']}-token "
-               f"RoPE base to {summary['target']} tokens (mean ± std over seeds; dotted: the base window)",
+        curves(series, figures / name, f"Held-out {corpus} perplexity, a {summary['window']}-token RoPE base "
+               f"extended to {summary['target']} (mean ± std over seeds; dotted: base window)",
                "evaluation length (tokens)", "perplexity", edge=summary["window"])
         names.append(name)
     for corpus in CORPORA:
@@ -521,8 +521,8 @@ def write_figures(summary: dict[str, Any], figures: Path) -> list[str]:
                   for row, stats in summary["rows"].items() if stats["curve"]}
         if series:
             name = f"extend-training-{corpus}.png"
-            curves(series, figures / name, f"Validation {corpus} perplexity at the target length "
-                   f"{summary['target']} while fine-tuning (mean over seeds)", "fine-tuning step", "perplexity")
+            curves(series, figures / name, f"Validation {corpus} perplexity at {summary['target']} tokens while "
+                   "fine-tuning (mean over seeds)", "fine-tuning step", "perplexity")
             names.append(name)
     return names
 
