@@ -83,6 +83,12 @@ def test_extension_runs_every_row_resumes_and_reports(finetune_inputs, tmp_path)
     assert {p: p.stat().st_mtime_ns for p in plan.results_dir.rglob("*.json")} == stamps  # nothing redone
     with pytest.raises(ValueError, match="holds an extension with other settings \\(different budget\\)"):
         run_extension(replace(plan, budget=replace(plan.budget, steps=3)), log=lambda line: None)
+    stale = plan.results_dir / "lora" / "seed1.json"
+    record = json.loads(stale.read_text())
+    stale.write_text(json.dumps({**record, "settings": {**record["settings"], "lora_rank": 4}}))
+    with pytest.raises(ValueError, match="seed1.json' was fine-tuned with other settings \\(different lora_rank\\)"):
+        run_extension(plan, log=lambda line: None)
+    stale.write_text(json.dumps(record))
     markdown = results_section(plan.results_dir, tmp_path / "figures", "figures")
     assert "| tape |" in markdown and "extension-perplexity" in markdown and "not run" in markdown
     assert (tmp_path / "figures" / "extend-perplexity-code.png").is_file()

@@ -290,6 +290,21 @@ def check_plan_folder(plan: ExtendPlan) -> None:
                              f"{', '.join(differ)}); choose another --results (and --out)")
 
 
+def check_cached_result(plan: ExtendPlan, row: str, seed: int) -> None:
+    """ValueError when a cached result of a trained row was fine-tuned with other settings than this code gives it
+    (theta, derived from the base that plan.json fixes, is taken as recorded)."""
+    path = result_path(plan.results_dir, row, seed)
+    if row in ZERO_TRAINING or not path.exists():
+        return
+    recorded = json.loads(path.read_text()).get("settings", {})
+    saved = {**FinetuneSettings(method=recorded["method"], lora=recorded.get("lora", True)).to_dict(), **recorded}
+    expected = replace(plan.settings(row, seed), theta=saved["theta"]).to_dict()
+    differ = sorted(k for k, v in expected.items() if saved.get(k) != v)
+    if differ:
+        raise ValueError(f"'{path}' was fine-tuned with other settings (different {', '.join(differ)}); move it "
+                         "away to redo it")
+
+
 def check_passkey_lengths(plan: ExtendPlan) -> None:
     """ValueError when a passkey length cannot hold a passkey document with the base's tokenizer."""
     from transformers import AutoTokenizer
@@ -323,6 +338,8 @@ def run_extension(plan: ExtendPlan, jobs: int = 1, progress: bool = True, log=pr
     check_plan_folder(plan)
     tasks = [(row, plan.seeds[0] if row in ZERO_TRAINING else seed) for seed in plan.seeds for row in plan.rows
              if row in TRAINED or seed == plan.seeds[0]]
+    for row, seed in tasks:
+        check_cached_result(plan, row, seed)
     pending = [(row, seed) for row, seed in tasks if not result_path(plan.results_dir, row, seed).exists()]
     if pending:
         check_passkey_lengths(plan)
