@@ -14,7 +14,7 @@ from tapelm.experiments.claims import CLAIMS
 from tapelm.experiments.compare import aggregate, compare, format_table, merge_records, requested_runs
 from tapelm.experiments.plan import default_settings_hash, superseded_by
 from tapelm.report import build_report, splice
-from tapelm.experiments.runs import RunSpec
+from tapelm.experiments.runs import RunSpec, settings_hash
 
 TINY = ["--steps", "6", "--batch-size", "8", "--warmup", "1", "--eval-n", "2", "--no-progress",
         "--task-option", "max_train_digits=2", "--task-option", "eval_max_digits=3",
@@ -192,8 +192,10 @@ def test_reading_states_tape_against_each_baseline_from_paired_intervals() -> No
 def test_reading_flags_a_gap_to_a_baseline_that_did_not_learn_in_distribution() -> None:
     from tapelm.report.tasks_section import reading
 
-    learned = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.9, 0.01)}
-    unlearned = {"seeds": [0, 1], "in_distribution": stat(0.8, 0.01), "longer": stat(0.7, 0.01)}
+    learned = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.9, 0.01),
+               "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}}}
+    unlearned = {"seeds": [0, 1], "in_distribution": stat(0.8, 0.01), "longer": stat(0.7, 0.01),
+                 "per_seed": {"in_distribution": {0: 0.995, 1: 0.605}}}
     ahead = {key: {"mean": 0.1, "half_width": 0.05, "n": 2, "std": 0.0, "seeds": [0, 1]}
              for key in ("in_distribution", "longer", "all")}
     summary = {"rows": {"tape": learned, "rope": learned, "nope": unlearned}, "metric": "accuracy",
@@ -201,12 +203,16 @@ def test_reading_flags_a_gap_to_a_baseline_that_did_not_learn_in_distribution() 
     sentences = [s for s in reading(summary) if s.startswith("TAPE is ahead of rope, nope")]
     assert len(sentences) == 1 and "nope did not learn the task in distribution" in sentences[0]
     assert "rope did not learn" not in sentences[0]
+    # the recipe's robustness per encoding: a mean below the bar can hide a seed that learned (flip-flop's is 99%)
+    assert ("Seeds that learn on their own (≥ 99.0% in distribution): tape 2 of 2 (lowest 100.0%), rope 2 of 2 "
+            "(lowest 100.0%), nope 1 of 2 (lowest 60.5%).") in reading(summary)
 
 
 def test_reading_reports_the_state_norm_of_the_equivariance_ablation() -> None:
     from tapelm.report.tasks_section import reading
 
-    row = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.5, 0.01)}
+    row = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.5, 0.01),
+           "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}}}
     growing = {"steps": [10, 20, 30], "norms": [[1.0, 1.2], [1.0, 0.9], [1.0, 1.5]]}
     summary = {"rows": {"tape": row, "tape-non-equivariant": row}, "metric": "accuracy", "task": "mqar",
                "paired": {}, "state_norms": {"tape-non-equivariant": growing}}
@@ -219,7 +225,8 @@ def test_mqar_reading_gives_the_score_of_elimination_without_recall() -> None:
     """Answering the k-th of n queries with one of the n - k + 1 values not yet asked for scores H(n)/n."""
     from tapelm.report.tasks_section import reading
 
-    row = {"seeds": [0], "in_distribution": stat(1.0, 0.0), "longer": stat(0.5, 0.0)}
+    row = {"seeds": [0], "in_distribution": stat(1.0, 0.0), "longer": stat(0.5, 0.0),
+           "per_seed": {"in_distribution": {0: 1.0}}}
     summary = {"rows": {"tape": row}, "metric": "accuracy", "task": "mqar", "paired": {},
                "record": {"task_options": {"num_pairs": 2, "eval_multipliers": [1, 4]}}}
     (sentence,) = [s for s in reading(summary) if s.startswith("MQAR accuracy")]
@@ -318,6 +325,22 @@ def test_owed_comparisons_name_their_missing_runs_and_the_command_that_runs_them
     assert owed.missing({"tape": {0, 1, 7}, "rope": {1, 5}}) == {"rope": 1, "nope": 0}  # seed 5 is not owed
     assert owed.command(["rope", "nope"]) == "tapelm compare passkey --pe rope nope --seeds 0 1"
     assert replace(owed, ablation=True).command(["tape-r4"]) == "tapelm ablate passkey --variants tape-r4 --seeds 0 1"
+
+
+def test_an_owed_design_names_the_command_that_writes_where_it_is_read() -> None:
+    """A comparison owed at a design of its task (options over the preset) is read from the folder its command
+    writes: the command, parsed by the CLI, has the owed settings hash, which is not the default recipe's."""
+    import shlex
+
+    from tapelm.cli import build_parser
+    from tapelm.experiments.commands import spec_from_args
+    from tapelm.experiments.plan import OWED
+
+    designs = [owed for owed in OWED if owed.task_options or owed.train_options]
+    assert {owed.ablation for owed in designs} == {False, True}
+    for owed in designs:
+        args = build_parser().parse_args(shlex.split(owed.command(["tape"]))[1:])
+        assert settings_hash(spec_from_args(args, "tape", 0)) == owed.settings_hash() != default_settings_hash(owed.task)
 
 
 def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:

@@ -161,7 +161,7 @@ def test_report_reading_gives_the_chance_level_of_the_group() -> None:
     def stats(mean: float) -> dict:
         return {"mean": mean, "std": 0.0, "n": 1, "half_width": float("nan")}
 
-    row = {"seeds": [0], "in_distribution": stats(0.9), "longer": stats(0.0),
+    row = {"seeds": [0], "in_distribution": stats(0.9), "longer": stats(0.0), "per_seed": {"in_distribution": {0: 0.9}},
            "token_accuracy": {"in_distribution": stats(0.99), "longer": stats(0.5)}}
     summary = {"rows": {"tape": row, "rope": row}, "metric": "exact_match", "task": "word_problem", "paired": {},
                "record": {"task_options": {"group": "A5", "num_elements": 8}}}

@@ -140,6 +140,16 @@ def _value(stats: dict[str, float], metric: str) -> str:
     return _pct(stats["mean"])
 
 
+def _seeds_learning(rows: dict[str, Any], floor: float) -> str:
+    """How robust the recipe is: per encoding, the share of seeds that reach `floor` on their own and the lowest."""
+    parts = []
+    for pe, row in rows.items():
+        per_seed = list(row["per_seed"]["in_distribution"].values())
+        reached = sum(value >= floor for value in per_seed)
+        parts.append(f"{pe} {reached} of {len(per_seed)} (lowest {_pct(min(per_seed))})")
+    return f"Seeds that learn on their own (≥ {_pct(floor)} in distribution): " + ", ".join(parts) + "."
+
+
 def _versus_tape(summary: dict[str, Any], unlearned: list[str]) -> list[str]:
     """TAPE against each baseline on the longer lengths, from the paired-by-seed intervals; a difference in either
     direction says little about length when one side (in `unlearned`) did not learn the task in distribution."""
@@ -195,6 +205,7 @@ def reading(summary: dict[str, Any]) -> list[str]:
             out.append(f"Below {_pct(floor)} {metric.replace('_', ' ')} in distribution, i.e. the task is not "
                        f"learned at this budget and exact-match length generalisation cannot show: "
                        f"{', '.join(unlearned)}.")
+        out.append(_seeds_learning(rows, floor))
         if tokens:
             chance = " (chance is about 10% per digit)" if task == "addition" else ""
             out.append(f"Token accuracy in distribution / on longer inputs{chance}: " + ", ".join(
