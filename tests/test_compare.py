@@ -12,7 +12,7 @@ import pytest
 from tapelm.cli import main
 from tapelm.experiments.claims import CLAIMS
 from tapelm.experiments.compare import aggregate, compare, format_table, merge_records, requested_runs
-from tapelm.experiments.plan import default_settings_hash, superseded_by
+from tapelm.experiments.plan import OWED, default_settings_hash, superseded_by
 from tapelm.report import build_report, splice
 from tapelm.experiments.runs import RunSpec, settings_hash
 
@@ -334,7 +334,6 @@ def test_an_owed_design_names_the_command_that_writes_where_it_is_read() -> None
 
     from tapelm.cli import build_parser
     from tapelm.experiments.commands import spec_from_args
-    from tapelm.experiments.plan import OWED
 
     designs = [owed for owed in OWED if owed.task_options or owed.train_options]
     assert {owed.ablation for owed in designs} == {False, True}
@@ -346,7 +345,6 @@ def test_an_owed_design_names_the_command_that_writes_where_it_is_read() -> None
 def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:
     """A comparison counts where `tapelm compare TASK` writes (the default preset's settings hash): its finished
     seeds make it complete or partial; a folder under another hash (other settings) does not count."""
-    from tapelm.experiments.plan import OWED
     from tapelm.report.coverage_section import build
     from tapelm.report.sections import ReportContext
 
@@ -403,4 +401,6 @@ def test_only_a_default_preset_comparison_at_other_settings_is_superseded() -> N
     current = default_settings_hash("addition")
     assert superseded_by("addition", "cpu-small", current) is None
     assert superseded_by("addition", "cpu-small", "0123456789") == current
+    designs = {owed.settings_hash() for owed in OWED if owed.task == "addition"} - {current}
+    assert designs and all(superseded_by("addition", "cpu-small", design) is None for design in designs)
     assert superseded_by("addition", "paper", "0123456789") is None

@@ -27,11 +27,13 @@ def default_settings_hash(task: str) -> str:
 
 def superseded_by(task: str, preset: str, settings_hash: str) -> str | None:
     """The default preset's current settings hash for `task` when a comparison of that preset at `settings_hash` was
-    run at other settings (an older recipe, or options given on the command line); None otherwise."""
+    run at other settings (an older recipe, or options given on the command line) than the preset's or an owed
+    design's (see OWED); None otherwise."""
     if preset != DEFAULT_PRESET:
         return None
     current = default_settings_hash(task)
-    return None if settings_hash == current else current
+    owed = {owed.settings_hash() for owed in OWED if owed.task == task}
+    return None if settings_hash in owed | {current} else current
 
 
 @dataclass(frozen=True)
