@@ -339,7 +339,8 @@ def test_an_owed_design_names_the_command_that_writes_where_it_is_read() -> None
     assert {owed.ablation for owed in designs} == {False, True}
     for owed in designs:
         args = build_parser().parse_args(shlex.split(owed.command(["tape"]))[1:])
-        assert settings_hash(spec_from_args(args, "tape", 0)) == owed.settings_hash() != default_settings_hash(owed.task)
+        parsed = settings_hash(spec_from_args(args, "tape", 0))
+        assert parsed == owed.settings_hash() != default_settings_hash(owed.task)
 
 
 def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:

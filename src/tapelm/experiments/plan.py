@@ -82,4 +82,5 @@ OWED = (
     OwedComparison("passkey", tuple(ABLATIONS), 3, "the ablation table", ablation=True),
 )
 
-__all__ = ["INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE", "WITH_ALIBI", "default_settings_hash"]
+__all__ = ["INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE", "WITH_ALIBI",
+           "default_settings_hash"]

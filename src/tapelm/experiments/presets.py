@@ -5,9 +5,9 @@ minutes per run (training and evaluation) on one core. The recipes of addition, 
 the word problem were chosen from RoPE's measured learning curves (`tapelm sweep`, docs/sweeps/; docs/RECIPES.md
 says how and what each reaches). Addition's is the exception to the ten minutes: at 4,000 steps TAPE failed three
 seeds in ten and RoPE one, at 8,000 (15-20 minutes a run, two at a time) both learned on every seed tried, so the
-preset trains 8,000 and checkpoints every 500 steps. The other tasks use the preset's "*" entry, a short budget not chosen from curves. `paper` uses the sizes TAPE.md §7
-states (12 layers, hidden 768, 12 heads, TAPE position size 48, 10k steps, lr 1e-4; addition trained up to 40 digits
-and tested up to 80) and needs GPUs. Models this small gain nothing from intra-op threads, and on a shared 2-core
+preset trains 8,000 and checkpoints every 500 steps. The other tasks use the preset's "*" entry, a short budget not
+chosen from curves. `paper` uses the sizes TAPE.md §7 states (12 layers, hidden 768, 12 heads, TAPE position size
+48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. Models this small gain nothing from intra-op threads, and on a shared 2-core
 machine two threads measured 7x slower per step (1.84 s against 0.25 s), so cpu-small runs one thread per run and
 `--jobs` runs several runs at once instead.
 
