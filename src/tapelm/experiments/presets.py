@@ -7,9 +7,9 @@ says how and what each reaches). Addition's is the exception to the ten minutes:
 seeds in ten and RoPE one, at 8,000 (15-20 minutes a run, two at a time) both learned on every seed tried, so the
 preset trains 8,000 and checkpoints every 500 steps. The other tasks use the preset's "*" entry, a short budget not
 chosen from curves. `paper` uses the sizes TAPE.md §7 states (12 layers, hidden 768, 12 heads, TAPE position size
-48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. Models this small gain nothing from intra-op threads, and on a shared 2-core
-machine two threads measured 7x slower per step (1.84 s against 0.25 s), so cpu-small runs one thread per run and
-`--jobs` runs several runs at once instead.
+48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. Models this small
+gain nothing from intra-op threads, and on a shared 2-core machine two threads measured 7x slower per step (1.84 s
+against 0.25 s), so cpu-small runs one thread per run and `--jobs` runs several runs at once instead.
 
 `word_problem` in cpu-small (S3, 8 elements, evaluated at 8..32): at 16 elements RoPE had learned only the first 5
 running products after 2,000 steps; at 8 it gets 98.6% of them (91% of whole sequences) right in 2,500 steps at lr
