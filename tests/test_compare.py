@@ -161,6 +161,36 @@ def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     assert json.loads((archived / "comparison.json").read_text())["seeds"] == [0, 1]
 
 
+def test_a_comparison_continues_from_the_archive_on_another_machine(compared, tmp_path, capsys) -> None:
+    """`--archive` counts the archived runs as done (their files copied, nothing trained again) and trains only what
+    is missing; an archived run of other settings is refused by name before anything is copied."""
+    build_report(compared, tmp_path / "docs" / "RESULTS.md")
+    archive = tmp_path / "docs" / "results" / "compare"
+    elsewhere = tmp_path / "other-machine"
+    capsys.readouterr()
+    assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "2", "--root", str(elsewhere),
+                 "--archive", str(archive), *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("cached") == 4 and "tape / seed 2: to run" in printed and "rope / seed 2: to run" in printed
+    restored, original = comparison(elsewhere), comparison(compared)
+    for run in ("tape/seed0", "rope/seed1"):
+        for name in ("result.json", "eval.json", "metrics.jsonl"):
+            assert (restored / run / name).read_bytes() == (original / run / name).read_bytes()
+        assert not (restored / run / "model").exists()
+    assert aggregate(restored, write=False)["rows"]["tape"]["seeds"] == [0, 1, 2]
+    tampered = archive / "addition" / original.name / "tape" / "seed0" / "result.json"
+    result = json.loads(tampered.read_text())
+    tampered.write_text(json.dumps({**result, "identity": {**result["identity"], "pe": "rope"}}))
+    third = tmp_path / "third-machine"
+    capsys.readouterr()
+    assert main(["compare", "addition", "--pe", "tape", "--seeds", "0", "--root", str(third), "--archive",
+                 str(archive), *TINY]) == 2
+    assert "trained with other settings (different pe)" in capsys.readouterr().err
+    assert not (third / "compare" / "addition" / original.name / "tape").exists()
+    assert main(["compare", "addition", "--root", str(third), "--archive", str(tmp_path / "missing"), *TINY]) == 2
+    assert f"--archive folder '{tmp_path / 'missing'}' does not exist" in capsys.readouterr().err
+
+
 def test_splice_replaces_only_its_block() -> None:
     doc = "top\n<!-- tapelm-report:begin a -->\nold\n<!-- tapelm-report:end a -->\nbottom\n"
     assert splice(doc, "a", "new") == "top\n<!-- tapelm-report:begin a -->\nnew\n<!-- tapelm-report:end a -->\nbottom\n"
@@ -325,6 +355,8 @@ def test_owed_comparisons_name_their_missing_runs_and_the_command_that_runs_them
     assert owed.missing({"tape": {0, 1, 7}, "rope": {1, 5}}) == {"rope": 1, "nope": 0}  # seed 5 is not owed
     assert owed.command(["rope", "nope"]) == "tapelm compare passkey --pe rope nope --seeds 0 1"
     assert replace(owed, ablation=True).command(["tape-r4"]) == "tapelm ablate passkey --variants tape-r4 --seeds 0 1"
+    assert owed.command(["nope"], "docs/results/compare") == ("tapelm compare passkey --pe nope --seeds 0 1 "
+                                                             "--archive docs/results/compare")
 
 
 def test_an_owed_design_names_the_command_that_writes_where_it_is_read() -> None:
@@ -361,7 +393,7 @@ def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:
                     (run / "eval.json").write_text("{}")
     text = build(ReportContext(root=tmp_path, figures=tmp_path, figures_link=".", comparisons=archive))
     line = next(line for line in text.splitlines() if line.startswith(f"| `passkey` {owed.settings_hash()}, "))
-    assert "| partial: alibi 2/3 | `tapelm compare passkey --pe alibi --seeds 0 1 2` |" in line
+    assert f"| partial: alibi 2/3 | `tapelm compare passkey --pe alibi --seeds 0 1 2 --archive {archive}` |" in line
     (archive / "passkey" / owed.settings_hash() / "alibi" / "seed2").mkdir()
     (archive / "passkey" / owed.settings_hash() / "alibi" / "seed2" / "result.json").write_text(
         json.dumps({"pe": "alibi", "seed": 2}))

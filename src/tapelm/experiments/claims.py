@@ -96,13 +96,18 @@ def _learned(summary: dict[str, Any], pe: str) -> bool:
     return summary["rows"][pe]["in_distribution"]["mean"] >= learned_threshold(summary["task"])
 
 
+def seeds_reaching(row: dict[str, Any], threshold: float) -> tuple[int, int]:
+    """(how many of one encoding's seeds reach `threshold` in distribution on their own, how many seeds it has)."""
+    per_seed = row["per_seed"]["in_distribution"].values()
+    return sum(value >= threshold for value in per_seed), len(per_seed)
+
+
 def _unlearned_detail(summary: dict[str, Any], pe: str) -> str:
     """The mean in distribution against the threshold, and how many seeds reached it on their own."""
     threshold = learned_threshold(summary["task"])
-    per_seed = summary["rows"][pe]["per_seed"]["in_distribution"].values()
-    reached = sum(value >= threshold for value in per_seed)
+    reached, seeds = seeds_reaching(summary["rows"][pe], threshold)
     return (f"{summary['rows'][pe]['in_distribution']['mean'] * 100:.1f}% < {threshold * 100:.0f}%; "
-            f"{reached} of {len(per_seed)} seeds reach it")
+            f"{reached} of {seeds} seeds reach it")
 
 
 def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]:
@@ -152,4 +157,5 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["CLAIMS", "Claim", "DEFAULT_LEARNED", "LEARNED", "judge", "learned_threshold", "verdict_lines"]
+__all__ = ["CLAIMS", "Claim", "DEFAULT_LEARNED", "LEARNED", "judge", "learned_threshold", "seeds_reaching",
+           "verdict_lines"]

@@ -190,6 +190,10 @@ def _add_comparison_arguments(parser, seeds: list[int]) -> None:
     parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process with "
                                                             "the preset's threads (default: %(default)s)")
+    parser.add_argument("--archive", metavar="DIR",
+                        help="count as done the finished runs of this comparison that `tapelm report` archived in "
+                             "DIR (docs/results/compare), copying their results into --root: continues a "
+                             "comparison on a machine without its runs/ cache")
     add_run_arguments(parser)
 
 
@@ -198,7 +202,7 @@ def _compare_command(args) -> None:
     base = spec_from_args(args, pes[0] if pes else "tape", 0)
     apply_threads(args)
     compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs,
-            compile_layers=args.compile)
+            compile_layers=args.compile, archive=args.archive)
 
 
 def _add_ablate(commands) -> None:
@@ -218,7 +222,7 @@ def _ablate_command(args) -> None:
     base = spec_from_args(args, "tape", 0)
     apply_threads(args)
     compare(base, args.variants, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs,
-            ablation=True, compile_layers=args.compile)
+            ablation=True, compile_layers=args.compile, archive=args.archive)
 
 
 def _add_sweep(commands) -> None:

@@ -4,7 +4,8 @@ identical budgets and evaluated on the same test data; mean ± std across seeds,
 Results are cached per (task, encoding, seed, settings hash) in ROOT/compare/TASK/HASH/PE/seedSEED (a finished run
 has result.json; an unfinished one resumes from its last checkpoint), so an interrupted comparison continues where it
 stopped and a later comparison with more encodings or seeds reuses what is done, and the tokenizer its first run saved
-(`comparison_tokenizer`).
+(`comparison_tokenizer`). On a machine without that cache, `archive` (the folder where `tapelm report` keeps every
+comparison's result files, docs/results/compare) supplies the finished runs (`restore_archived`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import multiprocessing
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -26,7 +28,16 @@ import numpy as np
 
 from .claims import verdict_lines
 from .evaluate import higher_is_better
-from .runs import RESULT_FILE, RunSpec, option_flags, resolve, run_task, settings_hash
+from .runs import (
+    RESULT_FILE,
+    RESULT_FILES,
+    RunSpec,
+    identity_differences,
+    option_flags,
+    resolve,
+    run_task,
+    settings_hash,
+)
 from .statistics import (
     format_difference,
     interval,
@@ -47,11 +58,11 @@ def comparison_dir(root: Path, task: str, settings_hash: str) -> Path:
 
 def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs", progress: bool = True,
             command: str | None = None, jobs: int = 1, ablation: bool = False,
-            compile_layers: bool = False) -> dict[str, Any]:
+            compile_layers: bool = False, archive: str | Path | None = None) -> dict[str, Any]:
     """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
     With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count).
     `ablation` records the command as `tapelm ablate` (the encodings are TAPE's variants). `compile_layers`: see
-    `run_task`."""
+    `run_task`. `archive`: reuse the finished runs archived there (see `restore_archived`)."""
     if not pes:
         raise ValueError("give at least one encoding with --pe")
     for pe in pes:
@@ -61,12 +72,17 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
         raise ValueError(f"seeds={seeds!r} is not allowed; give non-negative integers")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer")
+    if archive is not None and not Path(archive).is_dir():
+        raise ValueError(f"--archive folder '{archive}' does not exist; give the folder `tapelm report` archives "
+                         "comparisons in (docs/results/compare)")
     pes, seeds = list(dict.fromkeys(pes)), list(dict.fromkeys(seeds))
     specs = {(pe, seed): RunSpec(**{**vars(base), "pe": pe, "seed": seed}) for seed in seeds for pe in pes}
     directory = comparison_dir(Path(root), base.task, settings_hash(next(iter(specs.values()))))
     tokenizer_dir = comparison_tokenizer(directory)
     runs = {key: resolve(spec, tokenizer_dir) for key, spec in specs.items()}
     assert {run.settings_hash for run in runs.values()} == {directory.name}, "a comparison shares its settings hash"
+    if archive is not None:
+        restore_archived(Path(archive), directory, runs)
     selection = ["ablate", base.task, "--variants", *pes] if ablation else ["compare", base.task, "--pe", *pes]
     command = command or shlex.join(["tapelm", *selection, "--seeds", *map(str, seeds),
                                      *(["--root", str(root)] if str(root) != "runs" else []),
@@ -99,6 +115,37 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     for figure in summary["figures"]:
         print(f"figure: {directory / figure}")
     return summary
+
+
+def restore_archived(archive: Path, directory: Path, runs: dict[tuple[str, int], Any]) -> list[tuple[str, int]]:
+    """Copy into the comparison folder `directory` every run of `runs` ({(pe, seed): ResolvedRun}) that the cache
+    lacks and `archive`/TASK/HASH holds finished, so that the comparison continues where it stopped on another
+    machine; returns the (pe, seed) restored. Refused, before anything is copied, when an archived run was trained
+    with other settings, or when runs remain to train on a tokenizer that the archive does not keep."""
+    source = Path(archive) / directory.parent.name / directory.name
+    found = {}
+    for (pe, seed), run in runs.items():
+        archived, cached = source / pe / f"seed{seed}", directory / pe / f"seed{seed}"
+        if (cached / RESULT_FILE).exists() or not (archived / RESULT_FILE).exists():
+            continue
+        changed = identity_differences(json.loads((archived / RESULT_FILE).read_text())["identity"], run)
+        if changed:
+            raise ValueError(f"archived run '{archived}' was trained with other settings (different "
+                             f"{', '.join(changed)}); remove it from the archive or leave out --archive")
+        found[pe, seed] = (archived, cached)
+    remaining = [run for key, run in runs.items() if key not in found
+                 and not (directory / key[0] / f"seed{key[1]}" / RESULT_FILE).exists()]
+    if found and any(type(run.task).tokenizer_is_trained(run.task_options) for run in remaining) \
+            and comparison_tokenizer(directory) is None:
+        raise ValueError(f"the archive keeps no tokenizer, and the runs still to train in '{directory}' would train "
+                         "their own; run the whole comparison again, without --archive")
+    for archived, cached in found.values():
+        cached.mkdir(parents=True, exist_ok=True)
+        for name in sorted(RESULT_FILES, key=lambda n: n == RESULT_FILE):  # result.json last: it marks a run done
+            if (archived / name).exists():
+                shutil.copyfile(archived / name, cached / (name + ".tmp"))
+                (cached / (name + ".tmp")).replace(cached / name)
+    return list(found)
 
 
 def comparison_tokenizer(directory: Path) -> Path | None:
@@ -395,5 +442,5 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
     return names
 
 
-__all__ = ["compare", "aggregate", "format_table", "load_results", "comparison_dir", "mean_state_norms",
+__all__ = ["compare", "restore_archived", "aggregate", "format_table", "load_results", "comparison_dir", "mean_state_norms",
            "write_figures"]

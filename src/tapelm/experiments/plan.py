@@ -3,7 +3,8 @@ per task, the rows (encodings, or TAPE's variants) and how many seeds each needs
 at a design of the task given as options over it (addition with index hints, issue "Arithmetic that can show
 extrapolation").
 `tapelm report` writes which are complete into docs/RESULTS.md, with the command that runs what is missing; since
-finished runs are cached, that command continues a comparison across sessions."""
+finished runs are cached, and archived by the report (`--archive`), that command continues a comparison across
+sessions and machines."""
 
 from __future__ import annotations
 
@@ -59,11 +60,11 @@ class OwedComparison:
         have = {row: len(owed & finished.get(row, set())) for row in self.rows}
         return {row: count for row, count in have.items() if count < self.seeds}
 
-    def command(self, rows: list[str]) -> str:
-        """The command that runs `rows` on every owed seed (and reuses what is cached)."""
+    def command(self, rows: list[str], archive: str | None = None) -> str:
+        """The command that runs `rows` on every owed seed (and reuses what is cached, or archived in `archive`)."""
         selection = ["ablate", self.task, "--variants"] if self.ablation else ["compare", self.task, "--pe"]
         return shlex.join(["tapelm", *selection, *rows, "--seeds", *map(str, range(self.seeds)),
-                           *option_flags(self.spec())])
+                           *option_flags(self.spec()), *(["--archive", archive] if archive else [])])
 
 
 # Addition with index hints learns at half the plain format's steps (docs/RECIPES.md); its ablation table decides

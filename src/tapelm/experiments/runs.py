@@ -39,6 +39,8 @@ from .variants import check_encoding, resolve_variant
 
 RUN_FILE = "run.json"
 RESULT_FILE = "result.json"
+# What a finished run's result consists of, without its model or checkpoints (what the comparisons' archive keeps).
+RESULT_FILES = (RESULT_FILE, "eval.json", "metrics.jsonl")
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,14 @@ def _new_config_defaults(saved_model: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in defaults.items() if key not in saved_model and key != "transformers_version"}
 
 
+def identity_differences(saved: dict[str, Any], run: ResolvedRun) -> list[str]:
+    """The keys of a saved run identity (run.json's or result.json's) that differ from `run`'s; a TapeConfig field
+    added since the run was written counts as its default."""
+    if "model" in saved:
+        saved = {**saved, "model": {**_new_config_defaults(saved["model"]), **saved["model"]}}
+    return sorted(k for k in set(saved) | set(run.identity) if saved.get(k) != run.identity.get(k))
+
+
 def _check_identity(run: ResolvedRun, run_dir: Path) -> None:
     path = run_dir / RUN_FILE
     if not path.exists():
@@ -212,10 +222,8 @@ def _check_identity(run: ResolvedRun, run_dir: Path) -> None:
         saved = json.loads(path.read_text())["identity"]
     except (json.JSONDecodeError, KeyError):
         raise CheckpointError(f"run directory '{run_dir}' has an unreadable {RUN_FILE}") from None
-    if "model" in saved:
-        saved["model"] = {**_new_config_defaults(saved["model"]), **saved["model"]}
-    if saved != run.identity:
-        changed = sorted(k for k in set(saved) | set(run.identity) if saved.get(k) != run.identity.get(k))
+    changed = identity_differences(saved, run)
+    if changed:
         raise CheckpointError(f"run directory '{run_dir}' belongs to another configuration (different "
                               f"{', '.join(changed)}); choose another run directory")
 
@@ -436,4 +444,5 @@ def option_flags(spec: RunSpec, compile_layers: bool = False) -> list[str]:
 
 
 __all__ = ["RunSpec", "ResolvedRun", "resolve", "settings_hash", "run_task", "load_run", "batch_stream", "model_config",
-           "matched_intermediate", "count_parameters", "option_flags"]
+           "matched_intermediate", "count_parameters", "option_flags", "identity_differences", "RESULT_FILE",
+           "RESULT_FILES"]

@@ -1,5 +1,5 @@
 """The comparisons' archive: the small result files of every `tapelm compare` folder, copied next to the report
-(docs/results/compare/TASK/HASH/...) so that a report can be rebuilt, and a comparison continued, on a machine that
+(docs/results/compare/TASK/HASH/...) so that a report can be rebuilt, and a comparison continued (`tapelm compare --archive`), on a machine that
 no longer has the `runs/` cache (it is ignored by git and lost with the machine).
 
 Layout as in a comparison folder: comparison.json, then PE/seedN/{result.json, eval.json, metrics.jsonl}; models and
@@ -14,8 +14,7 @@ import shutil
 from pathlib import Path
 
 from ..experiments.compare import COMPARISON_FILE, merge_records
-
-RUN_FILES = ("result.json", "eval.json", "metrics.jsonl")
+from ..experiments.runs import RESULT_FILES
 
 
 def _merged_record(source: Path, target: Path) -> dict:
@@ -37,7 +36,7 @@ def archive_comparisons(root: Path, archive: Path) -> list[Path]:
         target = Path(archive) / source.parent.name / source.name
         merged = _merged_record(record, target / COMPARISON_FILE)
         for result in sorted(source.glob("*/seed*/result.json")):
-            for name in RUN_FILES:
+            for name in RESULT_FILES:
                 if (result.parent / name).exists():
                     _copy(result.parent / name, target / result.parent.relative_to(source) / name)
         target.mkdir(parents=True, exist_ok=True)
@@ -52,4 +51,4 @@ def archived_comparisons(archive: Path, task: str = "*") -> list[Path]:
     return [p.parent for p in sorted(Path(archive).glob(f"{task}/*/{COMPARISON_FILE}"))]
 
 
-__all__ = ["RUN_FILES", "archive_comparisons", "archived_comparisons"]
+__all__ = ["archive_comparisons", "archived_comparisons"]

@@ -19,14 +19,14 @@ def _status(owed: plan.OwedComparison, missing: dict[str, int]) -> str:
 def build(context: ReportContext) -> str:
     lines = [f"{plan.__doc__.split(':', 1)[0].replace(chr(10), ' ')}: complete when every row has finished seeds "
              "0 .. n-1 at the default preset's recipe (the folder named by its settings hash); the last column runs "
-             "what is missing and reuses every cached run.", "",
+             "what is missing and reuses every finished run, cached in runs/ or archived here.", "",
              "| comparison | rows | seeds each | status | to continue |", "|---|---|---:|---|---|"]
     for owed in plan.OWED:
         settings_hash = owed.settings_hash()
         directory = context.comparisons / owed.task / settings_hash
         finished = {row: set(runs) for row, runs in load_results(directory).items()} if directory.is_dir() else {}
         missing = owed.missing(finished)
-        command = f"`{owed.command(list(missing))}`" if missing else ""
+        command = f"`{owed.command(list(missing), context.comparisons.as_posix())}`" if missing else ""
         lines.append(f"| `{owed.task}` {settings_hash}, {owed.label} | {' '.join(owed.rows)} | {owed.seeds} | "
                      f"{_status(owed, missing)} | {command} |")
     return "\n".join(lines)

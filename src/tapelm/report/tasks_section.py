@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..experiments.claims import learned_threshold
+from ..experiments.claims import learned_threshold, seeds_reaching
 from ..experiments.evaluate import higher_is_better
 from ..experiments.plan import superseded_by
 from ..experiments.statistics import verdict
@@ -144,9 +144,8 @@ def _seeds_learning(rows: dict[str, Any], floor: float) -> str:
     """How robust the recipe is: per encoding, the share of seeds that reach `floor` on their own and the lowest."""
     parts = []
     for pe, row in rows.items():
-        per_seed = list(row["per_seed"]["in_distribution"].values())
-        reached = sum(value >= floor for value in per_seed)
-        parts.append(f"{pe} {reached} of {len(per_seed)} (lowest {_pct(min(per_seed))})")
+        reached, seeds = seeds_reaching(row, floor)
+        parts.append(f"{pe} {reached} of {seeds} (lowest {_pct(min(row['per_seed']['in_distribution'].values()))})")
     return f"Seeds that learn on their own (≥ {_pct(floor)} in distribution): " + ", ".join(parts) + "."
 
 
