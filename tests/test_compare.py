@@ -187,6 +187,10 @@ def test_a_comparison_continues_from_the_archive_on_another_machine(compared, tm
                  str(archive), *TINY]) == 2
     assert "trained with other settings (different pe)" in capsys.readouterr().err
     assert not (third / "compare" / "addition" / original.name / "tape").exists()
+    tampered.write_text("{")
+    assert main(["compare", "addition", "--pe", "tape", "--seeds", "0", "--root", str(third), "--archive",
+                 str(archive), *TINY]) == 2
+    assert "has an unreadable result.json" in capsys.readouterr().err
     assert main(["compare", "addition", "--root", str(third), "--archive", str(tmp_path / "missing"), *TINY]) == 2
     assert f"--archive folder '{tmp_path / 'missing'}' does not exist" in capsys.readouterr().err
 

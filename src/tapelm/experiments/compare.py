@@ -128,7 +128,12 @@ def restore_archived(archive: Path, directory: Path, runs: dict[tuple[str, int],
         archived, cached = source / pe / f"seed{seed}", directory / pe / f"seed{seed}"
         if (cached / RESULT_FILE).exists() or not (archived / RESULT_FILE).exists():
             continue
-        changed = identity_differences(json.loads((archived / RESULT_FILE).read_text())["identity"], run)
+        try:
+            saved = json.loads((archived / RESULT_FILE).read_text())["identity"]
+        except (json.JSONDecodeError, KeyError):
+            raise ValueError(f"archived run '{archived}' has an unreadable {RESULT_FILE}; remove it from the "
+                             "archive or leave out --archive") from None
+        changed = identity_differences(saved, run)
         if changed:
             raise ValueError(f"archived run '{archived}' was trained with other settings (different "
                              f"{', '.join(changed)}); remove it from the archive or leave out --archive")
@@ -140,12 +145,18 @@ def restore_archived(archive: Path, directory: Path, runs: dict[tuple[str, int],
         raise ValueError(f"the archive keeps no tokenizer, and the runs still to train in '{directory}' would train "
                          "their own; run the whole comparison again, without --archive")
     for archived, cached in found.values():
-        cached.mkdir(parents=True, exist_ok=True)
         for name in sorted(RESULT_FILES, key=lambda n: n == RESULT_FILE):  # result.json last: it marks a run done
             if (archived / name).exists():
-                shutil.copyfile(archived / name, cached / (name + ".tmp"))
-                (cached / (name + ".tmp")).replace(cached / name)
+                copy_atomically(archived / name, cached / name)
     return list(found)
+
+
+def copy_atomically(source: Path, target: Path) -> None:
+    """Copy through a temporary file and a rename (creating the target's folder): readers never see half a file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(target.name + ".tmp")
+    shutil.copyfile(source, temporary)
+    temporary.replace(target)
 
 
 def comparison_tokenizer(directory: Path) -> Path | None:
@@ -442,5 +453,5 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
     return names
 
 
-__all__ = ["compare", "restore_archived", "aggregate", "format_table", "load_results", "comparison_dir", "mean_state_norms",
-           "write_figures"]
+__all__ = ["compare", "restore_archived", "copy_atomically", "aggregate", "format_table", "load_results",
+           "comparison_dir", "mean_state_norms", "write_figures"]

@@ -1,6 +1,6 @@
 """The comparisons' archive: the small result files of every `tapelm compare` folder, copied next to the report
-(docs/results/compare/TASK/HASH/...) so that a report can be rebuilt, and a comparison continued (`tapelm compare --archive`), on a machine that
-no longer has the `runs/` cache (it is ignored by git and lost with the machine).
+(docs/results/compare/TASK/HASH/...) so that a report can be rebuilt, and a comparison continued (`tapelm compare
+--archive`), on a machine that no longer has the `runs/` cache (it is ignored by git and lost with the machine).
 
 Layout as in a comparison folder: comparison.json, then PE/seedN/{result.json, eval.json, metrics.jsonl}; models and
 checkpoints stay behind. Copying merges: comparison records keep the union of their encodings, seeds, runs asked for
@@ -10,22 +10,14 @@ and commands, and runs already archived stay when the cache no longer has them.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-from ..experiments.compare import COMPARISON_FILE, merge_records
+from ..experiments.compare import COMPARISON_FILE, copy_atomically, merge_records
 from ..experiments.runs import RESULT_FILES
 
 
 def _merged_record(source: Path, target: Path) -> dict:
     return merge_records(json.loads(target.read_text()) if target.exists() else {}, json.loads(source.read_text()))
-
-
-def _copy(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(target.name + ".tmp")
-    shutil.copyfile(source, temporary)
-    temporary.replace(target)
 
 
 def archive_comparisons(root: Path, archive: Path) -> list[Path]:
@@ -38,7 +30,7 @@ def archive_comparisons(root: Path, archive: Path) -> list[Path]:
         for result in sorted(source.glob("*/seed*/result.json")):
             for name in RESULT_FILES:
                 if (result.parent / name).exists():
-                    _copy(result.parent / name, target / result.parent.relative_to(source) / name)
+                    copy_atomically(result.parent / name, target / result.parent.relative_to(source) / name)
         target.mkdir(parents=True, exist_ok=True)
         (target / (COMPARISON_FILE + ".tmp")).write_text(json.dumps(merged, indent=1))
         (target / (COMPARISON_FILE + ".tmp")).replace(target / COMPARISON_FILE)
