@@ -16,7 +16,7 @@ from tapelm.experiments.plan import OWED, default_settings_hash, superseded_by
 from tapelm.report import build_report, splice
 from tapelm.experiments.runs import RunSpec, settings_hash
 
-TINY = ["--steps", "6", "--batch-size", "8", "--warmup", "1", "--eval-n", "2", "--no-progress",
+TINY = ["--steps", "6", "--batch-size", "8", "--warmup", "1", "--eval-n", "2", "--eval-every", "3", "--no-progress",
         "--task-option", "max_train_digits=2", "--task-option", "eval_max_digits=3",
         "--model-option", "hidden_size=32", "--model-option", "intermediate_size=48",
         "--model-option", "num_hidden_layers=1", "--model-option", "num_attention_heads=4",
@@ -51,7 +51,7 @@ def test_compare_caches_each_encoding_and_seed(compared, capsys) -> None:
     record = json.loads((directory / "comparison.json").read_text())
     assert record["pes"] == ["tape", "rope", "nope"] and record["seeds"] == [0, 1] and len(record["commands"]) == 2
     assert record["runs"] == {"tape": [0, 1], "rope": [0, 1], "nope": [0]}
-    assert (directory / "addition-heatmaps.png").is_file() and (directory / "addition-by-length.png").is_file()
+    assert all((directory / f"addition-{name}.png").is_file() for name in ("heatmaps", "by-length", "learning"))
     assert "| tape |" in printed and "figure:" in printed
 
 
@@ -65,6 +65,14 @@ def test_mean_and_std_across_seeds(compared, tmp_path) -> None:
     assert tape["all"]["mean"] == pytest.approx(sum(values) / 2)
     assert tape["all"]["std"] == pytest.approx(abs(values[0] - values[1]) / 2**0.5)
     assert tape["seeds"] == [0, 1] and summary["rows"]["nope"]["seeds"] == [0]
+    # The learning curves are each run's in-training quick evaluations, in order.
+    for pe, seeds in (("tape", (0, 1)), ("nope", (0,))):
+        for seed in seeds:
+            lines = (comparison(compared) / pe / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
+            evaluations = [[r["step"], r["eval"]["in_distribution_exact_match"]] for r in map(json.loads, lines)
+                           if "eval" in r]
+            assert [step for step, _ in evaluations] == [3, 6]
+            assert summary["learning_curves"][pe][str(seed)] == evaluations
     assert summary["missing"] == []  # nope was asked for seed 0 only
     unfinished = shutil.copytree(comparison(compared), tmp_path / "unfinished")
     (unfinished / "tape" / "seed1" / "result.json").unlink()

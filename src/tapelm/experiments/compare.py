@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .claims import verdict_lines
+from .claims import learned_threshold, verdict_lines
 from .evaluate import higher_is_better
 from .runs import (
     RESULT_FILE,
@@ -45,6 +45,7 @@ from .statistics import (
     proportion_error,
     verdict,
 )
+from .sweep import learning_curve
 from .tasks import TOKENIZER_FILE
 from .variants import check_encoding
 
@@ -302,7 +303,8 @@ def aggregate(directory: Path, write: bool = True, only: list[str] | None = None
                evaluation["training_edge"] if evaluation else None,
                "missing": [f"{pe}/seed{s}" for pe, seeds in requested_runs(record).items()
                            if pe in record["pes"] for s in seeds if s not in results.get(pe, {})],
-               "paired": paired_differences(rows), "state_norms": mean_state_norms(directory, rows)}
+               "paired": paired_differences(rows), "state_norms": mean_state_norms(directory, rows),
+               "learning_curves": learning_curves(directory, rows)}
     summary["table"] = format_table(summary)
     if write and results:
         summary["figures"] = write_figures(summary, results, directory)
@@ -409,11 +411,25 @@ def mean_state_norms(directory: Path, rows: dict[str, Any]) -> dict[str, dict[st
     return found
 
 
+def learning_curves(directory: Path, rows: dict[str, Any]) -> dict[str, dict[str, list]]:
+    """Per row: {seed: [[step, in-distribution metric], ...]} from each run's in-training quick evaluations, so that
+    whether and when a run learned can be read beside its result."""
+    found = {}
+    for pe, row in rows.items():
+        runs = {str(seed): directory / pe / f"seed{seed}" for seed in row["seeds"]}
+        curves = {seed: [list(point) for point in learning_curve(path)["in_distribution"]]
+                  for seed, path in runs.items() if (path / "metrics.jsonl").exists()}
+        if any(curves.values()):
+            found[pe] = {seed: points for seed, points in curves.items() if points}
+    return found
+
+
 def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str, Any]]],
                   directory: Path, prefix: str = "") -> list[str]:
-    """Heatmaps (addition), the metric-against-length curves and, for variants with a positional state, its norm
-    over training (`summary["state_norms"]`); returns the file names written."""
-    from .plots import curves, heatmap_grid, heatmaps, state_norm_panels
+    """Heatmaps (addition), the metric-against-length curves, the learning curves (`summary["learning_curves"]`, with
+    the bar at which a run counts as learned) and, for variants with a positional state, its norm over training
+    (`summary["state_norms"]`); returns the file names written."""
+    from .plots import curves, heatmap_grid, heatmaps, learning_panels, state_norm_panels
 
     task, metric = summary["task"], summary["metric"]
     names = []
@@ -444,6 +460,13 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
         curves(series, directory / name, f"{task}: {label.replace('_', ' ')} against length (mean ± std over "
                                          "seeds)", summary["x_label"], label, edge=summary["training_edge"])
         names.append(name)
+    if summary.get("learning_curves"):
+        name = f"{prefix}{task}-learning.png"
+        label = metric.replace("_", " ")
+        learning_panels(summary["learning_curves"], directory / name, f"{task}: in-distribution {label} over "
+                        "training, a line per seed (quick evaluations; dashed: the bar at which a run counts as "
+                        "learned)", metric, bar=learned_threshold(task))
+        names.append(name)
     panels = {pe: (found["steps"], np.array(found["norms"])) for pe, found in summary["state_norms"].items()}
     if panels:
         name = f"{prefix}{task}-state-norm.png"
@@ -454,4 +477,4 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
 
 
 __all__ = ["compare", "restore_archived", "copy_atomically", "aggregate", "format_table", "load_results",
-           "comparison_dir", "mean_state_norms", "write_figures"]
+           "comparison_dir", "learning_curves", "mean_state_norms", "write_figures"]

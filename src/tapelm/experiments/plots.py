@@ -1,4 +1,5 @@
-"""Figures: an addition heatmap (exact match per operand-length cell) and metric-against-length curves."""
+"""Figures: an addition heatmap (exact match per operand-length cell), metric-against-length curves and, per
+encoding, panels over training (learning curves, the positional state's norm)."""
 
 from __future__ import annotations
 
@@ -122,15 +123,34 @@ def curves(series: dict[str, tuple[list[float], list[float], list[float] | None]
     return path
 
 
-def state_norm_panels(panels: dict[str, tuple[list[int], np.ndarray]], path: Path, title: str) -> Path:
-    """One panel per variant: the positional state's norm (relative to E0) at each layer against the training step;
-    `panels` maps a variant to (steps, array (steps, layers + 1)), the mean over seeds."""
+def _panel_grid(count: int):
+    """(fig, axes, width): one panel per row of a comparison, at most four across."""
     plt = _pyplot()
-    columns = min(len(panels), 4)
-    rows = -(-len(panels) // columns)
+    columns = min(count, 4)
+    rows = -(-count // columns)
     width = max(4.2 * columns, 6.0)
     fig, axes = plt.subplots(rows, columns, figsize=(width, 3.4 * rows + 1.0), squeeze=False, sharey=True,
                              layout="constrained")
+    for axis in list(axes.flat)[count:]:
+        axis.axis("off")
+    return fig, axes, width
+
+
+def _finish_panels(fig, axes, path: Path, title: str, width: float, y_label: str, legend_axis=None) -> Path:
+    """Y labels, the legend of `legend_axis` (default: the first panel) below, the title; saves and closes."""
+    for row in axes:
+        row[0].set_ylabel(y_label)
+    legend_below(fig, axes[0][0] if legend_axis is None else legend_axis)
+    fig.suptitle(wrapped(title, width), fontsize=10)
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def state_norm_panels(panels: dict[str, tuple[list[int], np.ndarray]], path: Path, title: str) -> Path:
+    """One panel per variant: the positional state's norm (relative to E0) at each layer against the training step;
+    `panels` maps a variant to (steps, array (steps, layers + 1)), the mean over seeds."""
+    fig, axes, width = _panel_grid(len(panels))
     for axis, (name, (steps, norms)) in zip(axes.flat, panels.items()):
         for layer in range(norms.shape[1]):
             label = f"entering layer {layer}" if layer < norms.shape[1] - 1 else "leaving the last layer"
@@ -138,15 +158,35 @@ def state_norm_panels(panels: dict[str, tuple[list[int], np.ndarray]], path: Pat
         axis.set_title(name, fontsize=9)
         axis.set_xlabel("training step")
         axis.grid(alpha=0.3)
-    for axis in list(axes.flat)[len(panels):]:
-        axis.axis("off")
-    for row in axes:
-        row[0].set_ylabel("norm of E / norm of E0")
-    legend_below(fig, axes[0][0])
-    fig.suptitle(wrapped(title, width), fontsize=10)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish_panels(fig, axes, path, title, width, "norm of E / norm of E0")
 
 
-__all__ = ["heatmap", "heatmaps", "heatmap_grid", "curves", "state_norm_panels"]
+def learning_panels(panels: dict[str, dict[str, list[list[float]]]], path: Path, title: str, metric: str,
+                    bar: float | None = None) -> Path:
+    """One panel per encoding: its in-distribution metric against the training step, a line per seed; `panels`
+    maps an encoding to {seed: [[step, value], ...]}; the dashed line is the bar at which a run counts as learned."""
+    perplexity = metric == "perplexity"
+    fig, axes, width = _panel_grid(len(panels))
+    seeds = sorted({seed for curves in panels.values() for seed in curves}, key=int)
+    styles = {seed: (f"C{i % 10}", LINE_STYLES[i // 10 % len(LINE_STYLES)]) for i, seed in enumerate(seeds)}
+    for axis, (name, curves) in zip(axes.flat, panels.items()):
+        for seed, points in curves.items():
+            steps, values = zip(*points)
+            shown = values if perplexity else [v * 100 for v in values]
+            colour, style = styles[seed]
+            axis.plot(steps, shown, marker=".", markersize=3, color=colour, linestyle=style, label=f"seed {seed}")
+        if bar is not None and not perplexity:
+            axis.axhline(bar * 100, color="grey", linestyle="--", linewidth=1)
+        axis.set_title(name, fontsize=9)
+        axis.set_xlabel("training step")
+        if perplexity:
+            axis.set_yscale("log")
+        else:
+            axis.set_ylim(-2, 102)
+        axis.grid(alpha=0.3)
+    fullest = max(zip(axes.flat, panels.values()), key=lambda pair: len(pair[1]))[0]  # its legend names every seed
+    label = "in-distribution perplexity" if perplexity else f"in-distribution {metric.replace('_', ' ')} (%)"
+    return _finish_panels(fig, axes, path, title, width, label, legend_axis=fullest)
+
+
+__all__ = ["heatmap", "heatmaps", "heatmap_grid", "curves", "learning_panels", "state_norm_panels"]
