@@ -250,6 +250,28 @@ def test_reading_flags_a_gap_to_a_baseline_that_did_not_learn_in_distribution() 
             "(lowest 100.0%), nope 1 of 2 (lowest 60.5%).") in reading(summary)
 
 
+def test_reading_says_where_an_unlearned_encodings_curves_stood() -> None:
+    from tapelm.report.tasks_section import reading
+
+    learned = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.0, 0.0),
+               "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}}}
+    unlearned = {**learned, "in_distribution": stat(0.85, 0.05), "per_seed": {"in_distribution": {0: 0.9, 1: 0.8}}}
+    rising = {"0": [[100, 0.1], [300, 0.5], [400, 0.9]], "1": [[100, 0.1], [300, 0.4], [400, 0.8]]}
+    summary = {"rows": {"tape": learned, "randpe": unlearned, "fire": unlearned}, "metric": "exact_match",
+               "task": "addition", "paired": {},
+               "learning_curves": {"randpe": rising,
+                                   "fire": {"0": [[100, 0.8], [300, 0.85]], "1": [[100, 0.8], [200, 0.85]]}}}
+    (sentence,) = [s for s in reading(summary) if s.startswith("Below 95.0% exact match")]
+    # randpe: the evaluation nearest three quarters of training (step 300) against the last, averaged over seeds;
+    # fire's seeds were evaluated at different steps, so no trend is claimed for it
+    assert sentence.endswith("randpe (learning curves, mean over seeds: 45.0% at step 300, 85.0% at 400, still "
+                             "rising), fire.")
+    flat = {seed: [[step, 0.85] for step, _ in points] for seed, points in rising.items()}
+    (sentence,) = [s for s in reading({**summary, "learning_curves": {"randpe": flat}})
+                   if s.startswith("Below 95.0%")]
+    assert "randpe (learning curves, mean over seeds: 85.0% at step 300, 85.0% at 400, flat), fire." in sentence
+
+
 def test_reading_reports_the_state_norm_of_the_equivariance_ablation() -> None:
     from tapelm.report.tasks_section import reading
 

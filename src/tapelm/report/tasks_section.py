@@ -140,6 +140,20 @@ def _value(stats: dict[str, float], metric: str) -> str:
     return _pct(stats["mean"])
 
 
+def _late_trend(curves: dict[str, list]) -> str:
+    """Where an encoding's learning curves stood over the last quarter of training: the mean over seeds of the
+    quick evaluations at three quarters and at the end, and whether it was still rising (by more than 2 points);
+    empty when the seeds' curves are not evaluated at the same steps."""
+    steps = [[step for step, _ in points] for points in curves.values()]
+    if not steps or any(s != steps[0] for s in steps) or len(steps[0]) < 2:
+        return ""
+    steps = steps[0]
+    late = min(range(len(steps) - 1), key=lambda i: abs(steps[i] - 0.75 * steps[-1]))
+    before, after = (sum(points[i][1] for points in curves.values()) / len(curves) for i in (late, -1))
+    return (f"learning curves, mean over seeds: {_pct(before)} at step {steps[late]:,}, {_pct(after)} at "
+            f"{steps[-1]:,}, {'still rising' if after - before > 0.02 else 'flat'}")
+
+
 def _seeds_learning(rows: dict[str, Any], floor: float) -> str:
     """How robust the recipe is: per encoding, the share of seeds that reach `floor` on their own and the lowest."""
     parts = []
@@ -201,9 +215,10 @@ def reading(summary: dict[str, Any]) -> list[str]:
             out.append(f"Learned in distribution (≥ {_pct(floor)} {metric.replace('_', ' ')}): " + ", ".join(
                 f"{pe} {_value(rows[pe]['in_distribution'], metric)}" for pe in learned) + ".")
         if unlearned:
+            trends = {pe: _late_trend(summary.get("learning_curves", {}).get(pe, {})) for pe in unlearned}
             out.append(f"Below {_pct(floor)} {metric.replace('_', ' ')} in distribution, i.e. the task is not "
                        f"learned at this budget and exact-match length generalisation cannot show: "
-                       f"{', '.join(unlearned)}.")
+                       + ", ".join(f"{pe} ({trends[pe]})" if trends[pe] else pe for pe in unlearned) + ".")
         out.append(_seeds_learning(rows, floor))
         if tokens:
             chance = " (chance is about 10% per digit)" if task == "addition" else ""
