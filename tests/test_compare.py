@@ -51,6 +51,7 @@ def test_compare_caches_each_encoding_and_seed(compared, capsys) -> None:
     record = json.loads((directory / "comparison.json").read_text())
     assert record["pes"] == ["tape", "rope", "nope"] and record["seeds"] == [0, 1] and len(record["commands"]) == 2
     assert record["runs"] == {"tape": [0, 1], "rope": [0, 1], "nope": [0]}
+    assert "seed" not in record["train"]  # the shared settings; each run's seed is in "runs"
     assert all((directory / f"addition-{name}.png").is_file() for name in ("heatmaps", "by-length", "learning"))
     assert "| tape |" in printed and "figure:" in printed
 

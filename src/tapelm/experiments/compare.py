@@ -211,7 +211,8 @@ def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], co
     path = directory / COMPARISON_FILE
     new = {"commands": [command], "runs": {pe: sorted(seeds) for pe in pes},
            "task": base.task, "preset": base.preset, "settings_hash": run.settings_hash,
-           "task_options": run.identity["task_options"], "train": run.identity["train"],
+           "task_options": run.identity["task_options"],
+           "train": {k: v for k, v in run.identity["train"].items() if k != "seed"},  # shared: seeds are in "runs"
            "eval": run.identity["eval"], "match_params": base.match_params, "model_options": base.model_options}
     record = merge_records(json.loads(path.read_text()) if path.exists() else {}, new)
     directory.mkdir(parents=True, exist_ok=True)
