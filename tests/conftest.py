@@ -1,13 +1,68 @@
-"""Tiny models and helpers shared by the tests."""
+"""Tiny models and helpers shared by the tests, and the device the law tests run on.
+
+`pytest --device cuda` runs the tests marked `device` (equivalence to references, symmetries, cache parity, packing,
+conversion exactness, bf16) on that device and skips every other test with its reason. On the CPU (the default,
+and CI's) the `device` tests run with the tensors that a test or tapelm makes without naming a device put on the
+`meta` device: they land on another device than the model, as they would on a GPU machine, and the test fails here
+instead of passing on the CPU and crashing on the GPU.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from device_checks import OwnCodeElsewhere
 from tapelm import PE_TYPES, TapeConfig, TapeForCausalLM
 
 VOCAB = 61
+DEVICE = torch.device("cpu")
+"""The device of the law tests (`--device`); set before the test modules are imported."""
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="device for the law tests marked `device` (cpu, cuda, cuda:1, ...); on another device "
+                          "than the CPU every other test is skipped with its reason (default: %(default)s)")
+
+
+def pytest_configure(config):
+    """The device the tests run on, and the marks transformers' own common tests use
+    (tests/test_transformers_common.py), so they load without warnings."""
+    global DEVICE
+    DEVICE = torch.device(config.getoption("--device"))
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device {DEVICE}: this PyTorch ({torch.__version__}) sees no CUDA device")
+    if DEVICE.type not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"--device {DEVICE} is not supported; use cpu or cuda[:index]")
+    config.addinivalue_line("markers", "device: a law test that runs on `pytest --device`")
+    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
+                 "torch_compile_test"):
+        config.addinivalue_line("markers", f"{mark}: a mark of transformers' common tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    if DEVICE.type == "cpu":
+        return
+    skip = pytest.mark.skip(reason=f"runs on the CPU only: not one of the law tests `--device {DEVICE}` runs")
+    for item in items:
+        if "device" not in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _default_device_elsewhere(request):
+    """On the CPU, `device` tests put what tests and tapelm make without a device on `meta` (module docstring)."""
+    if DEVICE.type == "cpu" and "device" in request.keywords:
+        with OwnCodeElsewhere():
+            yield
+    else:
+        yield
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """The absolute tolerance of an equality law between two computations of the same function in `dtype`."""
+    return {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
 
 
 def tiny_config(pe_type: str = "tape", **overrides) -> TapeConfig:
@@ -21,11 +76,13 @@ def tiny_config(pe_type: str = "tape", **overrides) -> TapeConfig:
 
 
 def randomize(model: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.nn.Module:
-    """Give every parameter (TAPE's zero-initialised ones included) random non-zero values."""
+    """Give every parameter (TAPE's zero-initialised ones included) random non-zero values, drawn on the CPU (the
+    same values on every device)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator, dtype=torch.float64).to(param.dtype)
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float64, device="cpu")
+            noise = noise.to(param.device, param.dtype)
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
                 param.copy_(1 + 0.1 * noise)
             elif "dense" in name:
@@ -35,24 +92,24 @@ def randomize(model: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.
     return model
 
 
-def tiny_model(pe_type: str = "tape", dtype=torch.float32, seed: int = 0, **overrides) -> TapeForCausalLM:
+def new_model(config: TapeConfig, seed: int = 0, device: torch.device | None = None) -> TapeForCausalLM:
+    """`TapeForCausalLM(config)` built on the test device (or `device`), in eval mode, from `seed`."""
     torch.manual_seed(seed)
-    model = TapeForCausalLM(tiny_config(pe_type, **overrides))
-    return randomize(model, seed=seed).to(dtype).eval()
+    with torch.device(device or DEVICE):
+        return TapeForCausalLM(config).eval()
+
+
+def tiny_model(pe_type: str = "tape", dtype=torch.float32, seed: int = 0, **overrides) -> TapeForCausalLM:
+    """A tiny model with random non-zero weights on the test device."""
+    return randomize(new_model(tiny_config(pe_type, **overrides), seed), seed=seed).to(dtype).eval()
 
 
 def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    """Random token ids on the test device (drawn on the CPU: the same ids on every device)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, length), generator=generator, device="cpu").to(DEVICE)
 
 
 @pytest.fixture(params=PE_TYPES)
 def pe_type(request) -> str:
     return request.param
-
-
-def pytest_configure(config):
-    """The marks transformers' own common tests use (tests/test_transformers_common.py), so they load without
-    warnings."""
-    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
-                 "torch_compile_test"):
-        config.addinivalue_line("markers", f"{mark}: a mark of transformers' common tests")

@@ -44,7 +44,7 @@ class TapeCacheLayer(DynamicLayer):
             self._buffers[name] = held
             return held
         if buffer is None or total > buffer.shape[-2] or buffer.shape[:-2] != new.shape[:-2]:
-            grown = new.new_empty(*new.shape[:-2], max(2 * total, 64), new.shape[-1])
+            grown = new.new_zeros(*new.shape[:-2], max(2 * total, 64), new.shape[-1])  # never uninitialised memory
             if length:
                 grown[..., :length, :] = buffer[..., :length, :]
             self._buffers[name] = buffer = grown

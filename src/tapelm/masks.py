@@ -72,10 +72,10 @@ def real_tokens(attention_mask: torch.Tensor | None, length: int, past: int) -> 
 
 
 def build_attention_mask(attention_mask: torch.Tensor | None, documents: torch.Tensor | None, query_len: int,
-                         key_len: int, causal: bool, dense: bool) -> AttentionMask:
-    """The mask for N new queries at the end of T keys. `attention_mask` is a 2D padding mask (B, T), 1 for real
-    tokens, or a 4D mask (B or 1, 1, N, T) as transformers takes it (see `given_mask`); `documents` (B, N) from
-    `packed_documents`.
+                         key_len: int, causal: bool, dense: bool, device: torch.device) -> AttentionMask:
+    """The mask for N new queries at the end of T keys, on `device` (the inputs'). `attention_mask` is a 2D padding
+    mask (B, T), 1 for real tokens, or a 4D mask (B or 1, 1, N, T) as transformers takes it (see `given_mask`);
+    `documents` (B, N) from `packed_documents`.
 
     `dense` asks for explicit booleans even where a flag would do (encodings that add a logit bias). A query that
     would see no key at all (a padding token) is allowed to see itself, so no softmax row is empty."""
@@ -88,7 +88,6 @@ def build_attention_mask(attention_mask: torch.Tensor | None, documents: torch.T
             return AttentionMask(None, False)
         if query_len == key_len:
             return AttentionMask(None, True)
-    device = padding.device if padding is not None else None
     key_index = torch.arange(key_len, device=device)
     query_index = torch.arange(key_len - query_len, key_len, device=device)
     valid = torch.ones(1, 1, query_len, key_len, dtype=torch.bool, device=device)

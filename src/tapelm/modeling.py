@@ -221,7 +221,7 @@ class TapeModel(TapePreTrainedModel):
             ctx.key_positions = key_positions(cache, ctx.query_positions)
         self.positional.prepare(ctx, inputs_embeds.dtype)
         mask = build_attention_mask(attention_mask, documents, length, past + length, self.config.causal,
-                                    dense=self.positional.adds_logit_bias)
+                                    dense=self.positional.adds_logit_bias, device=inputs_embeds.device)
         hidden = self.positional.embed(inputs_embeds, ctx)
         state = self.positional.initial_state(ctx, hidden.dtype)
         layout = TokenLayout.of(ctx.token_mask if self.skip_padding else None, batch, length)

@@ -21,14 +21,13 @@ def relative_distance(ctx: PositionContext) -> torch.Tensor:
     return (ctx.query_positions[:, None, :, None] - ctx.key_positions[:, None, None, :]).float()
 
 
-def alibi_slopes(heads: int) -> torch.Tensor:
-    """The geometric slopes of Press et al. (2022), including their rule for head counts that are not powers of 2."""
+def alibi_slopes(heads: int, device: torch.device) -> torch.Tensor:
+    """The geometric slopes of Press et al. (2022), including their rule for head counts that are not powers of 2,
+    computed on `device` (no host-to-device copy in a forward pass)."""
     closest = 2 ** math.floor(math.log2(heads))
-    slopes = [2 ** (-8 * (i + 1) / closest) for i in range(closest)]
-    if closest < heads:
-        extra = [2 ** (-4 * (2 * i + 1) / closest) for i in range(heads - closest)]
-        slopes += extra
-    return torch.tensor(slopes, dtype=torch.float32)
+    index = torch.arange(heads, dtype=torch.float32, device=device)
+    powers = torch.where(index < closest, -8 * (index + 1), -4 * (2 * (index - closest) + 1)) / closest
+    return torch.exp2(powers)
 
 
 class RelativeBias(PositionalEncoding):
@@ -46,7 +45,7 @@ class ALiBi(RelativeBias):
         self.heads = config.num_attention_heads
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
-        slopes = alibi_slopes(self.heads).to(ctx.query_positions.device)
+        slopes = alibi_slopes(self.heads, ctx.query_positions.device)
         ctx.bias = (-slopes[:, None, None] * relative_distance(ctx).abs()).to(dtype)
 
 
