@@ -78,27 +78,35 @@ class ModelReached(BaseException):
 
 
 class InputWatch:
-    """Installed with `install(monkeypatch)`: the first call of a transformers model records the devices of the model
-    and of every tensor passed to it, then raises `ModelReached`."""
+    """Installed with `install(monkeypatch)`: the first call of a transformers model, or of its `generate` (which
+    cannot run on the meta device), records the devices of the model and of every tensor passed to it, then raises
+    `ModelReached`."""
 
     def __init__(self):
         self.seen: list[dict] = []
 
     def install(self, monkeypatch) -> InputWatch:
-        from transformers import PreTrainedModel
+        from transformers import GenerationMixin, PreTrainedModel
 
         original = torch.nn.Module.__call__
         watch = self
 
-        def call(module, *args, **kwargs):
+        def check(model, args, kwargs, what: str):
             if not watch.seen:
                 tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-                watch.seen.append({"model": module.device, "inputs": [t.device for t in tensors],
-                                   "model_class": type(module).__name__})
+                watch.seen.append({"model": model.device, "inputs": [t.device for t in tensors],
+                                   "model_class": f"{type(model).__name__}{what}"})
                 raise ModelReached()
+
+        def call(module, *args, **kwargs):
+            check(module, args, kwargs, "")
             return original(module, *args, **kwargs)
 
+        def generate(model, *args, **kwargs):
+            check(model, args, kwargs, ".generate")
+
         monkeypatch.setattr(PreTrainedModel, "__call__", call, raising=False)
+        monkeypatch.setattr(GenerationMixin, "generate", generate)
         return self
 
     def assert_on(self, device: torch.device) -> None:

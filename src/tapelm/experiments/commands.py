@@ -11,6 +11,7 @@ import torch
 
 from ..config import PE_TYPES
 from .compare import DEFAULT_PES, compare
+from .devices import process_device
 from .evaluate import EVAL_SEED, evaluate_model
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
 from .runs import RunSpec, load_run, resolve, run_task, write_evaluation
@@ -145,7 +146,7 @@ def evaluate_run(run_dir: str | Path, n: int | None = None, batch_size: int | No
     """`tapelm eval RUN_DIR`: evaluate the run's final model; writes eval.json and eval.png in the run directory
     (and the new numbers into result.json when this is the run's own evaluation)."""
     run = load_run(run_dir)
-    model = run.load_model()
+    model = run.load_model().to(process_device())
     n = n or run.preset.eval_n
     batch_size = batch_size or run.preset.eval_batch_size
     evaluation = evaluate_model(model, run.task, n, batch_size, seed, progress)

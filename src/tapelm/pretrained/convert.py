@@ -116,14 +116,16 @@ def from_pretrained_llama(model_or_path: PreTrainedModel | str | Path, pe_type: 
     `pe_type`: "tape" (default) or "rope" (the same network in tapelm's skeleton). `tape_options` are TapeConfig's
     TAPE fields (`tape_block`, `tape_position_size`, `tape_attn_mixing`, `tape_update`, ...). `rope_overrides` are
     merged into the copied `rope_parameters` (e.g. ``{"rope_theta": 1e6}`` or a linear scaling); without them the
-    result's logits equal the source's. The result is in eval mode, in `dtype` (default: the source's)."""
+    result's logits equal the source's. The result is in eval mode, on the source's device, in `dtype` (default: the
+    source's)."""
     source = _load_source(model_or_path)
     config = tape_config_from(source.config, pe_type=pe_type, rope_overrides=rope_overrides, **tape_options)
-    source_dtype = next(source.parameters()).dtype
-    model = TapeForCausalLM(config)
+    weight = next(source.parameters())
+    with torch.device(weight.device):
+        model = TapeForCausalLM(config)
     copy_weights(source, model)
     model.generation_config = source.generation_config
-    return model.to(dtype or source_dtype).eval()
+    return model.to(dtype or weight.dtype).eval()
 
 
 def copy_weights(source: torch.nn.Module, target: TapeForCausalLM) -> None:

@@ -20,6 +20,7 @@ import time
 import numpy as np
 import torch
 
+from ..experiments.devices import model_device
 from ..experiments.tasks.passkey import (
     FILLER,
     KEY_HIGH,
@@ -45,11 +46,12 @@ def perplexity(model, documents: list[np.ndarray], length: int, context_from: in
     if context_from < length:
         raise ValueError(f"context_from={context_from} must be at least the window length {length}")
     total, count, windows = 0.0, 0, 0
+    device = model_device(model)
     for ids in documents:
         if len(ids) < context_from + scored:
             raise ValueError(f"a document has {len(ids)} tokens, fewer than {context_from + scored}")
         for end in range(context_from + stride, context_from + scored + 1, stride):
-            window = torch.from_numpy(ids[end - length : end])[None]
+            window = torch.from_numpy(ids[end - length : end])[None].to(device)
             logits = model(input_ids=window, use_cache=False, logits_to_keep=stride + 1).logits[0, :-1].float()
             targets = window[0, -stride:]
             total += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
@@ -97,11 +99,11 @@ def passkey(model, tokenizer, length: int, trials: int = 20, seed: int = 0) -> d
     """Accuracy of greedy passkey retrieval in documents of `length` tokens (keys and depths seeded)."""
     rng = np.random.default_rng([seed, length])
     digits = _digit_ids(tokenizer)
-    correct, tokens = 0, []
+    correct, tokens, device = 0, [], model_device(model)
     for _ in range(trials):
         key, depth = int(rng.integers(KEY_LOW, KEY_HIGH)), float(rng.random())
         prompt, answer = passkey_prompt(tokenizer, length, key, depth)
-        ids = torch.tensor([prompt + answer])
+        ids = torch.tensor([prompt + answer], device=device)
         logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(answer) + 1).logits[0]
         predicted = logits.argmax(-1).tolist()
         correct += int(predicted[:-1] == answer and predicted[-1] not in digits)
@@ -112,7 +114,7 @@ def passkey(model, tokenizer, length: int, trials: int = 20, seed: int = 0) -> d
 @torch.no_grad()
 def generation_sample(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
     """The greedy continuation of `prompt`."""
-    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]], device=model_device(model))
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                          pad_token_id=tokenizer.pad_token_id)
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ..experiments.compare import die_with_parent
+from ..experiments.devices import process_device
 from ..experiments.runs import RunSpec, resolve, run_task
 from ..experiments.statistics import format_difference, interval, paired_difference, verdict
 from ..experiments.tasks.corpora import PYTHON_DOCS, STDLIB
@@ -235,7 +236,7 @@ def run_one(plan: ExtendPlan, row: str, seed: int, progress: bool = False, log=p
     record: dict[str, Any] = {"row": row, "seed": None if row in ZERO_TRAINING else seed, "plan": plan.record(),
                               "threads": torch.get_num_threads()}
     if row in ZERO_TRAINING:
-        model = zero_training_model(source, row, plan)
+        model = zero_training_model(source, row, plan).to(process_device())
         record["trainable"] = {}
     else:
         head_dim = getattr(source.config, "head_dim", None) or source.config.hidden_size // \

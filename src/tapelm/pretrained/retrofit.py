@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..experiments.devices import model_device, process_device
 from ..experiments.markdown import HEADER, splice
 from ..experiments.tasks.passkey import KEY_HIGH
 from .data import CORPORA, corpus_split, held_out_documents
@@ -201,7 +202,7 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
             log(f"{name}: done before ({results_dir / f'{name}.json'})")
         return done
     source, tokenizer = load_pretrained(plan.model)
-    source.eval()
+    source.to(process_device()).eval()
     documents, sample_prompt = None, None
     if plan.evaluate:
         for length in eval_plan.passkey_lengths:
@@ -275,7 +276,7 @@ def _metrics(run_dir: Path) -> dict:
 def _logit_diff(source, converted, documents, tokenizer) -> float | None:
     if documents is None:
         return None
-    ids = torch.from_numpy(documents["prose"][0][:512])[None]
+    ids = torch.from_numpy(documents["prose"][0][:512])[None].to(model_device(source))
     return (source(input_ids=ids).logits - converted(input_ids=ids).logits).abs().max().item()
 
 

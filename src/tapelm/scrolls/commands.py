@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..experiments.commands import add_train_flags
+from ..experiments.devices import process_device
 from .tasks import ALL_TASKS, TASKS, get_task
 
 TRAIN_FLAGS = {"steps": int, "lr": float, "warmup": int, "batch_size": int, "grad_accum": int,
@@ -164,8 +165,7 @@ def _predict_one(task: str, model: str, data, split: str, out: Path, decode, con
     if dropped:
         print(f"tapelm: warning: {dropped} of {len(examples)} prompts keep no document token at context={context} "
               f"with target_cap={prompts.cap(spec)}", file=sys.stderr)
-    if torch.cuda.is_available():
-        source.model.to("cuda")
+    source.model.to(process_device())
     predictions = predict(source.model, source.codec, spec, examples, out, prompts, decode, progress=progress)
     result = {"predictions": str(out), "count": len(examples)}
     refs = references(examples)
