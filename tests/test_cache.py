@@ -108,3 +108,18 @@ def test_growing_layer_crop_then_continue():
     cache.crop(-3)
     rest = model(ids[:, 6:], cache=cache, use_cache=True).logits
     torch.testing.assert_close(rest, model(ids).logits[:, 6:], atol=1e-10, rtol=0)
+
+
+def test_spare_capacity_holds_zeros_never_uninitialised_memory(pe_type):
+    """Buffers grow with spare room along T; what is not written yet is zero (torch.export's tests compare whole
+    cache buffers), also after the buffer grew and was copied."""
+    model = tiny_model(pe_type)
+    cache = DynamicCache(config=model.config)
+    ids = tokens(2, 100)
+    with torch.no_grad():  # as in generate (with gradients the cache concatenates instead)
+        for start, size in ((0, 40), (40, 1), (41, 59)):  # the last step outgrows the first buffer
+            model(ids[:, start:start + size], cache=cache, use_cache=True)
+    for layer in cache.layers:
+        for name, buffer in layer._buffers.items():
+            spare = buffer[..., 100:, :]
+            assert spare.shape[-2] > 0 and torch.equal(spare, torch.zeros_like(spare)), name

@@ -56,3 +56,15 @@ def test_dict_round_trip():
                                                                                        "rope_theta": 5e4})
     again = TapeConfig.from_dict(config.to_dict())
     assert again.tape_block == (2, 4) and again.rope_parameters == config.rope_parameters
+
+
+@pytest.mark.parametrize("pe_type", ["tape", "fire", "path"])
+@pytest.mark.parametrize("use_diff", [True, False])
+def test_a_config_written_to_json_reads_back_equal(tmp_path, pe_type, use_diff):
+    """transformers' ConfigTester round trip: to_json_file then from_json_file is the identity (auto_map included:
+    every saved folder names its `tapelm.remote_code` modules)."""
+    config = TapeConfig(**VALID, pe_type=pe_type)
+    config.to_json_file(tmp_path / "config.json", use_diff=use_diff)
+    again = TapeConfig.from_json_file(tmp_path / "config.json")
+    assert again.to_dict() == config.to_dict()
+    assert config.to_dict()["auto_map"]["AutoModelForCausalLM"] == "modeling_tape.TapeForCausalLM"

@@ -393,3 +393,20 @@ def test_out_naming_a_file_is_refused(tmp_path, capsys) -> None:
     assert main(tiny_cli(tmp_path / "run")) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "--out '" in error and "is a file; give a run folder" in error
+
+
+def test_a_run_from_a_source_checkout_that_is_not_installed_writes_its_records(tmp_path, monkeypatch) -> None:
+    """Without tapelm's package metadata (PYTHONPATH=src) every record is written; the commit identifies the code."""
+    import importlib.metadata
+
+    from tapelm.experiments import provenance
+
+    def version(package):
+        if package == "tapelm":
+            raise importlib.metadata.PackageNotFoundError(package)
+        return importlib.metadata.version(package)
+
+    monkeypatch.setattr(provenance, "version", version)
+    assert main(tiny_cli(tmp_path / "run")) == 0
+    record = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert record["environment"]["tapelm"] == "source tree (not installed)"

@@ -135,6 +135,9 @@ class TapeConfig(PreTrainedConfig):
             self.randpe_max_position = 2 * self.max_position_embeddings
         self.tape_block = tuple(self.tape_block)
         super().__post_init__(**kwargs)
+        # the `tapelm.remote_code` modules every saved folder gets: part of the config itself, so that a config read
+        # back from its JSON equals the one written
+        self.auto_map = dict(AUTO_MAP)
         self._validate()
 
     def tape_updates_layer(self, layer_idx: int) -> bool:
@@ -231,10 +234,6 @@ class TapeConfig(PreTrainedConfig):
         output = super().to_dict()
         output["tape_block"] = list(self.tape_block)
         return output
-
-    def to_diff_dict(self):
-        """What config.json holds: also the `auto_map` of `tapelm.remote_code` (not part of `to_dict`)."""
-        return {**super().to_diff_dict(), "auto_map": dict(AUTO_MAP)}
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         """config.json, and the modules its `auto_map` names (`tapelm.remote_code`)."""

@@ -7,10 +7,19 @@ import platform
 import subprocess
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of `package`, or None (e.g. tapelm run from a source checkout that is not installed:
+    the commit identifies it)."""
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def environment() -> dict:
@@ -28,7 +37,7 @@ def environment() -> dict:
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                  if line.startswith("model name")]
         cpu = names[0] if names else cpu
-    return {"commit": commit, "tapelm": version("tapelm"), "torch": torch.__version__,
+    return {"commit": commit, "tapelm": installed_version("tapelm") or "source tree (not installed)", "torch": torch.__version__,
             "transformers": transformers.__version__, "python": sys.version.split()[0],
             "machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
             "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
