@@ -4,12 +4,14 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_model, tokens
+from conftest import DEVICE, new_model, tiny_config, tiny_model, tokens
 from test_cache import decode_in_chunks
 
 from tapelm import TapeConfig
 from tapelm.positional import PositionContext
 from tapelm.positional.bias import FireFunction
+
+pytestmark = pytest.mark.device
 
 VALID = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 
@@ -73,8 +75,7 @@ def test_shared_relative_bias_cache_parity(pe_type):
 
 
 def test_fresh_fire_has_the_official_initialisation():
-    model = tiny_model("fire")
-    fresh = type(model)(tiny_config("fire"))
+    fresh = new_model(tiny_config("fire"))
     for layer in fresh.model.layers:
         assert layer.positional.fire.c.item() == pytest.approx(0.1)
         assert layer.positional.fire.threshold_multiplier.item() == 1.0
@@ -83,17 +84,18 @@ def test_fresh_fire_has_the_official_initialisation():
 
 def test_fire_bias_is_the_official_formula():
     """MLP(log(|c (i-j)| + 1) / (log(|c max(i, L)| + 1) + 1e-6)), in float64."""
-    fire = FireFunction(tiny_config("fire", fire_init_c=0.3, fire_init_threshold=6.0)).double()
+    with torch.device(DEVICE):
+        fire = FireFunction(tiny_config("fire", fire_init_c=0.3, fire_init_threshold=6.0)).double()
     with torch.no_grad():
         fire.threshold_multiplier.fill_(-1.5)  # L = |-1.5 * 6| = 9
-    positions = torch.arange(14)[None]
+    positions = torch.arange(14, device=DEVICE)[None]
     ctx = PositionContext(query_positions=positions[:, 10:], key_positions=positions)
     bias = fire(ctx, torch.float64)
     c = fire.c.item()  # 0.3 rounded to float32 at construction
     for i in range(10, 14):
         for j in range(14):
             x = math.log(abs(c * (i - j)) + 1) / (math.log(c * max(i, 9.0) + 1) + 1e-6)
-            expected = fire.mlp(torch.tensor([[x]], dtype=torch.float64))[0]
+            expected = fire.mlp(torch.tensor([[x]], dtype=torch.float64, device=DEVICE))[0]
             torch.testing.assert_close(bias[0, :, i - 10, j], expected, atol=1e-12, rtol=0)
 
 
@@ -140,7 +142,7 @@ def test_randpe_evaluates_on_random_positions_like_training():
 def test_randpe_with_given_positions_evaluates_on_them():
     model = tiny_model("randpe", randpe_eval_positions="given")
     ids = tokens(2, 9)
-    assert torch.equal(randpe_positions(model, ids), torch.arange(9).expand(2, 9))
+    assert torch.equal(randpe_positions(model, ids), torch.arange(9, device=DEVICE).expand(2, 9))
     torch.testing.assert_close(model(input_ids=ids).logits,
                                tiny_model("rope")(input_ids=ids).logits)  # same weights (seed 0), same positions
 

@@ -4,7 +4,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import tiny_model, tokens
+from conftest import DEVICE, tiny_model, tokens
+
+pytestmark = pytest.mark.device
 
 
 def decode_in_chunks(model, ids, chunks):
@@ -62,7 +64,7 @@ def test_left_padded_batch_equals_each_sequence_alone(pe_type):
     model = tiny_model(pe_type, dtype=torch.float64)
     long, short = tokens(1, 12, seed=1), tokens(1, 7, seed=2)
     pad = 5
-    batch = torch.cat([long, torch.cat([torch.zeros(1, pad, dtype=torch.long), short], dim=1)])
+    batch = torch.cat([long, torch.cat([torch.zeros(1, pad, dtype=torch.long, device=DEVICE), short], dim=1)])
     mask = torch.ones_like(batch)
     mask[1, :pad] = 0
     logits = model(batch, attention_mask=mask).logits
@@ -80,7 +82,7 @@ def test_relative_bias_reads_cached_key_positions(pe_type):
     transformers.)"""
     model = tiny_model(pe_type, dtype=torch.float64)
     ids = tokens(1, 10)
-    positions = torch.tensor([[0, 1, 2, 10, 11, 12, 30, 31, 32, 33]])
+    positions = torch.tensor([[0, 1, 2, 10, 11, 12, 30, 31, 32, 33]], device=DEVICE)
     mask = torch.ones_like(ids)
     full = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
     cache = DynamicCache(config=model.config)

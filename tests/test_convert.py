@@ -27,6 +27,10 @@ from tapelm.pretrained import sources
 from tapelm.cli import main as cli_main
 from tapelm.pretrained.convert import from_pretrained_llama, to_llama
 
+from conftest import DEVICE
+
+pytestmark = pytest.mark.device
+
 SIZES = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
              max_position_embeddings=256)
 FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
@@ -36,17 +40,19 @@ FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig,
 def random_source(family: str, kv_heads: int = 2, tied: bool = False, **extra) -> torch.nn.Module:
     config_cls, model_cls = FAMILIES[family]
     torch.manual_seed(0)
-    model = model_cls(config_cls(**SIZES, num_key_value_heads=kv_heads, tie_word_embeddings=tied, **extra))
+    with torch.device(DEVICE):
+        model = model_cls(config_cls(**SIZES, num_key_value_heads=kv_heads, tie_word_embeddings=tied, **extra))
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # large random weights (biases included) so that every weight matters to the logits
         for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
+            noise = torch.randn(param.shape, generator=generator, device="cpu").to(DEVICE)
             param.copy_(1 + 0.1 * noise if "norm" in name else 0.2 * noise)
     return model.eval()
 
 
 def ids(length: int = 40, batch: int = 2) -> torch.Tensor:
-    return torch.randint(0, SIZES["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(2)
+    return torch.randint(0, SIZES["vocab_size"], (batch, length), generator=generator, device="cpu").to(DEVICE)
 
 
 @pytest.mark.parametrize("pe_type", ["tape", "rope"])
@@ -165,7 +171,7 @@ def test_convert_command_round_trip_through_auto_classes(tmp_path: Path):
     source = random_source("qwen2", 3, True)
     save_with_tokenizer(source, tmp_path / "src")
     assert cli_main(["convert", str(tmp_path / "src"), str(tmp_path / "dst")]) == 0
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "dst").eval()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "dst").to(DEVICE).eval()
     assert isinstance(loaded, tapelm.TapeForCausalLM) and loaded.config.pe_type == "tape"
     assert (tmp_path / "dst" / "tokenizer.json").is_file()
     with torch.no_grad():
@@ -182,9 +188,10 @@ def test_convert_command_reports_an_unsupported_checkpoint(tmp_path: Path, capsy
 @pytest.mark.skipif(not sources.is_available("smollm2-135m"), reason="SmolLM2 is not downloaded")
 def test_smollm2_converts_exactly():
     source, tokenizer = sources.load_pretrained("smollm2-135m")
+    source.to(DEVICE)
     model = from_pretrained_llama(source)
     text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n" * 4
-    tokens = torch.tensor([tokenizer(text)["input_ids"]])
+    tokens = torch.tensor([tokenizer(text)["input_ids"]], device=DEVICE)
     with torch.no_grad():
         torch.testing.assert_close(model(tokens).logits, source(tokens).logits, atol=1e-4, rtol=0)
     assert model.config.num_key_value_heads == 3 and model.config.tie_word_embeddings

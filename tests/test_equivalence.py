@@ -7,7 +7,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tapelm import TapeForCausalLM
 
-from conftest import tiny_config, tiny_model, tokens
+from conftest import DEVICE, new_model, tiny_config, tiny_model, tokens
+
+pytestmark = pytest.mark.device
 
 
 def copy_shared(source: torch.nn.Module, target: torch.nn.Module) -> None:
@@ -21,8 +23,7 @@ def copy_shared(source: torch.nn.Module, target: torch.nn.Module) -> None:
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_fresh_tape_equals_rope(kv_heads):
     rope = tiny_model("rope", num_key_value_heads=kv_heads)
-    torch.manual_seed(1)
-    tape = TapeForCausalLM(tiny_config("tape", num_key_value_heads=kv_heads)).eval()
+    tape = new_model(tiny_config("tape", num_key_value_heads=kv_heads), seed=1)
     copy_shared(rope, tape)
     ids = tokens(2, 24)
     torch.testing.assert_close(tape(ids).logits, rope(ids).logits, atol=1e-5, rtol=0)
@@ -31,16 +32,17 @@ def test_fresh_tape_equals_rope(kv_heads):
 @pytest.mark.parametrize("kv_heads", [4, 2])
 @pytest.mark.parametrize("pe_type", ["rope", "tape"])
 def test_rope_equals_llama(kv_heads, pe_type):
-    torch.manual_seed(0)
     config = tiny_config("rope", num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default",
                                                                                  "rope_theta": 500.0})
-    llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
-        max_position_embeddings=config.max_position_embeddings)).eval()
-    ours = TapeForCausalLM(tiny_config(pe_type, num_key_value_heads=kv_heads,
-                                       rope_parameters={"rope_type": "default", "rope_theta": 500.0})).eval()
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        llama = LlamaForCausalLM(LlamaConfig(
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+            max_position_embeddings=config.max_position_embeddings)).eval()
+    ours = new_model(tiny_config(pe_type, num_key_value_heads=kv_heads,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 500.0}))
     copy_shared(llama, ours)
     ids = tokens(2, 40)
     torch.testing.assert_close(ours(ids).logits, llama(ids).logits, atol=1e-5, rtol=0)
@@ -54,7 +56,7 @@ def test_rope_equals_llama(kv_heads, pe_type):
 ])
 def test_fresh_tape_equals_rope_under_scalings(rope_parameters):
     rope = tiny_model("rope", rope_parameters=dict(rope_parameters))
-    tape = TapeForCausalLM(tiny_config("tape", rope_parameters=dict(rope_parameters))).eval()
+    tape = new_model(tiny_config("tape", rope_parameters=dict(rope_parameters)))
     copy_shared(rope, tape)
     ids = tokens(1, 48)
     torch.testing.assert_close(tape(ids).logits, rope(ids).logits, atol=1e-5, rtol=0)
@@ -129,7 +131,7 @@ def randomize_tape_parameters(model: TapeForCausalLM) -> None:
     generator = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for param in model.tape_parameters():
-            param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+            param.copy_(0.3 * torch.randn(param.shape, generator=generator, device="cpu").to(DEVICE))
 
 
 @pytest.mark.parametrize(("choice", "updating"), [("first_half", [0, 1]), ("second_half", [2, 3]), ([1], [1]),

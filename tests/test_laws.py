@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from tapelm import PE_TYPES
 from tapelm.positional import PositionContext
 
-from conftest import tiny_model, tokens
+from conftest import DEVICE, tiny_model, tokens
 from test_equivalence import use_general_path
+
+pytestmark = pytest.mark.device
 
 LAYERS = 3
 
@@ -43,10 +45,10 @@ def run_with_states(model, ids, position_ids=None, transform_initial=None):
 def random_orthogonal(blocks: int, size: int, seed: int) -> torch.Tensor:
     """One O(size) matrix per block, reflections included."""
     generator = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(blocks, size, size, generator=generator, dtype=torch.float64))
+    q, r = torch.linalg.qr(torch.randn(blocks, size, size, generator=generator, dtype=torch.float64, device="cpu"))
     q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[..., None, :]
     q[0, :, 0] *= -1  # make sure the first block is a reflection
-    return q
+    return q.to(DEVICE)
 
 
 def right_multiply(state: torch.Tensor, q: torch.Tensor, block_l: int, block_r: int) -> torch.Tensor:
@@ -78,7 +80,7 @@ def test_rotation_invariance_of_compact_state():
     """The compact state represents each block as a scaled rotation; a rotation Q keeps that form."""
     model = tiny_model("tape", dtype=torch.float64, num_hidden_layers=LAYERS)
     half = model.config.head_dim // 2
-    angle = torch.linspace(0.3, 2.9, half, dtype=torch.float64)
+    angle = torch.linspace(0.3, 2.9, half, dtype=torch.float64, device=DEVICE)
 
     def rotate_state(e):
         re, im = e[..., :half], e[..., half:]
@@ -99,8 +101,8 @@ def test_permutation_equivariance_in_encoder_mode(pe_type, overrides):
     """Permuting tokens together with their positions permutes the outputs (bidirectional attention)."""
     model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=LAYERS, causal=False, **overrides)
     ids = tokens(2, 16)
-    positions = torch.arange(16).expand(2, -1)
-    perm = torch.randperm(16, generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(16, device=DEVICE).expand(2, -1)
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(5), device="cpu").to(DEVICE)
     logits = model(ids, position_ids=positions).logits
     logits_p = model(ids[:, perm], position_ids=positions[:, perm]).logits
     torch.testing.assert_close(logits_p, logits[:, perm], atol=1e-10, rtol=0)
@@ -116,7 +118,7 @@ def test_global_shift_invariance(pe_type, shift):
     """Adding k to every position changes nothing under the causal mask."""
     model = shared_model(pe_type, max_position_embeddings=4096)
     ids = tokens(2, 16)
-    positions = torch.arange(16).expand(2, -1)
+    positions = torch.arange(16, device=DEVICE).expand(2, -1)
     torch.testing.assert_close(model(ids, position_ids=positions + shift).logits,
                                model(ids, position_ids=positions).logits, atol=1e-9, rtol=0)
 
@@ -124,7 +126,7 @@ def test_global_shift_invariance(pe_type, shift):
 def test_shift_changes_absolute_encodings():
     """The shift law is not vacuous: an absolute encoding does see the shift."""
     model = tiny_model("sinusoidal", dtype=torch.float64)
-    ids, positions = tokens(1, 16), torch.arange(16)[None]
+    ids, positions = tokens(1, 16), torch.arange(16, device=DEVICE)[None]
     assert not torch.allclose(model(ids, position_ids=positions + 7).logits, model(ids, position_ids=positions).logits)
 
 
@@ -145,11 +147,11 @@ def test_initial_state_is_relative(block):
     """E0_i E0_j^T depends only on j - i, and with R = L it is RoPE's rotation by (j - i) theta."""
     model = tiny_model("tape", tape_block=block, head_dim=16, hidden_size=64)
     encoding = use_general_path(model).model.positional
-    ctx = PositionContext(query_positions=torch.arange(40)[None])
+    ctx = PositionContext(query_positions=torch.arange(40, device=DEVICE)[None])
     encoding.prepare(ctx, torch.float32)
     blocks = 16 // block[0]
     e = ctx.tables["e0"][0].double().unflatten(-1, (blocks, *block))  # (N, M, L, R)
     gram = torch.einsum("imlr,jmkr->mijlk", e, e)  # per block: E_i E_j^T
     torch.testing.assert_close(gram[:, 5:30, 7:32], gram[:, 0:25, 2:27], atol=2e-5, rtol=0)
-    torch.testing.assert_close(gram[:, 10, 10], torch.eye(block[0], dtype=torch.float64).expand(blocks, -1, -1),
+    torch.testing.assert_close(gram[:, 10, 10], torch.eye(block[0], dtype=torch.float64, device=DEVICE).expand(blocks, -1, -1),
                                atol=1e-6, rtol=0)

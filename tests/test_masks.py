@@ -5,7 +5,9 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
-from conftest import tiny_model, tokens
+from conftest import DEVICE, tiny_model, tokens
+
+pytestmark = pytest.mark.device
 
 
 def padded_batch():
@@ -20,11 +22,11 @@ def spelled_out(mask: torch.Tensor, query_len: int, masked_value=None) -> torch.
     """The 4D mask (B, 1, N, T) of a 2D padding mask, causal, for the last N of T tokens: booleans, or floats with 0
     and `masked_value`."""
     keys = mask.shape[1]
-    causal = torch.ones(query_len, keys, dtype=torch.bool).tril(keys - query_len)
+    causal = torch.ones(query_len, keys, dtype=torch.bool, device=DEVICE).tril(keys - query_len)
     full = causal[None, None] & mask[:, None, None, :].bool()
     if masked_value is None:
         return full
-    return torch.zeros(full.shape, dtype=torch.float64).masked_fill(~full, masked_value)
+    return torch.zeros(full.shape, dtype=torch.float64, device=DEVICE).masked_fill(~full, masked_value)
 
 
 @pytest.mark.parametrize("masked_value", [None, float("-inf"), torch.finfo(torch.float64).min])
@@ -56,8 +58,8 @@ def test_a_block_diagonal_4d_mask_packs_documents(pe_type):
     model = tiny_model(pe_type, dtype=torch.float64)
     docs = [tokens(1, 4, seed=0), tokens(1, 5, seed=1)]
     ids = torch.cat(docs, dim=1)
-    positions = torch.cat([torch.arange(4), torch.arange(5)])[None]
-    same = torch.block_diag(torch.ones(4, 4), torch.ones(5, 5)).bool().tril()
+    positions = torch.cat([torch.arange(4, device=DEVICE), torch.arange(5, device=DEVICE)])[None]
+    same = torch.block_diag(torch.ones(4, 4, device=DEVICE), torch.ones(5, 5, device=DEVICE)).bool().tril()
     logits = model(ids, attention_mask=same[None, None], position_ids=positions).logits
     torch.testing.assert_close(logits, torch.cat([model(doc).logits for doc in docs], dim=1), atol=1e-10, rtol=0)
 
@@ -65,7 +67,7 @@ def test_a_block_diagonal_4d_mask_packs_documents(pe_type):
 def test_4d_masks_that_mean_something_else_are_refused():
     model = tiny_model("rope")
     ids = tokens(1, 5)
-    ones = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    ones = torch.ones(1, 1, 5, 5, dtype=torch.bool, device=DEVICE)
     for mask, message in ((ones[:, :, :4], "must have shape"), (ones.long(), "must be bool"),
                           (ones.float() * 0.5, "only 0"), (ones, "later key")):
         with pytest.raises(ValueError, match=message):

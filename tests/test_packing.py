@@ -8,9 +8,11 @@ from hypothesis import strategies as st
 from transformers import DataCollatorWithFlattening
 from transformers.masking_utils import find_packed_sequence_indices
 
-from conftest import tiny_model, tokens
+from conftest import DEVICE, tiny_model, tokens
 from tapelm.masks import packed_documents
 from tapelm.positional.rotary import RandPE
+
+pytestmark = pytest.mark.device
 
 LENGTHS = (5, 3, 7)
 
@@ -20,7 +22,7 @@ def documents(lengths=LENGTHS, seed=0):
 
 
 def packed(docs):
-    return torch.cat(docs, dim=1), torch.cat([torch.arange(d.shape[1]) for d in docs])[None]
+    return torch.cat(docs, dim=1), torch.cat([torch.arange(d.shape[1], device=DEVICE) for d in docs])[None]
 
 
 def forward_and_gradients(model, ids, weights, **inputs):
@@ -36,7 +38,7 @@ def test_a_packed_row_is_each_document_alone(pe_type):
     docs = documents()
     ids, positions = packed(docs)
     weights = torch.randn(*ids.shape, model.config.vocab_size, dtype=torch.float64,
-                          generator=torch.Generator().manual_seed(1))
+                          generator=torch.Generator().manual_seed(1), device="cpu").to(DEVICE)
     logits, grads = forward_and_gradients(model, ids, weights, position_ids=positions)
     alone, alone_grads, start = [], {}, 0
     for doc in docs:
@@ -81,27 +83,27 @@ def test_the_padding_free_collator_feeds_the_model(pe_type, flash_kwargs, positi
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 6), min_size=6, max_size=6), min_size=1, max_size=3))
 def test_documents_are_found_as_transformers_finds_them(rows):
-    positions = torch.tensor(rows)
+    positions = torch.tensor(rows, device=DEVICE)
     found, _ = packed_documents(positions, None, 0, True, *positions.shape)
     expected = find_packed_sequence_indices(positions)
     assert (found is None and expected is None) or torch.equal(found, expected)
 
 
 def test_no_documents_with_a_mask_a_cache_or_bidirectional_attention():
-    positions = torch.tensor([[0, 1, 2, 0, 1]])
+    positions = torch.tensor([[0, 1, 2, 0, 1]], device=DEVICE)
     assert packed_documents(positions, None, 0, True, 1, 5)[0] is not None
-    for mask, past, causal in ((torch.ones(1, 5), 0, True), (None, 3, True), (None, 0, False)):
+    for mask, past, causal in ((torch.ones(1, 5, device=DEVICE), 0, True), (None, 3, True), (None, 0, False)):
         assert packed_documents(positions, mask, past, causal, 1, 5)[0] is None
 
 
 def test_cu_seq_lens_that_do_not_describe_one_row_are_refused():
     model = tiny_model("rope")
     ids = tokens(2, 6)
-    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32, device=DEVICE)
     for inputs, message in (
             (dict(input_ids=ids, cu_seq_lens_q=cu), "batch size 1"),
-            (dict(input_ids=ids[:1], cu_seq_lens_q=cu, cu_seq_lens_k=torch.tensor([0, 3, 6])), "must equal"),
-            (dict(input_ids=ids[:1], cu_seq_lens_q=torch.tensor([0, 2, 5])), "cumulative document lengths")):
+            (dict(input_ids=ids[:1], cu_seq_lens_q=cu, cu_seq_lens_k=torch.tensor([0, 3, 6], device=DEVICE)), "must equal"),
+            (dict(input_ids=ids[:1], cu_seq_lens_q=torch.tensor([0, 2, 5], device=DEVICE)), "cumulative document lengths")):
         with pytest.raises(ValueError, match=message):
             model(**inputs)
 
@@ -111,11 +113,11 @@ def test_randpe_draws_each_packed_document_its_own_positions():
     r-th smallest of k draws from M is (r + 1)(M + 1)/(k + 1) - 1, whatever documents come before it."""
     config = tiny_model("randpe", randpe_max_position=128).config
     encoding = RandPE(config).train()
-    ids, positions = packed([torch.zeros(1, 9, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)])
+    ids, positions = packed([torch.zeros(1, 9, dtype=torch.long, device=DEVICE), torch.zeros(1, 3, dtype=torch.long, device=DEVICE)])
     docs, _ = packed_documents(positions, None, 0, True, *positions.shape)
     torch.manual_seed(0)
     draws = torch.stack([encoding.positions(positions, 0, docs)[0] for _ in range(3000)]).double()
     for span, k in ((slice(0, 9), 9), (slice(9, 12), 3)):
         assert (draws[:, span].diff(dim=-1) > 0).all()
-        expected = (torch.arange(k, dtype=torch.float64) + 1) * 129 / (k + 1) - 1
+        expected = (torch.arange(k, dtype=torch.float64, device=DEVICE) + 1) * 129 / (k + 1) - 1
         torch.testing.assert_close(draws[:, span].mean(0), expected, atol=1.5, rtol=0)

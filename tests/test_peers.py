@@ -2,13 +2,15 @@
 
 import pytest
 import torch
-from conftest import tiny_model, tokens
+from conftest import DEVICE, tiny_model, tokens
 from test_cache import decode_in_chunks
 from transformers import DynamicCache
 
 from tapelm import TapeConfig
 from tapelm.positional import PositionContext
 from tapelm.positional.path import path_logits
+
+pytestmark = pytest.mark.device
 
 VALID = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 
@@ -56,16 +58,15 @@ def test_fox_bias_is_the_double_sum_of_log_gates():
     model = tiny_model("fox", dtype=torch.float64)
     layer = model.model.layers[1].positional
     batch, length, heads, dim = 2, 9, 4, 8
-    x = torch.randn(batch, length, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    q, k = torch.zeros(batch, heads, length, dim, dtype=torch.float64), torch.zeros(batch, 2, length, dim,
-                                                                                      dtype=torch.float64)
-    ctx = PositionContext(query_positions=torch.arange(length).expand(batch, -1))
+    x = randn(batch, length, 32, generator=torch.Generator().manual_seed(3))
+    q, k = (torch.zeros(batch, h, length, dim, dtype=torch.float64, device=DEVICE) for h in (heads, 2))
+    ctx = PositionContext(query_positions=torch.arange(length, device=DEVICE).expand(batch, -1))
     _, _, _, bias = layer.attention_inputs(x, q, k, k, dim, None, 1, None, ctx)
     f = torch.sigmoid(x @ layer.gate.weight.T + layer.gate.bias)  # (B, N, H)
     for i in range(length):
         for j in range(i + 1):
-            expected = sum((torch.log(f[:, s]) for s in range(j + 1, i + 1)), torch.zeros(batch, heads,
-                                                                                          dtype=torch.float64))
+            expected = sum((torch.log(f[:, s]) for s in range(j + 1, i + 1)), torch.zeros(batch, heads, dtype=torch.float64,
+                                                                                          device=DEVICE))
             torch.testing.assert_close(bias[:, :, i, j], expected, atol=1e-12, rtol=0)
     assert (bias[:, :, 5, 2] < 0).all()
 
@@ -82,22 +83,26 @@ def test_fox_keeps_cumulative_gates_in_float32_in_a_bf16_cache():
 
 def naive_transform(w, beta, k, i, j):
     """H_i ... H_{j+1} k, with H_s = I - beta_s w_s w_s^T, as explicit matrices (one head)."""
-    product = torch.eye(k.shape[-1], dtype=k.dtype)
+    product = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
     for s in range(j + 1, i + 1):
-        product = (torch.eye(k.shape[-1], dtype=k.dtype) - beta[s] * torch.outer(w[s], w[s])) @ product
+        product = (torch.eye(k.shape[-1], dtype=k.dtype, device=k.device) - beta[s] * torch.outer(w[s], w[s])) @ product
     return product @ k
+
+
+def randn(*shape, generator) -> torch.Tensor:
+    """float64 normal noise drawn on the CPU (the same on every device), on the test device."""
+    return torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu").to(DEVICE)
 
 
 def random_inputs(batch, kv_heads, groups, length, dim, seed, beta=None):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, kv_heads, groups, length, dim, dtype=torch.float64, generator=g)
-    k = torch.randn(batch, kv_heads, length, dim, dtype=torch.float64, generator=g)
-    w = torch.nn.functional.normalize(torch.randn(batch, kv_heads, length, dim, dtype=torch.float64, generator=g),
-                                      dim=-1)
+    q = randn(batch, kv_heads, groups, length, dim, generator=g)
+    k = randn(batch, kv_heads, length, dim, generator=g)
+    w = torch.nn.functional.normalize(randn(batch, kv_heads, length, dim, generator=g), dim=-1)
     if beta is None:
-        beta = 2 * torch.rand(batch, kv_heads, length, dtype=torch.float64, generator=g)
+        beta = 2 * torch.rand(batch, kv_heads, length, dtype=torch.float64, generator=g, device="cpu").to(DEVICE)
     else:
-        beta = torch.full((batch, kv_heads, length), float(beta), dtype=torch.float64)
+        beta = torch.full((batch, kv_heads, length), float(beta), dtype=torch.float64, device=DEVICE)
     return q, k, w, beta
 
 
@@ -124,7 +129,7 @@ def test_path_logits_equal_explicit_householder_products(chunk, past):
                     if j <= i:
                         expected = q[b, h, :, i] @ naive_transform(w[b, h], beta[b, h], k[b, h, j], i, j)
                     torch.testing.assert_close(logits[b, h, :, i - past, j], torch.as_tensor(expected,
-                                               dtype=torch.float64).expand(groups), atol=1e-12, rtol=0)
+                                               dtype=torch.float64, device=DEVICE).expand(groups), atol=1e-12, rtol=0)
             for j in range(past + length):
                 last = past + length - 1
                 torch.testing.assert_close(keys[b, h, j], naive_transform(w[b, h], beta[b, h], k[b, h, j], last, j),
@@ -137,7 +142,7 @@ def test_path_with_beta_two_is_orthogonal():
     _, keys = path_logits(q, k, w, beta, chunk=8)
     torch.testing.assert_close(keys.norm(dim=-1), k.norm(dim=-1), atol=1e-12, rtol=0)
     assert not torch.allclose(keys, k)
-    basis = torch.eye(6, dtype=torch.float64)
+    basis = torch.eye(6, dtype=torch.float64, device=DEVICE)
     product = torch.stack([naive_transform(w[0, 0], beta[0, 0], basis[c], 19, 0) for c in range(6)], dim=-1)
     torch.testing.assert_close(product.T @ product, basis, atol=1e-12, rtol=0)
 
@@ -171,7 +176,7 @@ def test_path_cache_holds_keys_transformed_up_to_the_last_token():
     model(ids, use_cache=False)
     hook.remove()
     norm_hook.remove()
-    w, beta = layer.positional.householder(x["x"], PositionContext(query_positions=torch.arange(7)[None]), None)
+    w, beta = layer.positional.householder(x["x"], PositionContext(query_positions=torch.arange(7, device=DEVICE)[None]), None)
     k = raw["k"].view(1, 7, 2, 8).transpose(1, 2)
     for h in range(2):
         for j in range(7):
@@ -208,7 +213,7 @@ def test_output_attentions(pe_type):
     assert len(out.attentions) == model.config.num_hidden_layers
     for probs in out.attentions:
         assert probs.shape == (2, 4, 10, 10)
-        torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 10, dtype=torch.float64), atol=1e-12, rtol=0)
+        torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 10, dtype=torch.float64, device=DEVICE), atol=1e-12, rtol=0)
         assert (probs.triu(1) == 0).all()
 
 
@@ -225,10 +230,11 @@ def test_padding_tokens_do_not_leak_into_state(pe_type):
     """Whatever the padding tokens are, the real tokens' outputs and the continuation stay the same."""
     model = tiny_model(pe_type, dtype=torch.float64)
     short = tokens(1, 7, seed=2)
-    mask = torch.cat([torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 7, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.zeros(1, 4, dtype=torch.long, device=DEVICE), torch.ones(1, 7, dtype=torch.long,
+                                                                                   device=DEVICE)], dim=1)
     results = []
     for pad in (0, 17):
-        batch = torch.cat([torch.full((1, 4), pad), short], dim=1)
+        batch = torch.cat([torch.full((1, 4), pad, device=DEVICE), short], dim=1)
         cache = DynamicCache(config=model.config)
         first = model(batch, attention_mask=mask, cache=cache, use_cache=True).logits[:, 4:]
         nxt = model(tokens(1, 1, seed=5), attention_mask=torch.cat([mask, mask[:, -1:]], 1), cache=cache,
