@@ -60,11 +60,6 @@ def _default_device_elsewhere(request):
         yield
 
 
-def tolerance(dtype: torch.dtype) -> float:
-    """The absolute tolerance of an equality law between two computations of the same function in `dtype`."""
-    return {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
-
-
 def tiny_config(pe_type: str = "tape", **overrides) -> TapeConfig:
     """A few-thousand-parameter model: 2 layers, 4 heads of dim 8 (2 KV heads). RandPE evaluates on the given
     positions here, so that it obeys the deterministic laws (its random evaluation has its own tests)."""
