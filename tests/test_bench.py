@@ -1,8 +1,10 @@
 """`tapelm bench training` measures what it says, and refuses bad input before any work."""
 
 import argparse
+import json
 
 import pytest
+import torch
 
 from tapelm.bench import speed, training
 from tapelm.config import PE_TYPES
@@ -29,10 +31,71 @@ def test_training_bench_refuses_an_unknown_variant(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_speed_bench_measures_every_encoding_with_a_cache():
-    tiny = speed.SpeedSize("tiny", 2, 32, 4, 2, 64, 16, 2, 12, 3, 1)
-    results = speed.measure(tiny, list(PE_TYPES), progress=False)
-    assert list(results) == list(PE_TYPES)
-    for pe, result in results.items():
-        assert result["decode_tokens_per_s"] > 0 and result["cache_bytes"] > 0, pe
-    assert results["tape"]["cache_bytes"] > results["rope"]["cache_bytes"]
+CPU = speed.Options(torch.device("cpu"))
+
+
+def test_speed_bench_measures_every_encoding_and_the_llama_peer(tmp_path):
+    size = speed.SIZES["tiny"]
+    report = speed.run(["tiny"], [*PE_TYPES, "llama"], tmp_path, CPU, progress=False)
+    entry = report["sizes"]["tiny"]
+    assert list(entry["results"]) == ["rope", *(pe for pe in PE_TYPES if pe != "rope"), "llama"]
+    for row, result in entry["results"].items():
+        assert len(result["samples"]) == size.repeats, row
+        assert result["tokens_per_s"] > 0 and result["tflops"] > 0 and result["prefill_s"] > 0, row
+        assert all(result[f"decode_tokens_per_s_batch{b}"] > 0 and result[f"cache_bytes_batch{b}"] > 0
+                   for b in size.decode_batches), row
+        ratio = entry["ratios_to_rope"][row]["train_step_s"]
+        assert ratio["n"] == size.repeats and ratio["mean"] > 0, row
+    results = entry["results"]
+    assert results["tape"]["cache_bytes_batch1"] > results["rope"]["cache_bytes_batch1"]
+    assert results["tape"]["cache_bytes_batch2"] == 2 * results["tape"]["cache_bytes_batch1"]
+    assert results["llama"]["cache_bytes_batch1"] == results["rope"]["cache_bytes_batch1"]
+    assert entry["ratios_to_rope"]["rope"]["train_step_s"]["mean"] == 1.0
+    assert report["options"] == {"device": "cpu", "dtype": "float32", "compile": False}
+    saved = json.loads((tmp_path / "speed-cpu-tiny.json").read_text())
+    assert saved["sizes"]["tiny"]["results"]["tape"]["parameters"] == results["tape"]["parameters"]
+    assert (tmp_path / "speed-cpu-tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_speed_bench_trains_under_bf16_autocast_and_decodes_with_bf16_weights(tmp_path):
+    report = speed.run(["tiny"], ["tape"], tmp_path, speed.Options(torch.device("cpu"), bf16=True), progress=False)
+    assert report["options"]["dtype"] == "bf16"
+    results = report["sizes"]["tiny"]["results"]
+    # a bf16 cache holds half the bytes of the float32 one (TAPE's cache keeps E in the model's dtype)
+    float32 = speed.run(["tiny"], ["tape"], tmp_path / "f32", CPU, progress=False)["sizes"]["tiny"]["results"]
+    assert results["tape"]["cache_bytes_batch1"] * 2 == float32["tape"]["cache_bytes_batch1"]
+
+
+def test_a_row_that_runs_out_of_memory_is_reported_not_raised(monkeypatch):
+    original = speed.Workload.train_step
+
+    def train_step(self):
+        if self.model.config.pe_type == "cope":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
+        return original(self)
+
+    monkeypatch.setattr(speed.Workload, "train_step", train_step)
+    results = speed.measure(speed.SIZES["tiny"], ["rope", "cope", "tape"], CPU, progress=False)
+    assert results["cope"] == {"error": "out of memory: CUDA out of memory. Tried to allocate 96.00 GiB"}
+    assert "error" not in results["tape"]
+    ratios = speed.ratios_to_rope(speed.SIZES["tiny"], results)
+    table = speed.format_table(speed.SIZES["tiny"], {"results": results, "ratios_to_rope": ratios,
+                                                      "options": CPU.record()})
+    assert "| cope | out of memory: CUDA out of memory" in table and "cope" not in ratios
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cuda"], "sees no CUDA device"),
+    (["--device", "tpu"], "is not a device; use cpu, cuda or cuda:N"),
+    (["--device", "mps"], "only cpu and cuda are supported"),
+    (["--pe", "rotary"], "unknown row 'rotary'"),
+    (["--threads", "0"], "--threads=0 is not allowed"),
+])
+def test_speed_bench_refuses_bad_input_before_any_work(tmp_path, capsys, argv, message):
+    from tapelm.cli import main
+
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["bench", "speed", "--sizes", "tiny", "--out", str(tmp_path / "out"), "--no-progress", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

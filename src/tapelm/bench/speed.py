@@ -1,14 +1,28 @@
-"""`tapelm bench speed`: every encoding timed side by side in one process, quoted as ratios to RoPE.
+"""`tapelm bench speed`: every encoding timed side by side in one process, on the CPU or a GPU, quoted as ratios to
+RoPE with an interval over repetitions.
 
-Measurements are interleaved (one repetition visits every encoding before the next repetition starts) so that a noisy
-machine slows all encodings alike; each number is the median over repetitions. Memory is counted, not sampled:
-parameters, gradients and AdamW's two moments plus every tensor autograd saves for the backward pass (the part that
-differs between encodings), and the cache after prefill for decoding.
+Measurements are interleaved: one repetition visits every row (each encoding, and transformers' `LlamaForCausalLM`
+of the same size as a peer) before the next starts, so that a noisy machine slows all rows alike; a row's ratio to
+RoPE is taken within each repetition, and reported as the mean with its 95% interval over repetitions. Per row:
+
+- a training step (forward, backward, AdamW; fused AdamW on CUDA), in float32 or under bf16 autocast (float32
+  weights, as accelerate's mixed_precision="bf16" trains), optionally with `compile_layers()`; its tokens/s and the
+  achieved TFLOP/s (model FLOPs: 6 x non-embedding parameters + 6 x layers x hidden x sequence length per token for
+  causal attention, the same count for every row);
+- peak training memory: from the device's allocator on a GPU (`max_memory_allocated`); counted on the CPU (weights,
+  gradients, AdamW's two moments and every tensor autograd saves for the backward pass);
+- prefill: the cached forward pass over the decoding prompt at batch 1 (the wait before the first new token);
+- greedy decoding with a cache after that prompt, at batch 1 and 8: tokens/s (all rows of the batch) and the bytes
+  the cache holds. With `--dtype bf16` the model decodes with bf16 weights.
+
+One workload lives at a time (rebuilt from the same seed at every visit and warmed up before it is timed), so the
+large sizes fit; a row that runs out of device memory is reported as such and skipped in later repetitions.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -17,10 +31,15 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from ..config import PE_TYPES, TapeConfig
-from ..experiments.provenance import environment
+from ..experiments.provenance import environment, installed_version
+from ..experiments.statistics import interval
 from ..modeling import TapeForCausalLM
+
+PEERS = ("llama",)
+"""Rows that are not tapelm encodings: `llama` is transformers' LlamaForCausalLM at the same size (RoPE)."""
 
 
 @dataclass(frozen=True)
@@ -38,26 +57,65 @@ class SpeedSize:
     decode_context: int
     decode_tokens: int
     repeats: int
+    vocab: int = 256
+    decode_batches: tuple[int, ...] = (1, 8)
 
     def config(self, pe_type: str) -> TapeConfig:
         """RandPE decodes on the given positions (a cache cannot be continued otherwise); it trains as always."""
-        return TapeConfig(vocab_size=256, hidden_size=self.hidden, intermediate_size=self.intermediate,
+        return TapeConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                          num_key_value_heads=self.kv_heads, max_position_embeddings=4096, pe_type=pe_type,
-                          randpe_eval_positions="given")
+                          num_key_value_heads=self.kv_heads, max_position_embeddings=max(4096, self.seq),
+                          pe_type=pe_type, randpe_eval_positions="given")
+
+    def llama_config(self) -> LlamaConfig:
+        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
+                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                           num_key_value_heads=self.kv_heads, max_position_embeddings=max(4096, self.seq))
+
+    def flops_per_token(self, non_embedding_parameters: int) -> float:
+        """Training FLOPs per token: 6N for the weights, 6 x layers x hidden x seq for causal attention."""
+        return 6 * non_embedding_parameters + 6 * self.layers * self.hidden * self.seq
 
 
 SIZES = {
+    "tiny": SpeedSize("tiny", 2, 32, 4, 2, 64, 16, 2, 24, 3, 2, decode_batches=(1, 2)),
+    "quick": SpeedSize("quick", 6, 256, 8, 4, 688, 256, 8, 1024, 16, 3),
     "small": SpeedSize("small", 6, 256, 8, 4, 688, 512, 8, 2048, 32, 3),
     "large": SpeedSize("large", 12, 768, 12, 12, 2048, 1024, 1, 2048, 32, 3),
-    "quick": SpeedSize("quick", 6, 256, 8, 4, 688, 256, 8, 1024, 16, 3),
+    # the paper's 12 x 768 model (the `paper` preset, 32k BPE vocabulary) and a 24 x 1024 GQA model, for GPUs
+    "paper-1k": SpeedSize("paper-1k", 12, 768, 12, 12, 2048, 1024, 16, 2048, 64, 5, vocab=32000),
+    "paper-4k": SpeedSize("paper-4k", 12, 768, 12, 12, 2048, 4096, 4, 2048, 64, 5, vocab=32000),
+    "gqa-2k": SpeedSize("gqa-2k", 24, 1024, 16, 4, 2816, 2048, 8, 2048, 64, 5, vocab=32000),
 }
+CPU_SIZES = ("small", "large")
+GPU_SIZES = ("paper-1k", "paper-4k", "gqa-2k")
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+@dataclass(frozen=True)
+class Options:
+    """How every row is run: the device, bf16 autocast (training) and bf16 weights (decoding), compiled layers."""
+
+    device: torch.device
+    bf16: bool = False
+    compile: bool = False
+
+    def autocast(self):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def record(self) -> dict:
+        record = {"device": str(self.device), "dtype": "bf16" if self.bf16 else "float32", "compile": self.compile}
+        if self.device.type == "cuda":
+            properties = torch.cuda.get_device_properties(self.device)
+            record.update(device_name=properties.name, device_memory_bytes=properties.total_memory,
+                          capability=".".join(map(str, torch.cuda.get_device_capability(self.device))),
+                          cuda=torch.version.cuda)
+        return record
 
 
 def _saved_bytes(fn) -> int:
@@ -74,151 +132,315 @@ def _saved_bytes(fn) -> int:
     return sum(storages.values())
 
 
+def _cache_bytes(cache) -> int:
+    return sum(layer.held_bytes() if hasattr(layer, "held_bytes") else layer.keys.nbytes + layer.values.nbytes
+               for layer in cache.layers)
+
+
+def build_model(size: SpeedSize, row: str) -> torch.nn.Module:
+    """A tapelm encoding (`row` in PE_TYPES) or a peer (`llama`) at `size`, on the default device."""
+    if row == "llama":
+        return LlamaForCausalLM(size.llama_config())
+    return TapeForCausalLM(size.config(row))
+
+
 class Workload:
-    """One encoding at one size: a model, its optimizer and fixed inputs."""
+    """One row at one size: a model on the device, its optimizer and fixed inputs."""
 
-    def __init__(self, size: SpeedSize, pe_type: str, seed: int = 0):
+    def __init__(self, size: SpeedSize, row: str, options: Options, seed: int = 0):
         torch.manual_seed(seed)
-        self.size = size
-        self.model = TapeForCausalLM(size.config(pe_type))
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.size, self.options = size, options
+        with torch.device(options.device):
+            self.model = build_model(size, row)
+        if options.compile:
+            if row == "llama":
+                for layer in self.model.model.layers:
+                    layer.compile(dynamic=True)
+            else:
+                self.model.compile_layers()
+        fused = {"fused": True} if options.device.type == "cuda" else {}
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, **fused)
         generator = torch.Generator().manual_seed(seed)
-        self.batch = torch.randint(0, 256, (size.batch, size.seq), generator=generator)
-        self.context = torch.randint(0, 256, (1, size.decode_context), generator=generator)
+        self.batch = torch.randint(0, size.vocab, (size.batch, size.seq), generator=generator).to(options.device)
+        self.prompt = torch.randint(0, size.vocab, (max(size.decode_batches), size.decode_context),
+                                    generator=generator).to(options.device)
 
-    def train_step(self) -> None:
+    def non_embedding_parameters(self) -> int:
+        embeddings = {id(p) for module in (self.model.get_input_embeddings(), self.model.get_output_embeddings())
+                      for p in module.parameters()}
+        return sum(p.numel() for p in self.model.parameters() if id(p) not in embeddings)
+
+    def train_step(self) -> float:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        self.model(self.batch, labels=self.batch, use_cache=False).loss.backward()
-        self.optimizer.step()
-
-    @torch.no_grad()
-    def prefill(self) -> None:
-        self.model.eval()
-        self.model(self.batch, use_cache=False)
-
-    @torch.no_grad()
-    def decode(self) -> tuple[float, int]:
-        """Seconds per token of greedy decoding after a cached prefill of decode_context tokens, and cache bytes."""
-        self.model.eval()
-        out = self.model(self.context, use_cache=True)
-        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-        cache_bytes = sum(layer.held_bytes() for layer in cache.layers)
+        self.options.synchronize()
         start = time.perf_counter()
-        for _ in range(self.size.decode_tokens):
-            out = self.model(token, cache=cache, use_cache=True)
-            cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-        return (time.perf_counter() - start) / self.size.decode_tokens, cache_bytes
+        with self.options.autocast():
+            loss = self.model(self.batch, labels=self.batch, use_cache=False).loss
+        loss.backward()
+        self.optimizer.step()
+        self.options.synchronize()
+        return time.perf_counter() - start
 
     def training_memory(self) -> int:
+        """Peak bytes of a training step: the allocator's on a GPU, counted on the CPU."""
+        if self.options.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.options.device)
+            self.train_step()
+            return torch.cuda.max_memory_allocated(self.options.device)
         self.model.train()
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        saved = _saved_bytes(lambda: self.model(self.batch, labels=self.batch, use_cache=False).loss)
+        with self.options.autocast():
+            saved = _saved_bytes(lambda: self.model(self.batch, labels=self.batch, use_cache=False).loss)
         return 4 * params + saved  # weights, gradients, AdamW's two moments, saved activations
 
+    def for_decoding(self) -> None:
+        """Eval mode, bf16 weights with --dtype bf16; training state dropped."""
+        self.optimizer = None
+        self.model.zero_grad(set_to_none=True)
+        self.model.eval()
+        if self.options.bf16:
+            self.model.to(torch.bfloat16)
 
-def measure(size: SpeedSize, pe_types: list[str], progress: bool = True) -> dict[str, dict]:
-    """Median timings and counted memory per encoding, interleaved across encodings.
+    def _forward(self, ids, cache):
+        return self.model(ids, use_cache=True, cache=cache)
 
-    One workload lives at a time (eleven large models with AdamW state do not fit in 24 GB), rebuilt from the same
-    seed at every visit and warmed up before it is timed."""
-    samples = {pe: {"train_step_s": [], "prefill_s": [], "decode_s_per_token": []} for pe in pe_types}
-    results: dict[str, dict] = {}
-    steps = tqdm(total=size.repeats * len(pe_types), desc=f"speed {size.name}", disable=not progress)
-    for repeat in range(size.repeats):
-        for pe in pe_types:
-            workload = Workload(size, pe)
-            workload.train_step()  # warm-up: first-call allocations and kernel selection
+    @torch.no_grad()
+    def prefill(self) -> float:
+        """Seconds of the cached forward pass over the prompt at batch 1."""
+        self.options.synchronize()
+        start = time.perf_counter()
+        self._forward(self.prompt[:1], DynamicCache(config=self.model.config))
+        self.options.synchronize()
+        return time.perf_counter() - start
+
+    @torch.no_grad()
+    def decode(self, batch: int) -> tuple[float, int]:
+        """Tokens per second of greedy cached decoding (all rows) after the prompt, and the cache's bytes after it."""
+        cache = DynamicCache(config=self.model.config)
+        token = self._forward(self.prompt[:batch], cache).logits[:, -1:].argmax(-1)
+        cache_bytes = _cache_bytes(cache)
+        self.options.synchronize()
+        start = time.perf_counter()
+        for _ in range(self.size.decode_tokens):
+            token = self._forward(token, cache).logits[:, -1:].argmax(-1)
+        self.options.synchronize()
+        return batch * self.size.decode_tokens / (time.perf_counter() - start), cache_bytes
+
+
+def _decode_key(batch: int) -> str:
+    return f"decode_tokens_per_s_batch{batch}"
+
+
+def _timed_keys(size: SpeedSize) -> tuple[str, ...]:
+    return ("train_step_s", "prefill_s", *(_decode_key(b) for b in size.decode_batches))
+
+
+def _visit(size: SpeedSize, row: str, options: Options, first: bool) -> dict:
+    """One repetition of one row: its timings (and, on the first visit, its memory and sizes)."""
+    workload = Workload(size, row, options)
+    try:
+        workload.train_step()  # warm-up: first-call allocations, kernel selection, compilation
+        sample = {"train_step_s": min(workload.train_step(), workload.train_step())}
+        if first:
+            sample.update(train_memory_bytes=workload.training_memory(),
+                          parameters=sum(p.numel() for p in workload.model.parameters()),
+                          flops_per_token=size.flops_per_token(workload.non_embedding_parameters()))
+        workload.for_decoding()
+        with torch.compiler.set_stance("force_eager"):  # decoding shapes change at every step
             workload.prefill()
-            samples[pe]["train_step_s"].append(_timed(workload.train_step))
-            samples[pe]["prefill_s"].append(_timed(workload.prefill))
-            seconds, cache_bytes = workload.decode()
-            samples[pe]["decode_s_per_token"].append(seconds)
-            if repeat == 0:
-                results[pe] = {"train_memory_bytes": workload.training_memory(), "cache_bytes": cache_bytes,
-                               "parameters": workload.model.num_parameters()}
-            del workload
-            steps.update()
+            sample["prefill_s"] = workload.prefill()
+            for batch in size.decode_batches:
+                sample[_decode_key(batch)], cache_bytes = workload.decode(batch)
+                if first:
+                    sample[f"cache_bytes_batch{batch}"] = cache_bytes
+        return sample
+    finally:
+        del workload
+        if options.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    message = str(error).lower()
+    return (isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in message
+            or "can't allocate memory" in message)
+
+
+def _compile_budget():
+    """Enough compiled versions per layer that no row's compiled layers fall back to eager (dynamo keeps 8)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    return config.patch(**{name: max(64, getattr(config, name))})
+
+
+def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool = True) -> dict[str, dict]:
+    """Per row: median timings, memory, and each repetition's samples, interleaved across rows. A row that runs out
+    of memory is {"error": ...} and is not visited again."""
+    samples: dict[str, list[dict]] = {row: [] for row in rows}
+    failed: dict[str, str] = {}
+    steps = tqdm(total=size.repeats * len(rows), desc=f"speed {size.name}", disable=not progress)
+    with _compile_budget():
+        for repeat in range(size.repeats):
+            for row in rows:
+                if row not in failed:
+                    try:
+                        samples[row].append(_visit(size, row, options, first=repeat == 0))
+                    except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+                        if not _out_of_memory(error):
+                            raise
+                        failed[row] = f"out of memory: {str(error).splitlines()[0][:200]}"
+                        if options.device.type == "cuda":
+                            torch.cuda.empty_cache()
+                steps.update()
     steps.close()
-    for pe in pe_types:
-        results[pe].update({key: statistics.median(values) for key, values in samples[pe].items()})
-        results[pe]["decode_tokens_per_s"] = 1.0 / results[pe]["decode_s_per_token"]
+    results: dict[str, dict] = {}
+    for row in rows:
+        if row in failed:
+            results[row] = {"error": failed[row]}
+            continue
+        first = samples[row][0]
+        result = {key: value for key, value in first.items() if key not in _timed_keys(size)}
+        for key in _timed_keys(size):
+            result[key] = statistics.median(sample[key] for sample in samples[row])
+        result["tokens_per_s"] = size.batch * size.seq / result["train_step_s"]
+        result["tflops"] = result["flops_per_token"] * result["tokens_per_s"] / 1e12
+        result["samples"] = samples[row]
+        results[row] = result
     return results
 
 
-RATIO_KEYS = ("train_step_s", "prefill_s", "decode_tokens_per_s", "train_memory_bytes", "cache_bytes")
-
-
-def ratios_to_rope(results: dict[str, dict]) -> dict[str, dict[str, float]]:
+def ratios_to_rope(size: SpeedSize, results: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """Each row's ratio to RoPE: timings per repetition (mean and 95% interval over repetitions), memory and cache
+    once (they do not vary)."""
     rope = results["rope"]
-    return {pe: {key: row[key] / rope[key] for key in RATIO_KEYS} for pe, row in results.items()}
+    ratios: dict[str, dict[str, dict]] = {}
+    for row, result in results.items():
+        if "error" in result or "error" in rope:
+            continue
+        ratios[row] = {key: interval([mine[key] / theirs[key] for mine, theirs in zip(result["samples"],
+                                                                                       rope["samples"])])
+                       for key in _timed_keys(size)}
+        for key in ("train_memory_bytes", *(f"cache_bytes_batch{b}" for b in size.decode_batches)):
+            ratios[row][key] = {"mean": result[key] / rope[key], "n": 1}
+    return ratios
 
 
-def format_table(size: SpeedSize, results: dict[str, dict]) -> str:
-    """A markdown table: absolute numbers and ratios to RoPE."""
-    ratios = ratios_to_rope(results)
+def _ratio(entry: dict | None) -> str:
+    if entry is None:
+        return "–"
+    half = entry.get("half_width")
+    return f"{entry['mean']:.2f}" + (f" ± {half:.2f}" if half is not None and half == half else "")
+
+
+def format_table(size: SpeedSize, report_entry: dict) -> str:
+    """A markdown table: absolute numbers and ratios to RoPE (mean ± 95% interval over repetitions)."""
+    results, ratios = report_entry["results"], report_entry["ratios_to_rope"]
+    memory = "peak MB" if report_entry["options"]["device"].startswith("cuda") else "counted MB"
+    decode = [f"decode tok/s b{b}" for b in size.decode_batches]
     lines = [f"{size.name}: {size.layers} layers / hidden {size.hidden} / {size.heads} heads ({size.kv_heads} kv) / "
-             f"seq {size.seq} / batch {size.batch}; decode at {size.decode_context} context",
+             f"vocab {size.vocab} / seq {size.seq} / batch {size.batch}; decode after {size.decode_context} tokens; "
+             f"{report_entry['options']['device']}, {report_entry['options']['dtype']}"
+             f"{', compiled layers' if report_entry['options']['compile'] else ''}; {size.repeats} repetitions",
              "",
-             "| encoding | params | train step (s) | x RoPE | prefill (s) | x RoPE | decode tok/s | x RoPE | "
-             "train memory (MB) | x RoPE | cache (MB) | x RoPE |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for pe, row in results.items():
-        r = ratios[pe]
+             "| row | params | train step (ms) | x RoPE | tokens/s | TFLOP/s | train " + memory + " | x RoPE | "
+             "prefill (ms) | x RoPE | " + " | ".join(f"{d} | x RoPE" for d in decode) + " | cache b1 (MB) | x RoPE |",
+             "|---|" + "---:|" * (11 + 2 * len(decode))]
+    for row, result in results.items():
+        if "error" in result:
+            lines.append(f"| {row} | {result['error']} |" + " |" * (10 + 2 * len(decode)))
+            continue
+        r = ratios.get(row, {})
+        first = size.decode_batches[0]
+        decode_cells = " | ".join(f"{result[_decode_key(b)]:,.1f} | {_ratio(r.get(_decode_key(b)))}"
+                                  for b in size.decode_batches)
         lines.append(
-            f"| {pe} | {row['parameters'] / 1e6:.2f}M | {row['train_step_s']:.3f} | {r['train_step_s']:.2f} | "
-            f"{row['prefill_s']:.3f} | {r['prefill_s']:.2f} | {row['decode_tokens_per_s']:.1f} | "
-            f"{r['decode_tokens_per_s']:.2f} | {row['train_memory_bytes'] / 2**20:.0f} | "
-            f"{r['train_memory_bytes']:.2f} | {row['cache_bytes'] / 2**20:.1f} | {r['cache_bytes']:.2f} |")
+            f"| {row} | {result['parameters'] / 1e6:.2f}M | {result['train_step_s'] * 1e3:,.1f} | "
+            f"{_ratio(r.get('train_step_s'))} | {result['tokens_per_s']:,.0f} | {result['tflops']:.2f} | "
+            f"{result['train_memory_bytes'] / 2**20:,.0f} | {_ratio(r.get('train_memory_bytes'))} | "
+            f"{result['prefill_s'] * 1e3:,.1f} | {_ratio(r.get('prefill_s'))} | {decode_cells} | "
+            f"{result[f'cache_bytes_batch{first}'] / 2**20:,.1f} | {_ratio(r.get(f'cache_bytes_batch{first}'))} |")
     return "\n".join(lines)
 
 
 def plot(report: dict, path: Path) -> None:
-    """Bar charts of the ratios to RoPE, one panel per size."""
+    """Ratios to RoPE with their 95% intervals, one panel per size."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     sizes = report["sizes"]
-    fig, axes = plt.subplots(len(sizes), 1, figsize=(11, 3.6 * len(sizes)), squeeze=False)
+    fig, axes = plt.subplots(len(sizes), 1, figsize=(12, 3.8 * len(sizes)), squeeze=False)
     for axis, (name, entry) in zip(axes[:, 0], sizes.items()):
         ratios = entry["ratios_to_rope"]
-        pes = list(ratios)
-        keys = ("train_step_s", "prefill_s", "decode_tokens_per_s", "train_memory_bytes")
-        labels = ("train step time", "prefill time", "decode tokens/s", "train memory")
+        rows = list(ratios)
+        batches = entry["settings"]["decode_batches"]
+        keys = ("train_step_s", "train_memory_bytes", "prefill_s", *(_decode_key(b) for b in batches))
+        labels = ("train step time", "train memory", "prefill time", *(f"decode tokens/s, batch {b}"
+                                                                       for b in batches))
         width = 0.8 / len(keys)
         for i, (key, label) in enumerate(zip(keys, labels)):
-            axis.bar([j + i * width for j in range(len(pes))], [ratios[pe][key] for pe in pes], width, label=label)
+            means = [ratios[row][key]["mean"] for row in rows]
+            errors = [ratios[row][key].get("half_width", 0.0) for row in rows]
+            errors = [0.0 if e != e else e for e in errors]
+            axis.bar([j + i * width for j in range(len(rows))], means, width, yerr=errors, capsize=2, label=label)
         axis.axhline(1.0, color="black", linewidth=0.8)
-        axis.set_xticks([j + 0.4 - width / 2 for j in range(len(pes))], pes)
-        axis.set_ylabel("ratio to RoPE")
-        axis.set_title(f"{name}: {entry['settings']['layers']} layers, hidden {entry['settings']['hidden']}, "
-                       f"seq {entry['settings']['seq']}, batch {entry['settings']['batch']}")
-        axis.legend(fontsize=8, ncols=4)
+        axis.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], rows)
+        axis.set_ylabel("ratio to tapelm's RoPE")
+        options = entry["options"]
+        axis.set_title(f"{name}: {entry['settings']['layers']} layers, hidden {entry['settings']['hidden']}, seq "
+                       f"{entry['settings']['seq']} x batch {entry['settings']['batch']}; "
+                       f"{options.get('device_name', options['device'])}, {options['dtype']}"
+                       f"{', compiled' if options['compile'] else ''}", fontsize=9)
+        axis.legend(fontsize=7, ncols=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def run(size_names: list[str], pe_types: list[str], out_dir: Path, progress: bool = True) -> dict:
-    """Measure, print the tables, write JSON and a PNG; returns the report."""
-    unknown = [pe for pe in pe_types if pe not in PE_TYPES]
+def check_rows(rows: list[str]) -> list[str]:
+    """The rows to measure, RoPE first; ValueError naming an unknown one."""
+    unknown = [row for row in rows if row not in (*PE_TYPES, *PEERS)]
     if unknown:
-        raise ValueError(f"unknown encoding {unknown[0]!r}; choose from: {', '.join(PE_TYPES)}")
-    if "rope" not in pe_types:
-        pe_types = ["rope", *pe_types]
-    report = {"environment": environment(), "sizes": {}}
+        raise ValueError(f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(PE_TYPES)} and the "
+                         f"peers {', '.join(PEERS)}")
+    return ["rope", *[row for row in dict.fromkeys(rows) if row != "rope"]]
+
+
+def check_device(name: str) -> torch.device:
+    """The device `--device` names; ValueError when this PyTorch cannot use it."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this PyTorch ({torch.__version__}) sees no CUDA device")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
+def run(size_names: list[str], rows: list[str], out_dir: Path, options: Options, progress: bool = True,
+        stem: str | None = None) -> dict:
+    """Measure every size, print the tables, write JSON and a PNG after each size; returns the report."""
+    rows = check_rows(rows)
+    unknown = [name for name in size_names if name not in SIZES]
+    if unknown:
+        raise ValueError(f"unknown size {unknown[0]!r}; choose from: {', '.join(SIZES)}")
+    report = {"environment": {**environment(), "fla": installed_version("flash-linear-attention")},
+              "options": options.record(), "sizes": {}}
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"speed-{'-'.join(size_names)}"
+    stem = out_dir / (stem or f"speed-{options.device.type}-{'-'.join(size_names)}")
     for name in size_names:  # results are written after every size, so a later failure loses nothing
         size = SIZES[name]
-        results = measure(size, pe_types, progress)
-        report["sizes"][name] = {"settings": asdict(size), "results": results,
-                                 "ratios_to_rope": ratios_to_rope(results)}
-        print(format_table(size, results), flush=True)
+        results = measure(size, rows, options, progress)
+        entry = {"settings": asdict(size), "options": options.record(), "results": results,
+                 "ratios_to_rope": ratios_to_rope(size, results)}
+        report["sizes"][name] = entry
+        print(format_table(size, entry), flush=True)
         print(flush=True)
-        stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
         plot(report, stem.with_suffix(".png"))
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
     return report
@@ -229,20 +451,34 @@ def _bench_speed(args: argparse.Namespace) -> None:
         if args.threads < 1:
             raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
         torch.set_num_threads(args.threads)
-    sizes = ["quick"] if args.quick else args.sizes
-    run(sizes, args.pe or list(PE_TYPES), Path(args.out), progress=not args.no_progress)
+    device = check_device(args.device)
+    options = Options(device, bf16=args.dtype == "bf16", compile=args.compile)
+    if args.quick:
+        sizes = ["quick"]
+    else:
+        sizes = args.sizes or list(GPU_SIZES if device.type == "cuda" else CPU_SIZES)
+    rows = args.pe or [*PE_TYPES, *PEERS]
+    run(sizes, rows, Path(args.out), options, progress=not args.no_progress)
 
 
 def add_arguments(bench) -> None:
     """Register `tapelm bench speed` under `tapelm bench`."""
-    speed = bench.add_parser("speed", help="training, prefill and decode speed and memory of every encoding, "
-                                           "as ratios to RoPE")
+    speed = bench.add_parser("speed", help="training, prefill and decode speed and memory of every encoding (and "
+                                           "transformers' Llama), as ratios to RoPE, on the CPU or a GPU")
     speed.add_argument("--quick", action="store_true",
                        help="one small size with short sequences (a table in about two minutes on 2 CPU cores)")
-    speed.add_argument("--sizes", nargs="+", choices=["small", "large"], default=["small", "large"],
-                       help="sizes to measure (default: both)")
-    speed.add_argument("--pe", nargs="+", choices=PE_TYPES, metavar="PE",
-                       help=f"encodings (default: all of {', '.join(PE_TYPES)}); RoPE is always included")
+    speed.add_argument("--sizes", nargs="+", choices=list(SIZES),
+                       help=f"sizes to measure (default: {' '.join(CPU_SIZES)} on the CPU, {' '.join(GPU_SIZES)} "
+                            "on a GPU)")
+    speed.add_argument("--pe", nargs="+", metavar="ROW",
+                       help=f"rows (default: every encoding, {', '.join(PE_TYPES)}, and the peers "
+                            f"{', '.join(PEERS)}); RoPE is always included")
+    speed.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    speed.add_argument("--dtype", choices=("float32", "bf16"), default="float32",
+                       help="float32, or bf16: training under bf16 autocast, decoding with bf16 weights "
+                            "(default: %(default)s)")
+    speed.add_argument("--compile", action="store_true",
+                       help="train with compile_layers() (torch.compile per decoder layer; decoding stays eager)")
     speed.add_argument("--out", default="bench-results", help="folder for the JSON and PNG (default: %(default)s)")
     speed.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     speed.add_argument("--no-progress", action="store_true", help="no progress bar")
