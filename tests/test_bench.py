@@ -36,7 +36,7 @@ CPU = speed.Options(torch.device("cpu"))
 
 def test_speed_bench_measures_every_encoding_and_the_llama_peer(tmp_path):
     size = speed.SIZES["tiny"]
-    report = speed.run(["tiny"], [*PE_TYPES, "llama"], tmp_path, CPU, progress=False)
+    report = speed.run([speed.SIZES["tiny"]], [*PE_TYPES, "llama"], tmp_path, CPU, progress=False)
     entry = report["sizes"]["tiny"]
     assert list(entry["results"]) == ["rope", *(pe for pe in PE_TYPES if pe != "rope"), "llama"]
     for row, result in entry["results"].items():
@@ -58,11 +58,11 @@ def test_speed_bench_measures_every_encoding_and_the_llama_peer(tmp_path):
 
 
 def test_speed_bench_trains_under_bf16_autocast_and_decodes_with_bf16_weights(tmp_path):
-    report = speed.run(["tiny"], ["tape"], tmp_path, speed.Options(torch.device("cpu"), bf16=True), progress=False)
+    report = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path, speed.Options(torch.device("cpu"), bf16=True), progress=False)
     assert report["options"]["dtype"] == "bf16"
     results = report["sizes"]["tiny"]["results"]
     # a bf16 cache holds half the bytes of the float32 one (TAPE's cache keeps E in the model's dtype)
-    float32 = speed.run(["tiny"], ["tape"], tmp_path / "f32", CPU, progress=False)["sizes"]["tiny"]["results"]
+    float32 = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path / "f32", CPU, progress=False)["sizes"]["tiny"]["results"]
     assert results["tape"]["cache_bytes_batch1"] * 2 == float32["tape"]["cache_bytes_batch1"]
 
 
@@ -99,3 +99,39 @@ def test_speed_bench_refuses_bad_input_before_any_work(tmp_path, capsys, argv, m
     assert main(["bench", "speed", "--sizes", "tiny", "--out", str(tmp_path / "out"), "--no-progress", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
+    """What CI runs of the GPU visit: the law tests, bench speed, paper-preset training and cached generation."""
+    from tapelm.bench.doctor import TINY_TESTS
+    from tapelm.cli import main
+
+    assert main(["doctor", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "doctor-cpu-tiny.json").read_text())
+    assert record["tiny"] and record["device"] == {"device": "cpu"}
+    parts = record["parts"]
+    assert {part: result["status"] for part, result in parts.items()} == dict.fromkeys(
+        ("tests", "speed", "training", "generation"), "passed")
+    assert parts["tests"]["counts"] == {"passed": len(TINY_TESTS) * len(PE_TYPES)}
+    assert set(parts["speed"]["sizes"]["tiny"]["results"]) == {"rope", "tape", "llama"}
+    for pe in ("tape", "rope"):
+        assert parts["training"]["runs"][pe]["final_loss"] > 0
+        assert parts["generation"]["models"][pe]["cached_equals_uncached"]
+    assert record["seconds"] < 120
+
+
+def test_a_failing_doctor_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    from tapelm.bench import doctor
+    from tapelm.cli import main
+
+    def broken(*args):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(doctor, "run_speed", broken)
+    assert main(["doctor", "--out", str(tmp_path), "--skip", "tests"]) == 1
+    parts = json.loads((tmp_path / "doctor-cpu-tiny.json").read_text())["parts"]
+    assert parts["speed"]["status"] == "failed" and "same device" in parts["speed"]["error"]
+    assert parts["tests"]["status"] == "skipped"
+    assert parts["training"]["status"] == parts["generation"]["status"] == "passed"
+    assert "doctor: failed: speed" in capsys.readouterr().err
+    assert main(["doctor", "--skip", "everything"]) == 2

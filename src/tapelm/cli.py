@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench import speed, training
+from .bench import doctor, speed, training
 from .experiments import commands as experiment_commands
 from .pretrained import commands as pretrained_commands
 from .report import add_commands as add_report_commands
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                             metavar="BENCHMARK")
     speed.add_arguments(bench)  # bench speed
     training.add_arguments(bench)  # bench training
+    doctor.add_commands(commands)  # doctor
     experiment_commands.add_commands(commands)  # train, eval, compare
     add_report_commands(commands)  # report
     pretrained_commands.add_commands(commands)  # convert, finetune

@@ -109,13 +109,18 @@ class Options:
             torch.cuda.synchronize(self.device)
 
     def record(self) -> dict:
-        record = {"device": str(self.device), "dtype": "bf16" if self.bf16 else "float32", "compile": self.compile}
-        if self.device.type == "cuda":
-            properties = torch.cuda.get_device_properties(self.device)
-            record.update(device_name=properties.name, device_memory_bytes=properties.total_memory,
-                          capability=".".join(map(str, torch.cuda.get_device_capability(self.device))),
-                          cuda=torch.version.cuda)
-        return record
+        return {**device_record(self.device), "dtype": "bf16" if self.bf16 else "float32", "compile": self.compile}
+
+
+def device_record(device: torch.device) -> dict:
+    """The device, and for a GPU its name, memory, compute capability and CUDA version."""
+    record = {"device": str(device)}
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        record.update(device_name=properties.name, device_memory_bytes=properties.total_memory,
+                      capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+                      cuda=torch.version.cuda)
+    return record
 
 
 def _saved_bytes(fn) -> int:
@@ -421,23 +426,20 @@ def check_device(name: str) -> torch.device:
     return device
 
 
-def run(size_names: list[str], rows: list[str], out_dir: Path, options: Options, progress: bool = True,
+def run(sizes: list[SpeedSize], rows: list[str], out_dir: Path, options: Options, progress: bool = True,
         stem: str | None = None) -> dict:
-    """Measure every size, print the tables, write JSON and a PNG after each size; returns the report."""
+    """Measure every size, print the tables, write JSON and a PNG after each size (default name
+    speed-DEVICE-SIZES); returns the report."""
     rows = check_rows(rows)
-    unknown = [name for name in size_names if name not in SIZES]
-    if unknown:
-        raise ValueError(f"unknown size {unknown[0]!r}; choose from: {', '.join(SIZES)}")
     report = {"environment": {**environment(), "fla": installed_version("flash-linear-attention")},
               "options": options.record(), "sizes": {}}
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / (stem or f"speed-{options.device.type}-{'-'.join(size_names)}")
-    for name in size_names:  # results are written after every size, so a later failure loses nothing
-        size = SIZES[name]
+    stem = out_dir / (stem or f"speed-{options.device.type}-{'-'.join(size.name for size in sizes)}")
+    for size in sizes:  # results are written after every size, so a later failure loses nothing
         results = measure(size, rows, options, progress)
         entry = {"settings": asdict(size), "options": options.record(), "results": results,
                  "ratios_to_rope": ratios_to_rope(size, results)}
-        report["sizes"][name] = entry
+        report["sizes"][size.name] = entry
         print(format_table(size, entry), flush=True)
         print(flush=True)
         stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
@@ -458,7 +460,7 @@ def _bench_speed(args: argparse.Namespace) -> None:
     else:
         sizes = args.sizes or list(GPU_SIZES if device.type == "cuda" else CPU_SIZES)
     rows = args.pe or [*PE_TYPES, *PEERS]
-    run(sizes, rows, Path(args.out), options, progress=not args.no_progress)
+    run([SIZES[name] for name in sizes], rows, Path(args.out), options, progress=not args.no_progress)
 
 
 def add_arguments(bench) -> None:

@@ -1,0 +1,191 @@
+"""`tapelm doctor`: one command for a visit to a GPU machine, writing one JSON record.
+
+On the device accelerate gives this process (the GPU when there is one), in four parts, each recorded whether it
+passes or fails, so one failing part does not hide the others:
+
+1. tests: the law tests on the device (`pytest --device DEVICE -m device`, from the source checkout's tests/);
+2. speed: `tapelm bench speed` for TAPE, RoPE and transformers' Llama at the GPU sizes, under bf16 autocast;
+3. training: a short `--preset paper` run of TAPE and of RoPE on MQAR, evaluated over lengths;
+4. generation: each trained model's greedy decoding with a cache equals decoding without one; its tokens/s.
+
+`--tiny` (the default on the CPU, and what CI runs) is the same code at tiny sizes: a few test files, the tiny
+benchmark size, a tiny model with the paper preset's training settings. The command exits 1 when a part failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..experiments.devices import process_device
+from ..experiments.provenance import environment
+from ..experiments.runs import RunSpec, load_run, run_task
+from . import speed
+
+ENCODINGS = ("tape", "rope")
+TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "tape_position_size": 8}
+TINY_TESTS = ("test_cache.py::test_cache_parity", "test_equivalence.py::test_sdpa_equals_eager_reference",
+              "test_packing.py::test_a_packed_row_is_each_document_alone")
+"""The law tests `--tiny` runs: cache parity, the fused path against the explicit one, packing (every encoding)."""
+
+
+def source_tests() -> Path | None:
+    """The tests/ folder of the source checkout tapelm runs from (None for an installed package)."""
+    tests = Path(__file__).resolve().parents[3] / "tests"
+    return tests if (tests / "conftest.py").is_file() else None
+
+
+def run_tests(device: torch.device, tiny: bool) -> dict:
+    """The law tests on `device` in a subprocess; pytest's counts and exit status."""
+    tests = source_tests()
+    if tests is None:
+        return {"status": "skipped", "reason": "the law tests live in the source checkout's tests/, which this "
+                                               "installed tapelm does not have"}
+    selection = [str(tests / name) for name in TINY_TESTS] if tiny else [str(tests), "-m", "device"]
+    command = [sys.executable, "-m", "pytest", *selection, "--device", str(device), "-q", "-p", "no:cacheprovider",
+               "--rootdir", str(tests.parent)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tests.parent)
+    lines = done.stdout.strip().splitlines()
+    counts = {kind: int(number) for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)",
+                                                                lines[-1] if lines else "")}
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    return {"status": "passed" if done.returncode == 0 else "failed", "returncode": done.returncode,
+            "counts": counts, "failures": failures[:50], "selection": "tiny" if tiny else "-m device",
+            **({"output_tail": (done.stdout + done.stderr)[-4000:]} if done.returncode else {})}
+
+
+def run_speed(device: torch.device, tiny: bool, out: Path) -> dict:
+    """bench speed for TAPE, RoPE and Llama: the tiny size, or the GPU sizes with 3 repetitions."""
+    sizes = [speed.SIZES["tiny"]] if tiny else [replace(speed.SIZES[name], repeats=3, decode_tokens=32)
+                                                 for name in speed.GPU_SIZES]
+    report = speed.run(sizes, ["rope", "tape", "llama"], out, speed.Options(device, bf16=True), progress=False,
+                       stem="doctor-speed")
+    return {"status": "passed", "sizes": {name: {"ratios_to_rope": entry["ratios_to_rope"],
+                                                 "results": {row: {k: v for k, v in result.items() if k != "samples"}
+                                                             for row, result in entry["results"].items()}}
+                                          for name, entry in report["sizes"].items()}}
+
+
+def training_spec(pe: str, tiny: bool) -> RunSpec:
+    """MQAR with the paper preset's training settings (bf16 autocast), a few steps; a tiny model with `tiny`."""
+    if tiny:
+        return RunSpec(task="mqar", pe=pe, preset="paper", model_options=TINY_MODEL, eval_n=4, eval_batch_size=4,
+                       train_options={"steps": 4, "batch_size": 4, "grad_accum": 1, "warmup": 1, "log_every": 1,
+                                      "eval_every": 0, "checkpoint_every": 0})
+    return RunSpec(task="mqar", pe=pe, preset="paper", eval_n=32, eval_batch_size=32,
+                   train_options={"steps": 30, "batch_size": 32, "grad_accum": 1, "warmup": 5, "log_every": 5,
+                                  "eval_every": 0, "checkpoint_every": 0})
+
+
+def run_training(tiny: bool, runs: Path) -> dict:
+    """A short paper-preset run of each encoding; its losses, evaluation and time."""
+    results = {}
+    for pe in ENCODINGS:
+        started = time.perf_counter()
+        result = run_task(training_spec(pe, tiny), runs / pe, progress=False)
+        results[pe] = {"seconds": time.perf_counter() - started, "first_loss": result["first_loss"],
+                       "final_loss": result["final_loss"], "metric": result["metric"], "summary": result["summary"],
+                       "parameters": result["parameters"]}
+    return {"status": "passed", "runs": results}
+
+
+@torch.no_grad()
+def run_generation(device: torch.device, runs: Path, new_tokens: int) -> dict:
+    """Each trained model decodes a batch of its task's prompts greedily with and without a cache: equal outputs,
+    and the cached decoding's tokens/s."""
+    results, status = {}, "passed"
+    for pe in ENCODINGS:
+        run = load_run(runs / pe)
+        model = run.load_model(runs / pe).to(device).eval()
+        condition = run.task.eval_conditions()[0]
+        batch = next(iter(run.task.eval_batches(condition, 0, 4, 4)))
+        ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+        options = dict(attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                       pad_token_id=0)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        cached = model.generate(ids, use_cache=True, **options)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - started
+        uncached = model.generate(ids, use_cache=False, **options)
+        equal = torch.equal(cached, uncached)
+        status = status if equal else "failed"
+        results[pe] = {"cached_equals_uncached": equal, "batch": ids.shape[0], "prompt_tokens": ids.shape[1],
+                       "new_tokens": new_tokens, "cached_tokens_per_s": ids.shape[0] * new_tokens / seconds}
+    return {"status": status, "models": results}
+
+
+def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = ()) -> dict:
+    """Every part on this process's device; the record, also written to `out`/doctor-<device>.json after each
+    part. A part that raises is recorded as failed with its traceback; the others still run."""
+    device = process_device()
+    name = "cpu" if device.type == "cpu" else re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name(device))
+    path = out / f"doctor-{name.strip('-').lower()}{'-tiny' if tiny else ''}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"environment": environment(), "device": speed.device_record(device), "tiny": tiny, "parts": {}}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tapelm-doctor-") as scratch:
+        runs = Path(scratch)
+        parts = {"tests": lambda: run_tests(device, tiny),
+                 "speed": lambda: run_speed(device, tiny, runs / "speed"),
+                 "training": lambda: run_training(tiny, runs),
+                 "generation": lambda: run_generation(device, runs, 8 if tiny else 64)}
+        for part, function in parts.items():
+            if part in skip or (part == "generation" and "training" in skip):
+                record["parts"][part] = {"status": "skipped", "reason": "--skip"}
+                continue
+            part_started = time.perf_counter()
+            print(f"doctor: {part} ...", flush=True)
+            try:
+                result = function()
+            except Exception as error:  # a failing part is recorded; the others still run
+                result = {"status": "failed", "error": f"{type(error).__name__}: {error}",
+                          "traceback": traceback.format_exc()[-4000:]}
+            result["seconds"] = time.perf_counter() - part_started
+            record["parts"][part] = result
+            print(f"doctor: {part} {result['status']} ({result['seconds']:.0f} s)", flush=True)
+            record["seconds"] = time.perf_counter() - started
+            temporary = path.with_suffix(".json.tmp")
+            temporary.write_text(json.dumps(record, indent=1))
+            temporary.replace(path)
+    print(f"wrote {path}")
+    return record
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    unknown = [part for part in args.skip if part not in ("tests", "speed", "training", "generation")]
+    if unknown:
+        raise ValueError(f"--skip {unknown[0]!r} is not a part; choose from tests, speed, training, generation")
+    tiny = args.tiny or process_device().type == "cpu"
+    record = run_doctor(Path(args.out), tiny, tuple(args.skip))
+    failed = [part for part, result in record["parts"].items() if result["status"] == "failed"]
+    if failed:
+        print(f"tapelm: doctor: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_commands(commands) -> None:
+    """Register `tapelm doctor`."""
+    parser = commands.add_parser(
+        "doctor", help="one command for a GPU visit: the law tests on the device, bench speed at the GPU sizes, a "
+                       "short paper-preset training of TAPE and RoPE, cached generation; one JSON",
+        description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="docs/gpu", help="folder for the JSON record (default: %(default)s)")
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes (the default on the CPU)")
+    parser.add_argument("--skip", nargs="+", default=[], metavar="PART",
+                        help="parts to skip: tests, speed, training, generation")
+    parser.set_defaults(handler=_doctor)
