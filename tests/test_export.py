@@ -30,7 +30,8 @@ def assert_traced_equals_eager(traced, model, ids, masks, atol):
     for mask in masks:
         real = mask.bool()
         expected = model(ids, attention_mask=mask).logits
-        torch.testing.assert_close(traced(ids, mask)[real], expected[real], atol=atol, rtol=0)
+        # float32, and the traced program may order its sums differently: a few ulps of the logits' size
+        torch.testing.assert_close(traced(ids, mask)[real], expected[real], atol=atol, rtol=1e-6)
 
 
 def test_export_with_an_attention_mask(pe_type):
