@@ -1,11 +1,20 @@
 """One attention function for every encoding: PyTorch SDPA, or an explicit-softmax reference path.
 
-The value tensor may be wider than q and k (TAPE's [V | E] stream). SDPA's fast CPU kernel needs q, k and v of one
-width and otherwise falls back silently to the slow math kernel, so the narrower side is zero-padded: extra zero
-dimensions of q and k leave every logit unchanged (the scale is passed explicitly), extra zero value dimensions are
-sliced off. Measured here this costs about 1.7x a V-only call, against 2-3x for a naive concatenation or two calls.
-Single-token decoding takes the explicit path instead: one row of logits per head, each cached key and value read
-once, no padded copy of the cache.
+The value tensor may be wider than q and k (TAPE's [V | E] stream). The reference path zero-pads q and k to the
+value's width and makes one SDPA call: extra zero dimensions of q and k leave every logit unchanged (the scale is
+passed explicitly). SDPA's CPU flash kernel and CUDA's flash kernel need q, k and v of one width (otherwise the CPU
+falls back silently to the slow math kernel); measured on the CPU the padded call costs about 1.5x a V-only call,
+against 2-3x for a naive concatenation or two calls. `attend_stream` returns the output of V and of the rest of
+the stream apart (the output projection reads the first, TAPE's update the second). Two fast paths compute the same
+function (`tapelm.fast_paths`):
+
+- on the CPU, `StreamCpuFlash` calls the same flash kernel, keeps only the unpadded q and k for the backward pass
+  (the padded copies are made again there) and writes the two outputs in the layouts their readers take without a
+  copy: about 10 MB less memory a layer at bench speed's small size;
+- on CUDA, the attention call without padding, on the kernels that take a wider value (cuDNN, memory-efficient).
+
+Single-token decoding takes the explicit path: one row of logits per head, each cached key and value read once, no
+padded copy of the cache.
 """
 
 from __future__ import annotations
@@ -15,6 +24,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .fast_paths import enabled
 
 
 @dataclass
@@ -33,17 +45,94 @@ of `attend` (q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv), an `Attentio
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, bias: torch.Tensor | None,
-           scale: float, eager: bool = False) -> torch.Tensor:
+           scale: float, eager: bool = False, fast_paths: str = "auto") -> torch.Tensor:
     """softmax(q k^T * scale + bias) v with GQA. q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv);
-    bias (B or 1, H, N, T) needs an explicit `mask.valid`. Returns (B, H, N, dv)."""
+    bias (B or 1, H, N, T) needs an explicit `mask.valid`. Returns (B, H, N, dv). `fast_paths` is the config's
+    setting (`tapelm.fast_paths`)."""
     float_mask = _with_bias(mask, bias)
     if eager or q.shape[-2] == 1:
         return explicit_attention(q, k, v, float_mask, mask.is_causal, scale)[0]
+    if v.shape[-1] > q.shape[-1] and q.device.type == "cuda" and enabled("cuda-unpadded-attention", q.device,
+                                                                          fast_paths):
+        return unpadded_attention(q, k, v, float_mask, mask.is_causal, scale)
+    return padded_attention(q, k, v, float_mask, mask.is_causal, scale)
+
+
+def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_width: int, mask: AttentionMask,
+                  bias: torch.Tensor | None, scale: float, eager: bool = False,
+                  fast_paths: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`attend` over a value stream whose first `value_width` features are V: the output of V (B, H, N, d) and of
+    the rest of the stream (B, H, N, F), or None when the stream is V alone."""
+    if stream.shape[-1] == value_width:
+        return attend(q, k, stream, mask, bias, scale, eager, fast_paths), None
+    if (not eager and q.shape[-2] > 1 and enabled("cpu-flash-wide-values", q.device, fast_paths)
+            and StreamCpuFlash.takes(q, mask, bias)):
+        dtype = _sdpa_dtype(q, k, stream)
+        float_mask = _with_bias(mask, bias)
+        return StreamCpuFlash.apply(q.to(dtype), k.to(dtype), stream.to(dtype),
+                                    float_mask if float_mask is None or float_mask.dtype == torch.bool
+                                    else float_mask.to(dtype), mask.is_causal, scale, value_width)
+    out = attend(q, k, stream, mask, bias, scale, eager, fast_paths)
+    return out[..., :value_width], out[..., value_width:]
+
+
+def padded_attention(q, k, v, attn_mask, is_causal, scale):
+    """The reference SDPA call: the narrower of q/k and v zero-padded to one width, the padding sliced off."""
     width, value_width = max(q.shape[-1], v.shape[-1]), v.shape[-1]
     q, k, v = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, is_causal=mask.is_causal, scale=scale,
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
                                          enable_gqa=q.shape[1] != k.shape[1])
     return out[..., :value_width] if width > value_width else out
+
+
+def unpadded_attention(q, k, v, attn_mask, is_causal, scale):
+    """A value wider than q and k without padding, on the CUDA kernels that take it (cuDNN, memory-efficient; math
+    as the last resort). Grouped KV heads are expanded for them."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
+class StreamCpuFlash(torch.autograd.Function):
+    """The reference's padded flash call on the CPU for a value stream wider than q and k. It keeps only the
+    unpadded q and k for the backward pass (which pads them again and calls the kernel's own backward) and returns
+    the output of V in the layout the output projection reads as a view (tokens outside heads) and the rest of the
+    stream contiguous, keeping those two instead of the kernel's output. Same kernel, same function."""
+
+    @staticmethod
+    def takes(q: torch.Tensor, mask: AttentionMask, bias: torch.Tensor | None) -> bool:
+        """A CPU tensor of a dtype the kernel takes, and no bias that needs a gradient (a learned bias)."""
+        return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+                and (bias is None or not bias.requires_grad))
+
+    @staticmethod
+    def forward(ctx, q, k, stream, attn_mask, is_causal, scale, value_width):
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # the kernel takes an additive mask in q's dtype
+            attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill_(~attn_mask, float("-inf"))
+        width = stream.shape[-1]
+        out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            F.pad(q, (0, width - q.shape[-1])), F.pad(k, (0, width - k.shape[-1])), stream, 0.0, is_causal,
+            attn_mask=attn_mask, scale=scale)
+        values = out[..., :value_width].transpose(1, 2).contiguous().transpose(1, 2)
+        extra = out[..., value_width:].contiguous()
+        ctx.save_for_backward(q, k, stream, values, extra, logsumexp, attn_mask)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return values, extra
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_values, grad_extra):
+        q, k, stream, values, extra, logsumexp, attn_mask = ctx.saved_tensors
+        width = stream.shape[-1]
+        grad_values = torch.zeros_like(values) if grad_values is None else grad_values
+        grad_extra = torch.zeros_like(extra) if grad_extra is None else grad_extra
+        grad_q, grad_k, grad_stream = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            torch.cat([grad_values, grad_extra], dim=-1), F.pad(q, (0, width - q.shape[-1])),
+            F.pad(k, (0, width - k.shape[-1])), stream, torch.cat([values, extra], dim=-1), logsumexp, 0.0,
+            ctx.is_causal, attn_mask=attn_mask, scale=ctx.scale)
+        return grad_q[..., : q.shape[-1]], grad_k[..., : k.shape[-1]], grad_stream, None, None, None, None
 
 
 def attend_with_probabilities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
@@ -51,6 +140,18 @@ def attend_with_probabilities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """`attend` through the explicit path, also returning the attention probabilities (B, H, N, T)
     (`output_attentions=True`)."""
     return explicit_attention(q, k, v, _with_bias(mask, bias), mask.is_causal, scale)
+
+
+def _sdpa_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype SDPA computes in for these inputs: autocast's when it is on for their device (as SDPA itself is cast
+    under autocast), else their common dtype."""
+    device = tensors[0].device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    dtype = tensors[0].dtype
+    for tensor in tensors[1:]:
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
 
 
 def _with_bias(mask: AttentionMask, bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -17,6 +17,7 @@ TAPE_ATTN_MIXING = ("heads", "per_head")
 TAPE_UPDATES = ("both", "attention", "mlp", "none")
 TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
 RANDPE_EVAL_POSITIONS = ("random", "given")
+FAST_PATHS = ("auto", "on", "off")
 
 
 def _choice(field: str, value, allowed) -> None:
@@ -76,6 +77,10 @@ class TapeConfig(PreTrainedConfig):
       causal convolution (3 as fla's `conv_size`; 1 means no history).
 
     `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
+
+    `fast_paths`: "auto" (default) runs each fast path (a kernel or formulation computing the same function as its
+    plain PyTorch reference, `tapelm.fast_paths`) on the devices where the law tests have passed with it on; "on" runs
+    every fast path the device offers, verified or not; "off" runs the reference paths only.
     """
 
     model_type = "tape"
@@ -123,6 +128,7 @@ class TapeConfig(PreTrainedConfig):
     fox_gate_bias_init: float = 0.0
     path_low_rank: int = 32
     path_conv_size: int = 3
+    fast_paths: str = "auto"
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
@@ -160,6 +166,7 @@ class TapeConfig(PreTrainedConfig):
     def _validate(self) -> None:
         """Raise ValueError naming the first invalid field or combination."""
         _choice("pe_type", self.pe_type, PE_TYPES)
+        _choice("fast_paths", self.fast_paths, FAST_PATHS)
         _choice("tape_attn_mixing", self.tape_attn_mixing, TAPE_ATTN_MIXING)
         _choice("tape_update", self.tape_update, TAPE_UPDATES)
         _choice("randpe_eval_positions", self.randpe_eval_positions, RANDPE_EVAL_POSITIONS)

@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .attention import AttentionFunction, AttentionMask, attend, attend_with_probabilities
+from .attention import AttentionFunction, AttentionMask, attend, attend_stream, attend_with_probabilities
 from .cache import check_cache_type, key_positions, prepare_cache
 from .config import TapeConfig
 from .layout import TokenLayout
@@ -51,9 +51,8 @@ class TapeAttention(nn.Module):
     def forward(self, hidden, positional: LayerPositional, state, ctx: PositionContext, mask: AttentionMask,
                 cache: Cache | None, layout: TokenLayout, output_attentions: bool = False):
         """`hidden` holds the tokens as `layout` lays them out. Returns the sublayer output (same layout); when the
-        positional state joined the value stream, the whole attention output (B, H, N, head_dim + F) whose first
-        head_dim features are V's (else None); and the attention probabilities (B, H, N, T) when `output_attentions`
-        (else None)."""
+        positional state joined the value stream, the attention output of its features (B, H, N, F) (else None); and
+        the attention probabilities (B, H, N, T) when `output_attentions` (else None)."""
         batch, length = layout.batch, layout.length
         shape = (batch, length, -1, self.head_dim)
         q = layout.unpack(self.q_proj(hidden)).view(shape).transpose(1, 2)
@@ -66,17 +65,27 @@ class TapeAttention(nn.Module):
                                                          self.layer_idx, mask.valid, ctx)
         bias = _sum_optional(ctx.bias, bias)
         scale, probs = positional.logit_scale(self.head_dim), None
-        if output_attentions:
-            if self.attention_function is not None:
+        if output_attentions or self.attention_function is not None:
+            if output_attentions and self.attention_function is not None:
                 raise ValueError("output_attentions=True needs tapelm's own attention; this model has a custom "
                                  "attention function (set_attention_function(None) removes it)")
-            out, probs = attend_with_probabilities(q, k, stream, mask, bias, scale)
-        elif self.attention_function is not None:
-            out = self.attention_function(q, k, stream, mask, bias, scale)
+            if output_attentions:
+                out, probs = attend_with_probabilities(q, k, stream, mask, bias, scale)
+            else:
+                out = self.attention_function(q, k, stream, mask, bias, scale)
+            values, attended = out[..., : self.head_dim], (out[..., self.head_dim:] if extra is not None else None)
         else:
-            out = attend(q, k, stream, mask, bias, scale, eager=self.config._attn_implementation == "eager")
-        out_v = layout.pack(out[..., : self.head_dim].transpose(1, 2).reshape(batch, length, -1))
-        return self.o_proj(out_v), (out if extra is not None else None), probs
+            values, attended = attend_stream(q, k, stream, self.head_dim, mask, bias, scale,
+                                             eager=self.config._attn_implementation == "eager",
+                                             fast_paths=self.config.fast_paths)
+        out_v = layout.pack(values.transpose(1, 2).reshape(batch, length, -1))
+        return self.o_proj(out_v), attended, probs
+
+    def own_attention(self, q, k, v, mask: AttentionMask, bias, scale: float) -> torch.Tensor:
+        """tapelm's attention as this module's config asks for it: SDPA (with the fast paths `fast_paths` allows) or,
+        with attn_implementation "eager", the explicit-softmax reference."""
+        return attend(q, k, v, mask, bias, scale, eager=self.config._attn_implementation == "eager",
+                      fast_paths=self.config.fast_paths)
 
 
 def _sum_optional(a, b):

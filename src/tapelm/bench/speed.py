@@ -2,8 +2,9 @@
 RoPE with an interval over repetitions.
 
 Measurements are interleaved: one repetition visits every row (each encoding, and transformers' `LlamaForCausalLM`
-of the same size as a peer) before the next starts, so that a noisy machine slows all rows alike; a row's ratio to
-RoPE is taken within each repetition, and reported as the mean with its 95% interval over repetitions. Per row:
+of the same size as a peer) before the next starts, and in each visit RoPE and the row live side by side and every
+timing alternates between them, so that a noisy machine slows both alike; a row's ratio to RoPE is taken from these
+pairs in each repetition, and reported as the mean with its 95% interval over repetitions. Per row:
 
 - a training step (forward, backward, AdamW; fused AdamW on CUDA), in float32 or under bf16 autocast (float32
   weights, as accelerate's mixed_precision="bf16" trains), optionally with `compile_layers()`; its tokens/s and the
@@ -15,8 +16,9 @@ RoPE is taken within each repetition, and reported as the mean with its 95% inte
 - greedy decoding with a cache after that prompt, at batch 1 and 8: tokens/s (all rows of the batch) and the bytes
   the cache holds. With `--dtype bf16` the model decodes with bf16 weights.
 
-One workload lives at a time (rebuilt from the same seed at every visit and warmed up before it is timed), so the
-large sizes fit; a row that runs out of device memory is reported as such and skipped in later repetitions.
+At most two workloads live at a time (rebuilt from the same seed at every visit and warmed up before they are
+timed), so the large sizes fit; memory is measured with the row alone. A row that runs out of device memory is
+reported as such and skipped in later repetitions.
 """
 
 from __future__ import annotations
@@ -241,29 +243,55 @@ def _timed_keys(size: SpeedSize) -> tuple[str, ...]:
     return ("train_step_s", "prefill_s", *(_decode_key(b) for b in size.decode_batches))
 
 
-def _visit(size: SpeedSize, row: str, options: Options, first: bool) -> dict:
-    """One repetition of one row: its timings (and, on the first visit, its memory and sizes)."""
+def _alone(size: SpeedSize, row: str, options: Options) -> dict:
+    """What does not vary between repetitions, measured with the row alone on the device: peak training memory,
+    parameters, FLOPs per token."""
     workload = Workload(size, row, options)
     try:
-        workload.train_step()  # warm-up: first-call allocations, kernel selection, compilation
-        sample = {"train_step_s": min(workload.train_step(), workload.train_step())}
-        if first:
-            sample.update(train_memory_bytes=workload.training_memory(),
-                          parameters=sum(p.numel() for p in workload.model.parameters()),
-                          flops_per_token=size.flops_per_token(workload.non_embedding_parameters()))
-        workload.for_decoding()
-        with torch.compiler.set_stance("force_eager"):  # decoding shapes change at every step
-            workload.prefill()
-            sample["prefill_s"] = workload.prefill()
-            for batch in size.decode_batches:
-                sample[_decode_key(batch)], cache_bytes = workload.decode(batch)
-                if first:
-                    sample[f"cache_bytes_batch{batch}"] = cache_bytes
-        return sample
+        workload.train_step()
+        return {"train_memory_bytes": workload.training_memory(),
+                "parameters": sum(p.numel() for p in workload.model.parameters()),
+                "flops_per_token": size.flops_per_token(workload.non_embedding_parameters())}
     finally:
         del workload
-        if options.device.type == "cuda":
-            torch.cuda.empty_cache()
+        _free(options)
+
+
+def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, dict]:
+    """One repetition of `row` beside RoPE: both models alive, every timing taken in alternation (RoPE's, then the
+    row's), so the ratio of a pair is not moved by the machine's load drifting between visits. Returns the row's
+    timings and RoPE's paired ones (the best of two alternations each), with the caches' bytes."""
+    workloads = [Workload(size, "rope", options), Workload(size, row, options)]
+    try:
+        def alternate(measure_one, rounds: int = 2) -> list[list]:
+            values: list[list] = [[], []]
+            for _ in range(rounds):
+                for i, workload in enumerate(workloads):
+                    values[i].append(measure_one(workload))
+            return values
+
+        for workload in workloads:
+            workload.train_step()  # warm-up: first-call allocations, kernel selection, compilation
+        timings = [{"train_step_s": min(values)} for values in alternate(Workload.train_step)]
+        for workload in workloads:
+            workload.for_decoding()
+        with torch.compiler.set_stance("force_eager"):  # decoding shapes change at every step
+            for workload in workloads:
+                workload.prefill()
+            for timing, values in zip(timings, alternate(Workload.prefill)):
+                timing["prefill_s"] = min(values)
+            for batch in size.decode_batches:
+                for timing, values in zip(timings, alternate(lambda w, b=batch: w.decode(b), rounds=1)):
+                    timing[_decode_key(batch)], timing[f"cache_bytes_batch{batch}"] = values[0]
+        return timings[1], timings[0]
+    finally:
+        del workloads
+        _free(options)
+
+
+def _free(options: Options) -> None:
+    if options.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _out_of_memory(error: BaseException) -> bool:
@@ -280,52 +308,76 @@ def _compile_budget():
 
 
 def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool = True) -> dict[str, dict]:
-    """Per row: median timings, memory, and each repetition's samples, interleaved across rows. A row that runs out
-    of memory is {"error": ...} and is not visited again."""
-    samples: dict[str, list[dict]] = {row: [] for row in rows}
+    """Per row: its memory (measured alone), its median timings, and per repetition its timings and RoPE's taken in
+    alternation with it (`samples`, `rope_samples`). Repetitions visit every row in turn. RoPE's own timings are the
+    median of all its paired ones. A row that runs out of memory is {"error": ...} and is not visited again."""
+    others = [row for row in rows if row != "rope"] or ["rope"]
+    samples: dict[str, list[dict]] = {row: [] for row in others}
+    paired: dict[str, list[dict]] = {row: [] for row in others}
+    static: dict[str, dict] = {}
     failed: dict[str, str] = {}
-    steps = tqdm(total=size.repeats * len(rows), desc=f"speed {size.name}", disable=not progress)
+    steps = tqdm(total=size.repeats * len(others) + len(rows), desc=f"speed {size.name}", disable=not progress)
+
+    def attempt(row: str, work) -> None:
+        if row in failed:
+            return
+        try:
+            work()
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+            if not _out_of_memory(error):
+                raise
+            failed[row] = f"out of memory: {str(error).splitlines()[0][:200]}"
+            _free(options)
+        steps.update()
+
     with _compile_budget():
-        for repeat in range(size.repeats):
-            for row in rows:
-                if row not in failed:
-                    try:
-                        samples[row].append(_visit(size, row, options, first=repeat == 0))
-                    except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
-                        if not _out_of_memory(error):
-                            raise
-                        failed[row] = f"out of memory: {str(error).splitlines()[0][:200]}"
-                        if options.device.type == "cuda":
-                            torch.cuda.empty_cache()
-                steps.update()
+        for row in rows:
+            attempt(row, lambda r=row: static.__setitem__(r, _alone(size, r, options)))
+        for _ in range(size.repeats):
+            for row in others:
+                def visit(r=row):
+                    mine, rope = _paired_visit(size, r, options)
+                    samples[r].append(mine)
+                    paired[r].append(rope)
+                attempt(row, visit)
     steps.close()
+    if "rope" in failed:
+        return {row: {"error": failed.get(row, "not measured: RoPE, every row's reference, " + failed["rope"])}
+                for row in rows}
+    rope_timings = [sample for row in others if row not in failed for sample in paired[row]]
     results: dict[str, dict] = {}
     for row in rows:
         if row in failed:
             results[row] = {"error": failed[row]}
             continue
-        first = samples[row][0]
-        result = {key: value for key, value in first.items() if key not in _timed_keys(size)}
+        mine = rope_timings if row == "rope" else samples[row]
+        result = dict(static[row])
         for key in _timed_keys(size):
-            result[key] = statistics.median(sample[key] for sample in samples[row])
+            result[key] = statistics.median(sample[key] for sample in mine)
+        for batch in size.decode_batches:
+            result[f"cache_bytes_batch{batch}"] = mine[0][f"cache_bytes_batch{batch}"]
         result["tokens_per_s"] = size.batch * size.seq / result["train_step_s"]
         result["tflops"] = result["flops_per_token"] * result["tokens_per_s"] / 1e12
-        result["samples"] = samples[row]
+        if row != "rope":
+            result["samples"], result["rope_samples"] = samples[row], paired[row]
         results[row] = result
     return results
 
 
 def ratios_to_rope(size: SpeedSize, results: dict[str, dict]) -> dict[str, dict[str, dict]]:
-    """Each row's ratio to RoPE: timings per repetition (mean and 95% interval over repetitions), memory and cache
-    once (they do not vary)."""
+    """Each row's ratio to RoPE: timings against RoPE's taken in alternation with them, per repetition (mean and
+    95% interval over repetitions); memory and cache bytes once (they do not vary)."""
     rope = results["rope"]
     ratios: dict[str, dict[str, dict]] = {}
     for row, result in results.items():
         if "error" in result or "error" in rope:
             continue
-        ratios[row] = {key: interval([mine[key] / theirs[key] for mine, theirs in zip(result["samples"],
-                                                                                       rope["samples"])])
-                       for key in _timed_keys(size)}
+        if row == "rope":
+            ratios[row] = {key: {"mean": 1.0, "n": size.repeats} for key in _timed_keys(size)}
+        else:
+            ratios[row] = {key: interval([mine[key] / theirs[key] for mine, theirs in
+                                          zip(result["samples"], result["rope_samples"])])
+                           for key in _timed_keys(size)}
         for key in ("train_memory_bytes", *(f"cache_bytes_batch{b}" for b in size.decode_batches)):
             ratios[row][key] = {"mean": result[key] / rope[key], "n": 1}
     return ratios

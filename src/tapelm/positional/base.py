@@ -91,8 +91,8 @@ class LayerPositional(CustomInit):
         return None
 
     def after_attention(self, state, attended: torch.Tensor | None):
-        """The state after the attention sublayer. `attended` (B, H, N, head_dim + F) is the attention output of the
-        whole value stream [V | value_extra] (None when value_extra gave nothing)."""
+        """The state after the attention sublayer. `attended` (B, H, N, F) is the attention output of the features
+        value_extra added to the value stream (None when it gave nothing)."""
         return state
 
     def after_mlp(self, state, mlp_out: torch.Tensor):

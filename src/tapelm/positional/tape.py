@@ -166,17 +166,13 @@ class TapeLayer(LayerPositional):
     def after_attention(self, state, attended):
         if not self.attention_update:
             return state
-        # Mix heads on the whole (contiguous) output, then drop V's part: autograd keeps the attention output it
-        # already holds instead of a copy of the E slice; the V part costs a few extra multiply-adds.
         if self.per_head:
             weighted = attended * self.attn_gain.to(attended.dtype)[:, None, None]
             delta = group_queries(weighted, self.kv_heads).sum(2)
-        else:
+        else:  # one (Hkv x H) @ (H x N * F) product per sequence
             batch, heads, length, width = attended.shape
             weight = self.attn_mix.to(attended.dtype).expand(batch, -1, -1)
-            mixed = torch.bmm(weight, attended.reshape(batch, heads, -1))
-            delta = mixed.view(batch, self.kv_heads, length, width)
-        delta = delta[..., self.head_dim:]
+            delta = torch.bmm(weight, attended.reshape(batch, heads, -1)).view(batch, self.kv_heads, length, width)
         return state + (delta @ self.attn_dense if self.dense else delta)
 
     def after_mlp(self, state, mlp_out):

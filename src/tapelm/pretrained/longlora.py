@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..attention import AttentionMask, attend
+from ..attention import AttentionMask
 from ..modeling import attention_modules
 
 
@@ -114,6 +114,6 @@ def _while_training(module: torch.nn.Module, training_function, eval_function):
             return training_function(q, k, v, mask, bias, scale)
         if eval_function is not None:
             return eval_function(q, k, v, mask, bias, scale)
-        return attend(q, k, v, mask, bias, scale, eager=module.config._attn_implementation == "eager")
+        return module.own_attention(q, k, v, mask, bias, scale)
 
     return function

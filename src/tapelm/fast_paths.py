@@ -1,0 +1,30 @@
+"""The fast paths and where they run by default.
+
+A fast path computes exactly the function of a plain PyTorch reference path (the tests hold each to its reference:
+forward and every gradient in float64 on the CPU, within bf16 tolerance on a device). It runs by default
+(`TapeConfig.fast_paths="auto"`) only on the device types where `pytest --device ...` has passed with it on, as
+recorded under docs/gpu/; `fast_paths="on"` runs it wherever the device offers it, `"off"` never.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VERIFIED: dict[str, tuple[str, ...]] = {
+    # CPU flash attention for a value stream wider than q and k, keeping only the unpadded q and k for the backward
+    # pass (tapelm.attention.PaddedCpuFlash)
+    "cpu-flash-wide-values": ("cpu",),
+    # attention without zero-padding q and k, on the CUDA kernels that take a wider value (cuDNN, memory-efficient):
+    # not yet run under `pytest --device cuda`
+    "cuda-unpadded-attention": (),
+}
+
+
+def enabled(name: str, device: torch.device, setting: str) -> bool:
+    """Whether fast path `name` runs on `device` under the config's `fast_paths` setting."""
+    if setting == "off":
+        return False
+    return setting == "on" or device.type in VERIFIED[name]
+
+
+__all__ = ["VERIFIED", "enabled"]

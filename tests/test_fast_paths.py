@@ -1,0 +1,147 @@
+"""Every fast path computes its reference's function: the attention calls alone and whole models, forward and every
+gradient, in float64 on the CPU (within bf16's tolerance on a device, where the kernels only take half precision);
+a checkpoint trained on either path gives the same logits on the other."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, tiny_model, tokens
+from tapelm import fast_paths
+from tapelm.attention import AttentionMask, StreamCpuFlash, attend_stream, padded_attention, unpadded_attention
+
+pytestmark = pytest.mark.device
+
+DTYPE = torch.float64 if DEVICE.type == "cpu" else torch.bfloat16
+
+
+def close(actual, expected, what=""):
+    tolerance = {torch.float64: 1e-12, torch.bfloat16: 3e-2}[DTYPE]
+    torch.testing.assert_close(actual.to(expected.dtype), expected, atol=tolerance, rtol=tolerance, msg=what)
+
+
+def random(*shape, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu").to(DEVICE)
+
+
+def masks(batch, length):
+    causal = torch.ones(length, length, dtype=torch.bool, device=DEVICE).tril()
+    padded = causal.expand(batch, 1, -1, -1).clone()
+    padded[0, :, :, :3] = False
+    padded[0, 0, :3, :3] = torch.eye(3, dtype=torch.bool, device=DEVICE)  # padding tokens see themselves
+    return {"causal flag": AttentionMask(None, True), "no mask": AttentionMask(None, False),
+            "padding": AttentionMask(padded, False)}
+
+
+def stream_outputs(path, q, k, stream, mask, value_width):
+    """(V's output, the rest's output) by one way of attending."""
+    if path == "stream":
+        return attend_stream(q, k, stream, value_width, mask, None, 0.3, fast_paths="on")
+    out = {"reference": padded_attention, "unpadded": unpadded_attention}[path](q, k, stream, mask.valid,
+                                                                                   mask.is_causal, 0.3)
+    return out[..., :value_width], out[..., value_width:]
+
+
+@pytest.mark.parametrize("mask_kind", ["causal flag", "no mask", "padding"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("path", ["stream", "unpadded"])
+def test_attention_fast_paths_equal_the_padded_reference(path, kv_heads, mask_kind):
+    """The CPU stream kernel (on the CPU) and the unpadded call (every device: on the CPU SDPA's math kernel, on
+    CUDA the kernels that take a wider value): outputs and the gradients of q, k and the stream."""
+    if path == "stream" and DEVICE.type != "cpu":
+        pytest.skip("StreamCpuFlash runs on the CPU only")
+    batch, length, d, width = 2, 11, 8, 24
+    inputs = [random(batch, 4, length, d, seed=1), random(batch, kv_heads, length, d, seed=2),
+              random(batch, kv_heads, length, width, seed=3)]
+    weights = (random(batch, 4, length, d, seed=4), random(batch, 4, length, width - d, seed=5))
+    mask = masks(batch, length)[mask_kind]
+    results = {}
+    for name, dtype in (("reference", torch.float64), (path, DTYPE)):
+        leaves = [x.to(dtype).requires_grad_() for x in inputs]
+        values, extra = stream_outputs(name, *leaves, mask, d)
+        ((values * weights[0].to(dtype)).sum() + (extra * weights[1].to(dtype)).sum()).backward()
+        results[name] = (values, extra, *(leaf.grad for leaf in leaves))
+    for what, actual, expected in zip(("values", "extra", "q grad", "k grad", "stream grad"), results[path],
+                                      results["reference"]):
+        close(actual.detach(), expected.detach(), what)
+
+
+def test_the_cpu_stream_kernel_keeps_less_for_the_backward_pass():
+    """What it is for: no zero-padded q and k, and no copy of V's output, kept between the passes."""
+    if DEVICE.type != "cpu":
+        pytest.skip("StreamCpuFlash runs on the CPU only")
+    saved = {}
+    for setting in ("off", "on"):
+        model = tiny_model("tape", num_hidden_layers=3).train()
+        model.config.fast_paths = setting
+        ids = tokens(4, 64)
+        storages = {}
+
+        def pack(tensor):
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(ids, labels=ids).loss
+        saved[setting] = sum(storages.values())
+    assert saved["on"] < saved["off"], saved
+    assert StreamCpuFlash.takes(torch.ones(1, device="cpu"), AttentionMask(None, True), None)
+
+
+TAPE_VARIANTS = {"heads": {}, "per-head": {"tape_attn_mixing": "per_head"}, "grouped": {"num_key_value_heads": 4},
+                 "blocks 2x4": {"tape_block": (2, 4)}, "attention update only": {"tape_update": "attention"}}
+BATCHES = ("plain", "padded", "packed")
+
+
+def batch_inputs(kind, ids):
+    if kind == "padded":
+        mask = torch.ones_like(ids)
+        mask[1, :5] = 0
+        return {"attention_mask": mask}
+    if kind == "packed":
+        half = ids.shape[1] // 2
+        return {"position_ids": torch.cat([torch.arange(half, device=DEVICE),
+                                           torch.arange(ids.shape[1] - half, device=DEVICE)])[None]}
+    return {}
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("variant", list(TAPE_VARIANTS))
+def test_a_model_on_its_fast_paths_computes_the_reference_function(variant, batch):
+    """TAPE with every fast path the device offers (`fast_paths="on"`) against the reference paths ("off"): logits
+    and every parameter's gradient."""
+    ids = tokens(2, 16)
+    results = {}
+    for setting, dtype in (("off", torch.float64), ("on", DTYPE)):
+        model = tiny_model("tape", dtype=dtype, fast_paths=setting, **TAPE_VARIANTS[variant]).train()
+        logits = model(ids, labels=ids, **batch_inputs(batch, ids)).logits
+        weights = random(*logits.shape, seed=7).to(dtype)
+        (logits * weights).sum().backward()
+        results[setting] = (logits.detach(), {name: p.grad for name, p in model.named_parameters()})
+    close(results["on"][0], results["off"][0], "logits")
+    for name, grad in results["off"][1].items():
+        close(results["on"][1][name], grad, name)
+
+
+def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
+    """The fast paths add no parameter and change no name: a model saved with them loads with them off."""
+    model = tiny_model("tape", dtype=torch.float64, fast_paths="on")
+    model.save_pretrained(tmp_path)
+    from tapelm import TapeForCausalLM
+
+    loaded = TapeForCausalLM.from_pretrained(tmp_path, fast_paths="off", dtype=torch.float64).to(DEVICE).eval()
+    assert loaded.config.fast_paths == "off"
+    assert {n: p.shape for n, p in loaded.state_dict().items()} == {n: p.shape for n, p in model.state_dict().items()}
+    ids = tokens(2, 12)
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=1e-12, rtol=0)
+
+
+def test_fast_paths_run_where_verified_unless_switched():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert fast_paths.enabled("cpu-flash-wide-values", cpu, "auto")
+    assert not fast_paths.enabled("cpu-flash-wide-values", cpu, "off")
+    assert fast_paths.enabled("cuda-unpadded-attention", cuda, "on")
+    assert fast_paths.enabled("cuda-unpadded-attention", cuda, "auto") == ("cuda" in
+                                                                           fast_paths.VERIFIED["cuda-unpadded-attention"])
+    with pytest.raises(ValueError, match="fast_paths='fast' is not allowed; choose one of: auto, on, off"):
+        tiny_model("tape", fast_paths="fast")
