@@ -125,3 +125,40 @@ def test_spare_capacity_holds_zeros_never_uninitialised_memory(pe_type):
         for name, buffer in layer._buffers.items():
             spare = buffer[..., 100:, :]
             assert spare.shape[-2] > 0 and torch.equal(spare, torch.zeros_like(spare)), name
+
+
+def test_static_cache_decodes_as_the_dynamic_cache(pe_type):
+    """generate(cache_implementation="static") gives the dynamic cache's tokens (left padding, beam search), and a
+    StaticCache fed in chunks gives the full forward pass's logits."""
+    from transformers import StaticCache
+
+    model = tiny_model(pe_type, dtype=torch.float64)
+    ids = tokens(2, 6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    for options in (dict(attention_mask=mask), dict(num_beams=3)):
+        dynamic = model.generate(ids, max_new_tokens=8, do_sample=False, **options)
+        static = model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static", **options)
+        assert torch.equal(static, dynamic), options
+    ids = tokens(2, 18)
+    cache, outputs, start = StaticCache(config=model.config, max_cache_len=20), [], 0
+    with torch.no_grad():  # as in generate (with gradients a cache concatenates)
+        for size in (7, 1, 1, 5, 4):
+            outputs.append(model(ids[:, start:start + size], cache=cache, use_cache=True).logits)
+            start += size
+    torch.testing.assert_close(torch.cat(outputs, dim=1), model(ids, use_cache=False).logits, atol=1e-10, rtol=0)
+    for layer in cache.layers:  # preallocated to its length, zeros beyond what was written, never grown
+        assert type(layer).__name__ == "TapeCacheLayer" and layer.get_max_cache_shape() == 20
+        for name, buffer in layer._buffers.items():
+            assert buffer.shape[-2] == 20 and torch.equal(buffer[..., 18:, :], torch.zeros_like(buffer[..., 18:, :]))
+
+
+def test_a_static_cache_refuses_to_overflow_in_one_line():
+    from transformers import StaticCache
+
+    model = tiny_model("tape")
+    cache = StaticCache(config=model.config, max_cache_len=8)
+    with torch.no_grad():
+        model(tokens(1, 6), cache=cache, use_cache=True)
+        with pytest.raises(ValueError, match="holds max_cache_len=8 tokens, and this step needs 9"):
+            model(tokens(1, 3), cache=cache, use_cache=True)

@@ -73,19 +73,14 @@ def test_output_attentions_work_while_decoding_with_the_cache(pe_type):
         torch.testing.assert_close(last[:, :, 0], whole[:, :, -1], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("implementation", ["static", "offloaded_static"])
-def test_unsupported_caches_are_refused_in_one_line(implementation):
-    model = tiny_model("tape")
-    with pytest.raises(ValueError, match="^tapelm models support only DynamicCache[^\n]*'dynamic'$"):
-        model.generate(tokens(1, 5), max_new_tokens=3, do_sample=False, cache_implementation=implementation)
-
-
-def test_static_cache_is_refused_before_anything_is_written():
+def test_an_offloaded_cache_is_refused_in_one_line_before_anything_is_written():
     from transformers import StaticCache
 
     model = tiny_model("tape")
-    cache = StaticCache(config=model.config, max_cache_len=16)
-    with pytest.raises(ValueError, match="only DynamicCache.*not StaticCache"):
+    with pytest.raises(ValueError, match="^tapelm caches cannot be offloaded[^\n]*'dynamic' or 'static'$"):
+        model.generate(tokens(1, 5), max_new_tokens=3, do_sample=False, cache_implementation="offloaded_static")
+    cache = StaticCache(config=model.config, max_cache_len=16, offloading=True)
+    with pytest.raises(ValueError, match="cannot be offloaded"):
         model(tokens(1, 5), cache=cache)
     assert cache.get_seq_length() == 0
 

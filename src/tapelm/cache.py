@@ -11,26 +11,41 @@ also needs per cached token:
 
 Cropping, beam reordering and batch selection treat all of it like the keys. transformers' `DynamicLayer`
 concatenates the whole cache with each new token; these layers write into spare capacity instead (doubling when
-full). `prepare_cache` swaps them into a `DynamicCache` (the one `generate` creates included) before anything is
-stored.
+full). The same layer is tapelm's static cache: with `max_cache_len` it holds its buffers at that size from the first
+write on and never grows (`generate(..., cache_implementation="static")`, or a `StaticCache` passed in). Unwritten
+capacity holds zeros. `prepare_cache` swaps these layers into an empty `DynamicCache` or `StaticCache` (the ones
+`generate` creates included) before anything is stored.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
 _KEYS, _STREAM = "keys", "stream"
 
 
 class TapeCacheLayer(DynamicLayer):
-    """A `DynamicLayer` whose keys, values and per-token state grow inside buffers with spare room along T."""
+    """A `DynamicLayer` whose keys, values and per-token state live inside buffers with room along T: growing ones, or
+    with `max_cache_len` preallocated ones of that size (a static cache)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, max_cache_len: int | None = None, **kwargs):
         super().__init__(**kwargs)
+        self.max_cache_len = max_cache_len
         self._buffers: dict[str, torch.Tensor] = {}  # name -> (B, S, capacity, F); the first `_length` rows are held
         self._length = 0
         self._value_width: int | None = None
+
+    def _capacity(self, needed: int) -> int:
+        if self.max_cache_len is None:
+            return max(2 * needed, 64)
+        if needed > self.max_cache_len:
+            raise ValueError(f"the static cache holds max_cache_len={self.max_cache_len} tokens, and this step needs "
+                             f"{needed}; make the cache longer (generate sizes it to max_length)")
+        return self.max_cache_len
+
+    def get_max_cache_shape(self) -> int:
+        return -1 if self.max_cache_len is None else self.max_cache_len
 
     def _held(self, name: str) -> torch.Tensor:
         return self._buffers[name][..., : self._length, :]
@@ -38,13 +53,14 @@ class TapeCacheLayer(DynamicLayer):
     def _append(self, name: str, new: torch.Tensor, length: int) -> torch.Tensor:
         """Write `new` after the first `length` rows of buffer `name` and return rows [0, length + N)."""
         total = length + new.shape[-2]
+        capacity = self._capacity(total)
         buffer = self._buffers.get(name)
         if new.requires_grad or (buffer is not None and buffer.requires_grad):  # in-place writes would break autograd
             held = new if buffer is None or length == 0 else torch.cat([buffer[..., :length, :], new], dim=-2)
             self._buffers[name] = held
             return held
         if buffer is None or total > buffer.shape[-2] or buffer.shape[:-2] != new.shape[:-2]:
-            grown = new.new_zeros(*new.shape[:-2], max(2 * total, 64), new.shape[-1])  # never uninitialised memory
+            grown = new.new_zeros(*new.shape[:-2], capacity, new.shape[-1])  # never uninitialised memory
             if length:
                 grown[..., :length, :] = buffer[..., :length, :]
             self._buffers[name] = buffer = grown
@@ -102,10 +118,18 @@ class TapeCacheLayer(DynamicLayer):
         self._expose()
 
     def _apply_rows(self, fn) -> None:
-        """Replace every buffer by `fn` of its held rows (beam reordering, batch selection, repeats)."""
+        """Replace every buffer by `fn` of its held rows (beam reordering, batch selection, repeats); a static layer
+        keeps its size."""
         if self._length:
-            self._buffers = {name: fn(self._held(name)) for name in self._buffers}
+            self._buffers = {name: self._with_room(fn(self._held(name))) for name in self._buffers}
             self._expose()
+
+    def _with_room(self, held: torch.Tensor) -> torch.Tensor:
+        if self.max_cache_len is None:
+            return held
+        buffer = held.new_zeros(*held.shape[:-2], self.max_cache_len, held.shape[-1])
+        buffer[..., : held.shape[-2], :] = held
+        return buffer
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._apply_rows(lambda held: held.index_select(0, beam_idx.to(held.device)))
@@ -133,20 +157,37 @@ class TapeCacheLayer(DynamicLayer):
 
 
 def check_cache_type(cache: Cache | None) -> None:
-    """Refuse, before any work, a cache tapelm cannot fill: only `DynamicCache` (generate's default) holds the
-    value stream and the per-token state beside the keys and values."""
-    if cache is not None and not isinstance(cache, DynamicCache):
-        raise ValueError(f"tapelm models support only DynamicCache (generate's default cache_implementation="
-                         f"'dynamic'), not {type(cache).__name__}; drop cache_implementation or pass 'dynamic'")
+    """Refuse, before any work, a cache tapelm cannot fill: `DynamicCache` (generate's default) and `StaticCache`
+    (cache_implementation "static") get tapelm's layers, which hold the value stream and the per-token state beside
+    the keys and values; offloaded and quantized caches cannot."""
+    if cache is None:
+        return
+    if type(cache) not in (DynamicCache, StaticCache):
+        raise ValueError(f"tapelm models support DynamicCache (generate's default) and StaticCache "
+                         f"(cache_implementation='static'), not {type(cache).__name__}")
+    if getattr(cache, "offloading", False):
+        raise ValueError("tapelm caches cannot be offloaded (their value streams and state stay on the device); use "
+                         "cache_implementation 'dynamic' or 'static'")
 
 
 def prepare_cache(cache: Cache | None) -> None:
-    """Give an empty `DynamicCache` tapelm's layers (other caches are left as they are)."""
-    if type(cache) is DynamicCache and cache.get_seq_length() == 0:
-        cache.layers = [TapeCacheLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
-                        for layer in cache.layers]
-        if cache.layer_class_to_replicate is DynamicLayer:
-            cache.layer_class_to_replicate = TapeCacheLayer
+    """Give an empty `DynamicCache` or `StaticCache` tapelm's layers (growing ones, or preallocated ones of the
+    static cache's size)."""
+    if type(cache) not in (DynamicCache, StaticCache) or cache.get_seq_length() != 0:
+        return
+    cache.layers = [_tape_layer(layer) for layer in cache.layers]
+    if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
+        cache.layer_class_to_replicate = TapeCacheLayer
+
+
+def _tape_layer(layer):
+    if layer.is_initialized:
+        return layer
+    if type(layer) is DynamicLayer:
+        return TapeCacheLayer()
+    if type(layer) is StaticLayer:
+        return TapeCacheLayer(max_cache_len=layer.max_cache_len)
+    return layer
 
 
 def cache_layer(cache: Cache, layer_idx: int) -> TapeCacheLayer:

@@ -281,6 +281,12 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value):
         self.model.embed_tokens = value
 
+    def prepare_inputs_for_generation(self, *args, cache: Cache | None = None, **kwargs):
+        """transformers' own, after `generate`'s new cache got tapelm's layers (a static one would otherwise be given a
+        4D mask of its whole length, made for transformers' static layers)."""
+        prepare_cache(cache)
+        return super().prepare_inputs_for_generation(*args, cache=cache, **kwargs)
+
     def tape_parameters(self) -> Iterator[nn.Parameter]:
         """Exactly the parameters TAPE adds to a RoPE transformer (selected by module type)."""
         for module in self.modules():
