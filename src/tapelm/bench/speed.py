@@ -281,8 +281,8 @@ def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, di
             for timing, values in zip(timings, alternate(Workload.prefill)):
                 timing["prefill_s"] = min(values)
             for batch in size.decode_batches:
-                for timing, values in zip(timings, alternate(lambda w, b=batch: w.decode(b), rounds=1)):
-                    timing[_decode_key(batch)], timing[f"cache_bytes_batch{batch}"] = values[0]
+                for timing, values in zip(timings, alternate(lambda w, b=batch: w.decode(b))):
+                    timing[_decode_key(batch)], timing[f"cache_bytes_batch{batch}"] = max(values)
         return timings[1], timings[0]
     finally:
         del workloads
