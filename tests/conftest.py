@@ -36,6 +36,7 @@ def pytest_configure(config):
     if DEVICE.type not in ("cpu", "cuda"):
         raise pytest.UsageError(f"--device {DEVICE} is not supported; use cpu or cuda[:index]")
     config.addinivalue_line("markers", "device: a law test that runs on `pytest --device`")
+    config.addinivalue_line("markers", "compiles: a test that runs torch.compile (no device-watching mode around it)")
     for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
                  "torch_compile_test"):
         config.addinivalue_line("markers", f"{mark}: a mark of transformers' common tests")
@@ -52,8 +53,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _default_device_elsewhere(request):
-    """On the CPU, `device` tests put what tests and tapelm make without a device on `meta` (module docstring)."""
-    if DEVICE.type == "cpu" and "device" in request.keywords:
+    """On the CPU, `device` tests put what tests and tapelm make without a device on `meta` (module docstring); not
+    while torch.compile traces (marked `compiles`: dynamo would trace the mode itself)."""
+    if DEVICE.type == "cpu" and "device" in request.keywords and "compiles" not in request.keywords:
         with OwnCodeElsewhere():
             yield
     else:

@@ -5,6 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from conftest import DEVICE, tiny_model, tokens
+from tapelm import PE_TYPES
 
 pytestmark = pytest.mark.device
 
@@ -147,8 +148,11 @@ def test_static_cache_decodes_as_the_dynamic_cache(pe_type):
             outputs.append(model(ids[:, start:start + size], cache=cache, use_cache=True).logits)
             start += size
     torch.testing.assert_close(torch.cat(outputs, dim=1), model(ids, use_cache=False).logits, atol=1e-10, rtol=0)
+    fixed = model.model.positional.fixed_shape_cache  # PaTH reads its cached keys as a sequence
     for layer in cache.layers:  # preallocated to its length, zeros beyond what was written, never grown
-        assert type(layer).__name__ == "TapeCacheLayer" and layer.get_max_cache_shape() == 20
+        assert type(layer).__name__ == ("FixedShapeCacheLayer" if fixed else "TapeCacheLayer")
+        assert layer.get_max_cache_shape() == 20 and int(layer.get_seq_length()) == 18
+        assert layer.keys.shape[-2] == (20 if fixed else 18)  # a fixed-shape layer hands attention every row
         for name, buffer in layer._buffers.items():
             assert buffer.shape[-2] == 20 and torch.equal(buffer[..., 18:, :], torch.zeros_like(buffer[..., 18:, :]))
 
@@ -162,3 +166,51 @@ def test_a_static_cache_refuses_to_overflow_in_one_line():
         model(tokens(1, 6), cache=cache, use_cache=True)
         with pytest.raises(ValueError, match="holds max_cache_len=8 tokens, and this step needs 9"):
             model(tokens(1, 3), cache=cache, use_cache=True)
+
+
+COMPILED_DECODING = [pe for pe in PE_TYPES if pe != "path"]  # PaTH reads its cache as a sequence: eager
+
+
+def compile_config(**options):
+    """generate's compile settings for the test device: inductor with CUDA graphs on a GPU (generate's default),
+    dynamo's own backend on the CPU (the graph is captured the same; no C++ build in CI)."""
+    from transformers import CompileConfig
+
+    if DEVICE.type == "cuda":
+        config = CompileConfig(**options)
+    else:
+        config = CompileConfig(backend="eager", mode=None, **options)
+    config._compile_all_devices = True  # generate compiles on the GPU types it knows; tell it to here too
+    return config
+
+
+@pytest.mark.compiles
+@pytest.mark.parametrize("pe_type", COMPILED_DECODING)
+def test_a_compiled_decode_step_on_a_static_cache_never_recompiles(pe_type):
+    """generate with a static cache compiles the decode step (as it does on a GPU): one graph, no graph break, no
+    recompilation over the steps, the dynamic cache's tokens (left padding included). Dynamo's own backend here;
+    inductor and CUDA graphs under `pytest --device cuda`."""
+    torch._dynamo.reset()
+    model = tiny_model(pe_type)
+    model.generation_config.compile_config = compile_config(fullgraph=True)
+    ids = tokens(2, 6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    dynamic = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        static = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                                cache_implementation="static")
+    assert torch.equal(static, dynamic)
+    assert model._compiled_call is not None  # the decode steps went through the compiled call
+
+
+def test_path_decodes_a_static_cache_eagerly():
+    """PaTH reads its cached keys as a sequence: generate does not compile its decode step (TAPE's it does)."""
+    from transformers import StaticCache
+
+    for pe_type, compiles in (("path", False), ("tape", True)):
+        model = tiny_model(pe_type)
+        model.generation_config.compile_config = compile_config()
+        cache = StaticCache(config=model.config, max_cache_len=16)
+        assert model._valid_auto_compile_criteria({"cache": cache}, model.generation_config) == compiles
+        assert type(cache.layers[0]).__name__ == ("FixedShapeCacheLayer" if compiles else "TapeCacheLayer")

@@ -11,16 +11,20 @@ also needs per cached token:
 
 Cropping, beam reordering and batch selection treat all of it like the keys. transformers' `DynamicLayer`
 concatenates the whole cache with each new token; these layers write into spare capacity instead (doubling when
-full). The same layer is tapelm's static cache: with `max_cache_len` it holds its buffers at that size from the first
-write on and never grows (`generate(..., cache_implementation="static")`, or a `StaticCache` passed in). Unwritten
-capacity holds zeros. `prepare_cache` swaps these layers into an empty `DynamicCache` or `StaticCache` (the ones
-`generate` creates included) before anything is stored.
+full). A static cache (`generate(..., cache_implementation="static")`, or a `StaticCache` passed in) gets
+`FixedShapeCacheLayer`s: preallocated to its length, handing attention the whole buffers (what is not written yet is
+masked) and writing at a position kept as a tensor on the device, so every decoding step sees the same shapes and a
+compiled decode step (torch.compile, CUDA graphs) runs without recompiling; encodings whose cached keys must be read
+as a sequence (PaTH) get preallocated `TapeCacheLayer`s that hand over only what is written. Unwritten capacity holds
+zeros. `prepare_cache` swaps these layers into an empty `DynamicCache` or `StaticCache` (the ones `generate` creates
+included) before anything is stored.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
+from transformers.utils.import_utils import is_tracing as tracing
 
 _KEYS, _STREAM = "keys", "stream"
 
@@ -48,7 +52,14 @@ class TapeCacheLayer(DynamicLayer):
         return -1 if self.max_cache_len is None else self.max_cache_len
 
     def _held(self, name: str) -> torch.Tensor:
-        return self._buffers[name][..., : self._length, :]
+        return self._buffers[name][..., : self._count(), :]
+
+    def _count(self) -> int:
+        """How many tokens the layer holds."""
+        return self._length
+
+    def _advance(self, tokens: int) -> None:
+        self._length += tokens
 
     def _append(self, name: str, new: torch.Tensor, length: int) -> torch.Tensor:
         """Write `new` after the first `length` rows of buffer `name` and return rows [0, length + N)."""
@@ -79,10 +90,10 @@ class TapeCacheLayer(DynamicLayer):
         if self._value_width not in (None, value_width):
             raise ValueError(f"a cache layer holding values of width {self._value_width} cannot take {value_width}")
         self._value_width = value_width
-        self.keys = self._append(_KEYS, key_states, self._length)
-        stream = self._append(_STREAM, stream, self._length)
+        self.keys = self._append(_KEYS, key_states, self._count())
+        stream = self._append(_STREAM, stream, self._count())
         self.values = stream[..., :value_width]
-        self._length += key_states.shape[-2]
+        self._advance(key_states.shape[-2])
         return self.keys, stream
 
     def stream(self) -> torch.Tensor:
@@ -99,11 +110,15 @@ class TapeCacheLayer(DynamicLayer):
     def store_state(self, name: str, new: torch.Tensor) -> torch.Tensor:
         """Append per-token state (B, S, N, F) for the tokens this forward pass adds (called before their keys are
         stored, so the state's rows are [0, length + N)); return all of it."""
-        return self._append(name, new, self._length)
+        return self._append(name, new, self._count())
 
     def state(self, name: str) -> torch.Tensor | None:
         """The state (B, S, T, F) stored under `name` for the cached tokens, or None."""
-        return self._held(name) if name in self._buffers and self._length else None
+        return self._held(name) if name in self._buffers and self._count() else None
+
+    def last_state(self, name: str) -> torch.Tensor | None:
+        """The state (B, S, 1, F) stored under `name` for the last cached token, or None."""
+        return self._held(name)[..., -1:, :] if name in self._buffers and self._count() else None
 
     def rewrite_keys(self, keys: torch.Tensor) -> None:
         """Replace every cached key by `keys` (same shape): for encodings whose cached keys change when new tokens
@@ -120,7 +135,7 @@ class TapeCacheLayer(DynamicLayer):
     def _apply_rows(self, fn) -> None:
         """Replace every buffer by `fn` of its held rows (beam reordering, batch selection, repeats); a static layer
         keeps its size."""
-        if self._length:
+        if self._count():
             self._buffers = {name: self._with_room(fn(self._held(name))) for name in self._buffers}
             self._expose()
 
@@ -143,9 +158,9 @@ class TapeCacheLayer(DynamicLayer):
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError(f"crop({tokens_to_remove}): give a negative number of tokens to remove")
-        if tokens_to_remove == 0 or not self.is_initialized or not self._length:
+        if tokens_to_remove == 0 or not self.is_initialized or not self._count():
             return
-        self._length = max(self._length + tokens_to_remove, 0)
+        self._advance(max(tokens_to_remove, -self._count()))
         self._expose()
 
     def reset(self) -> None:
@@ -154,6 +169,81 @@ class TapeCacheLayer(DynamicLayer):
 
     def offload(self):
         raise ValueError("tapelm caches cannot be offloaded (their value streams and state stay on the device)")
+
+
+class FixedShapeCacheLayer(TapeCacheLayer):
+    """A static cache layer whose tensors keep their shapes from step to step: keys, values and state are the whole
+    preallocated buffers (B, S, max_cache_len, F) (attention masks what is not written yet), and the write position is
+    a tensor on the device, advanced in place. So a compiled decode step (torch.compile, CUDA graphs) sees the same
+    shapes and addresses at every step. `get_seq_length()` returns that tensor, as transformers' static layers do."""
+
+    is_compileable = True
+
+    def __init__(self, max_cache_len: int, **kwargs):
+        super().__init__(max_cache_len=max_cache_len, **kwargs)
+        self.cumulative_length: torch.Tensor | None = None  # tokens held, a 0-d long tensor on the cache's device
+
+    def _count(self) -> int:
+        return 0 if self.cumulative_length is None else int(self.cumulative_length)
+
+    def _advance(self, tokens: int) -> None:
+        self.cumulative_length.add_(tokens)
+
+    def _held(self, name: str) -> torch.Tensor:
+        return self._buffers[name]
+
+    def _positions(self, tokens: int, device: torch.device) -> torch.Tensor:
+        if self.cumulative_length is None:
+            self.cumulative_length = torch.zeros((), dtype=torch.long, device=device)
+            _static_address(self.cumulative_length)
+        return self.cumulative_length + torch.arange(tokens, device=device)
+
+    def _append(self, name: str, new: torch.Tensor, length) -> torch.Tensor:
+        """Write `new` at the layer's write position (`length` is not read: the position is the device tensor) and
+        return the whole buffer."""
+        positions = self._positions(new.shape[-2], new.device)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape[:-2] != new.shape[:-2]:
+            buffer = new.new_zeros(*new.shape[:-2], self.max_cache_len, new.shape[-1])
+            _static_address(buffer)
+        if new.requires_grad or buffer.requires_grad:  # in-place writes would break autograd
+            buffer = buffer.index_copy(-2, positions, new)
+        else:
+            buffer.index_copy_(-2, positions, new)
+        self._buffers[name] = buffer
+        return buffer
+
+    def last_state(self, name: str) -> torch.Tensor | None:
+        """The state (B, S, 1, F) of the last cached token, zeros while nothing is cached: read at the device
+        position, so no shape depends on how much is held."""
+        if name not in self._buffers:
+            return None
+        last = (self.cumulative_length - 1).clamp(min=0).reshape(1)
+        return self._buffers[name].index_select(-2, last) * (self.cumulative_length > 0)
+
+    def get_seq_length(self) -> torch.Tensor | int:
+        return 0 if self.cumulative_length is None else self.cumulative_length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.max_cache_len, 0
+
+    def _apply_rows(self, fn) -> None:
+        if self._count():
+            self._buffers = {name: fn(buffer) for name, buffer in self._buffers.items()}
+            for buffer in self._buffers.values():
+                _static_address(buffer)
+            self._expose()
+
+    def reset(self) -> None:
+        super().reset()
+        self.cumulative_length = None
+
+
+def _static_address(tensor: torch.Tensor) -> None:
+    """Tell torch.compile the tensor keeps its address between calls (CUDA graphs then read it in place); outside
+    tracing only."""
+    if not tracing(tensor):
+        torch._dynamo.mark_static_address(tensor)
 
 
 def check_cache_type(cache: Cache | None) -> None:
@@ -170,24 +260,44 @@ def check_cache_type(cache: Cache | None) -> None:
                          "cache_implementation 'dynamic' or 'static'")
 
 
-def prepare_cache(cache: Cache | None) -> None:
-    """Give an empty `DynamicCache` or `StaticCache` tapelm's layers (growing ones, or preallocated ones of the
-    static cache's size)."""
-    if type(cache) not in (DynamicCache, StaticCache) or cache.get_seq_length() != 0:
+def prepare_cache(cache: Cache | None, fixed_shapes: bool = True) -> None:
+    """Give a `DynamicCache` or `StaticCache` whose layers are still transformers' empty ones tapelm's layers:
+    growing ones, or for a static cache `FixedShapeCacheLayer`s (preallocated `TapeCacheLayer`s when the encoding
+    needs its cached keys as a sequence: `fixed_shapes=False`)."""
+    if type(cache) not in (DynamicCache, StaticCache) or all(isinstance(layer, TapeCacheLayer)
+                                                            for layer in cache.layers):
         return
-    cache.layers = [_tape_layer(layer) for layer in cache.layers]
+    cache.layers = [_tape_layer(layer, fixed_shapes) for layer in cache.layers]
     if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
         cache.layer_class_to_replicate = TapeCacheLayer
 
 
-def _tape_layer(layer):
+def _tape_layer(layer, fixed_shapes: bool):
     if layer.is_initialized:
         return layer
     if type(layer) is DynamicLayer:
         return TapeCacheLayer()
     if type(layer) is StaticLayer:
-        return TapeCacheLayer(max_cache_len=layer.max_cache_len)
+        return (FixedShapeCacheLayer if fixed_shapes else TapeCacheLayer)(max_cache_len=layer.max_cache_len)
     return layer
+
+
+def has_fixed_shapes(cache: Cache | None) -> bool:
+    """Whether `cache` hands attention whole fixed-size buffers (a static cache of `FixedShapeCacheLayer`s)."""
+    return cache is not None and bool(cache.layers) and isinstance(cache.layers[0], FixedShapeCacheLayer)
+
+
+def capacity(cache: Cache) -> int:
+    """The number of tokens a fixed-shape cache holds at most (the key length attention sees)."""
+    return cache.layers[0].max_cache_len
+
+
+def check_room(cache: Cache, new_tokens: int) -> None:
+    """ValueError, before anything is written, when a fixed-shape cache cannot take `new_tokens` more (not checked
+    while tracing: it reads the device's count)."""
+    layer = cache.layers[0]
+    if not tracing(layer.cumulative_length) and layer._count() + new_tokens > layer.max_cache_len:
+        layer._capacity(layer._count() + new_tokens)
 
 
 def cache_layer(cache: Cache, layer_idx: int) -> TapeCacheLayer:
@@ -220,6 +330,14 @@ def cached_state(cache: Cache | None, layer_idx: int, name: str) -> torch.Tensor
     if cache is None or len(cache.layers) <= layer_idx:
         return None
     return cache_layer(cache, layer_idx).state(name)
+
+
+def last_cached_state(cache: Cache | None, layer_idx: int, name: str) -> torch.Tensor | None:
+    """The state (B, S, 1, F) decoder layer `layer_idx` stored under `name` for the last cached token, or None (a
+    fixed-shape cache gives zeros while it holds nothing)."""
+    if cache is None or len(cache.layers) <= layer_idx:
+        return None
+    return cache_layer(cache, layer_idx).last_state(name)
 
 
 def store_state(cache: Cache | None, layer_idx: int, name: str, new: torch.Tensor) -> torch.Tensor:

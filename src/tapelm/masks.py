@@ -16,6 +16,7 @@ never branches on data.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers.utils.import_utils import is_tracing
 
 from .attention import AttentionMask
@@ -58,13 +59,15 @@ def _documents_from_cu_seq_lens(cu_q, cu_k, position_ids, attention_mask, past, 
     return documents[None], positions
 
 
-def real_tokens(attention_mask: torch.Tensor | None, length: int, past: int) -> torch.Tensor | None:
+def real_tokens(attention_mask: torch.Tensor | None, length: int, past) -> torch.Tensor | None:
     """(B, N) True where a new token is real, False at padding; None when all are real (outside tracing). A 4D mask
-    marks as padding the tokens that may not see themselves."""
+    marks as padding the tokens that may not see themselves. `past` is the number of cached tokens (an int, or a
+    device tensor for a fixed-shape cache)."""
     if attention_mask is None:
         return None
     if attention_mask.dim() == 4:
-        real = attention_mask[:, 0, :, past:].diagonal(dim1=-2, dim2=-1)
+        own = (torch.arange(length, device=attention_mask.device) + past)[None, :, None]  # each token's own key
+        real = attention_mask[:, 0].gather(-1, own.expand(attention_mask.shape[0], length, 1))[..., 0]
         real = real if real.dtype == torch.bool else real == 0
     else:
         real = attention_mask[:, -length:].bool()
@@ -72,15 +75,17 @@ def real_tokens(attention_mask: torch.Tensor | None, length: int, past: int) -> 
 
 
 def build_attention_mask(attention_mask: torch.Tensor | None, documents: torch.Tensor | None, query_len: int,
-                         key_len: int, causal: bool, dense: bool, device: torch.device) -> AttentionMask:
-    """The mask for N new queries at the end of T keys, on `device` (the inputs'). `attention_mask` is a 2D padding
-    mask (B, T), 1 for real tokens, or a 4D mask (B or 1, 1, N, T) as transformers takes it (see `given_mask`);
-    `documents` (B, N) from `packed_documents`.
+                         key_len: int, causal: bool, dense: bool, device: torch.device, past=None) -> AttentionMask:
+    """The mask for N new queries over T keys, on `device` (the inputs'): the queries follow `past` cached tokens
+    (default: they are the last N of the T keys; a fixed-shape cache has T larger than past + N, and keys from
+    past + N on are not written yet). `attention_mask` is a 2D padding mask (B, past + N), 1 for real tokens, or a 4D
+    mask (B or 1, 1, N, T) as transformers takes it (see `given_mask`); `documents` (B, N) from `packed_documents`.
 
     `dense` asks for explicit booleans even where a flag would do (encodings that add a logit bias). A query that
     would see no key at all (a padding token) is allowed to see itself, so no softmax row is empty."""
+    past = key_len - query_len if past is None else past
     if attention_mask is not None and attention_mask.dim() == 4:
-        return AttentionMask(given_mask(attention_mask, query_len, key_len, causal), False)
+        return AttentionMask(given_mask(attention_mask, query_len, key_len, causal, past), False)
     padding = attention_mask
     has_padding = padding is not None and (tracing(padding) or not bool(padding.all()))
     if not dense and not has_padding and documents is None:
@@ -89,26 +94,30 @@ def build_attention_mask(attention_mask: torch.Tensor | None, documents: torch.T
         if query_len == key_len:
             return AttentionMask(None, True)
     key_index = torch.arange(key_len, device=device)
-    query_index = torch.arange(key_len - query_len, key_len, device=device)
+    query_index = torch.arange(query_len, device=device) + past
     valid = torch.ones(1, 1, query_len, key_len, dtype=torch.bool, device=device)
     if causal:
         valid = valid & (key_index[None, :] <= query_index[:, None])
+    else:  # keys not written yet (a fixed-shape cache)
+        valid = valid & (key_index[None, :] < query_index[-1] + 1)
     if padding is not None:
-        valid = valid & padding[:, None, None, :].bool()
+        padding = F.pad(padding.bool(), (0, key_len - padding.shape[-1]))  # unwritten keys of a fixed-shape cache
+        valid = valid & padding[:, None, None, :]
     if documents is not None:
         valid = valid & (documents[:, None, :, None] == documents[:, None, None, :])
     valid = valid | (key_index[None, :] == query_index[:, None])
     return AttentionMask(valid, False)
 
 
-def given_mask(mask: torch.Tensor, query_len: int, key_len: int, causal: bool) -> torch.Tensor:
+def given_mask(mask: torch.Tensor, query_len: int, key_len: int, causal: bool, past=None) -> torch.Tensor:
     """A 4D attention mask (B or 1, 1, N, T) as transformers models take it, as booleans: True (bool) or 0 (float)
     where a query may see a key, False or -inf / the dtype's minimum where not. It is the whole mask (causality and
     padding included); a causal model refuses one that shows a query a later key. A query that may see no key at all
-    sees itself (no empty softmax row)."""
+    sees itself (no empty softmax row). The queries follow `past` cached tokens (default: T - N)."""
+    past = key_len - query_len if past is None else past
     if mask.shape[1] != 1 or tuple(mask.shape[2:]) != (query_len, key_len):
         raise ValueError(f"a 4D attention_mask must have shape (batch, 1, {query_len}, {key_len}) for {query_len} new "
-                         f"tokens after {key_len - query_len} cached ones, got {tuple(mask.shape)}")
+                         f"tokens over {key_len} keys (cached and new), got {tuple(mask.shape)}")
     if mask.dtype == torch.bool:
         valid = mask
     elif mask.is_floating_point():
@@ -119,7 +128,7 @@ def given_mask(mask: torch.Tensor, query_len: int, key_len: int, causal: bool) -
     else:
         raise ValueError(f"a 4D attention_mask must be bool (True: attend) or float (0 / -inf), not {mask.dtype}")
     key_index = torch.arange(key_len, device=mask.device)
-    query_index = torch.arange(key_len - query_len, key_len, device=mask.device)
+    query_index = torch.arange(query_len, device=mask.device) + past
     later = key_index[None, :] > query_index[:, None]
     if causal:
         if not tracing(mask) and bool((valid & later).any()):

@@ -19,7 +19,7 @@ from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .attention import AttentionFunction, AttentionMask, attend, attend_stream, attend_with_probabilities
-from .cache import check_cache_type, key_positions, prepare_cache
+from .cache import capacity, check_cache_type, check_room, has_fixed_shapes, key_positions, prepare_cache
 from .config import TapeConfig
 from .layout import TokenLayout
 from .masks import build_attention_mask, packed_documents, real_tokens
@@ -215,22 +215,27 @@ class TapeModel(TapePreTrainedModel):
             cache = DynamicCache(config=self.config)
         if not use_cache:
             cache = None
-        prepare_cache(cache)
+        prepare_cache(cache, self.positional.fixed_shape_cache)
         batch, length = inputs_embeds.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0
+        past = cache.get_seq_length() if cache is not None else 0  # a device tensor for a fixed-shape cache
+        fixed = has_fixed_shapes(cache)  # attention sees the whole static cache, unwritten rows masked
+        key_length = capacity(cache) if fixed else past + length
+        if fixed:
+            check_room(cache, length)
         documents, document_positions = packed_documents(
             position_ids, attention_mask, past, self.config.causal, batch, length,
             kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"))
         position_ids = self._position_ids(position_ids if document_positions is None else document_positions,
                                           attention_mask, past, batch, length, inputs_embeds.device)
-
+        # the mask first: it checks a given 4D mask before anything reads it or is stored in the cache
+        mask = build_attention_mask(attention_mask, documents, length, key_length, self.config.causal,
+                                    dense=self.positional.adds_logit_bias or fixed, device=inputs_embeds.device,
+                                    past=past)
         ctx = PositionContext(query_positions=self.positional.positions(position_ids, past, documents),
                               token_mask=real_tokens(attention_mask, length, past))
         if self.positional.needs_key_positions:
             ctx.key_positions = key_positions(cache, ctx.query_positions)
         self.positional.prepare(ctx, inputs_embeds.dtype)
-        mask = build_attention_mask(attention_mask, documents, length, past + length, self.config.causal,
-                                    dense=self.positional.adds_logit_bias, device=inputs_embeds.device)
         hidden = self.positional.embed(inputs_embeds, ctx)
         state = self.positional.initial_state(ctx, hidden.dtype)
         layout = TokenLayout.of(ctx.token_mask if self.skip_padding else None, batch, length)
@@ -261,7 +266,7 @@ class TapeModel(TapePreTrainedModel):
             return position_ids.expand(batch, -1) if position_ids.shape[0] == 1 else position_ids
         if attention_mask is not None and attention_mask.dim() == 2:
             return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
-        return torch.arange(past, past + length, device=device).expand(batch, -1)
+        return (torch.arange(length, device=device) + past).expand(batch, -1)
 
 
 class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
@@ -284,8 +289,14 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, *args, cache: Cache | None = None, **kwargs):
         """transformers' own, after `generate`'s new cache got tapelm's layers (a static one would otherwise be given a
         4D mask of its whole length, made for transformers' static layers)."""
-        prepare_cache(cache)
+        prepare_cache(cache, self.model.positional.fixed_shape_cache)
         return super().prepare_inputs_for_generation(*args, cache=cache, **kwargs)
+
+    def _valid_auto_compile_criteria(self, model_kwargs, generation_config) -> bool:
+        """transformers' own, judged on tapelm's layers: a static cache compiles the decode step unless the encoding
+        reads its cache as a sequence (PaTH)."""
+        prepare_cache(model_kwargs.get("cache"), self.model.positional.fixed_shape_cache)
+        return super()._valid_auto_compile_criteria(model_kwargs, generation_config)
 
     def tape_parameters(self) -> Iterator[nn.Parameter]:
         """Exactly the parameters TAPE adds to a RoPE transformer (selected by module type)."""

@@ -14,7 +14,9 @@ pairs in each repetition, and reported as the mean with its 95% interval over re
   gradients, AdamW's two moments and every tensor autograd saves for the backward pass);
 - prefill: the cached forward pass over the decoding prompt at batch 1 (the wait before the first new token);
 - greedy decoding with a cache after that prompt, at batch 1 and 8: tokens/s (all rows of the batch) and the bytes
-  the cache holds. With `--dtype bf16` the model decodes with bf16 weights.
+  the cache holds. With `--dtype bf16` the model decodes with bf16 weights; with `--compile` it decodes with a static
+  cache and a compiled decode step (CUDA graphs on a GPU), except an encoding whose cache has no fixed shapes
+  (PaTH), which decodes eagerly.
 
 At most two workloads live at a time (rebuilt from the same seed at every visit and warmed up before they are
 timed), so the large sizes fit; memory is measured with the row alone. A row that runs out of device memory is
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from ..config import PE_TYPES, TapeConfig
 from ..experiments.provenance import environment, installed_version
@@ -202,12 +204,24 @@ class Workload:
         return 4 * params + saved  # weights, gradients, AdamW's two moments, saved activations
 
     def for_decoding(self) -> None:
-        """Eval mode, bf16 weights with --dtype bf16; training state dropped."""
+        """Eval mode, bf16 weights with --dtype bf16, the compiled decode step with --compile; training state
+        dropped."""
         self.optimizer = None
         self.model.zero_grad(set_to_none=True)
         self.model.eval()
         if self.options.bf16:
             self.model.to(torch.bfloat16)
+        self.step = self.model
+        if self.compiles_decoding:
+            mode = "reduce-overhead" if self.options.device.type == "cuda" else None  # CUDA graphs on a GPU
+            self.step = torch.compile(self.model, dynamic=False, mode=mode)
+
+    @property
+    def compiles_decoding(self) -> bool:
+        """--compile, and a cache with fixed shapes (transformers' Llama's static cache; every tapelm encoding but
+        PaTH's)."""
+        positional = getattr(self.model.model, "positional", None)
+        return self.options.compile and (positional is None or positional.fixed_shape_cache)
 
     def _forward(self, ids, cache):
         return self.model(ids, use_cache=True, cache=cache)
@@ -223,21 +237,26 @@ class Workload:
 
     @torch.no_grad()
     def decode(self, batch: int) -> tuple[float, int]:
-        """Tokens per second of greedy cached decoding (all rows) after the prompt, and the cache's bytes after it.
-        The prompt is prefilled in chunks of 512 tokens (as serving does), so that encodings that build a logit-sized
-        tensor per layer (CoPE's gates) fit at batch 8."""
-        cache = DynamicCache(config=self.model.config)
+        """Tokens per second of greedy cached decoding (all rows) after the prompt, and the bytes of the cache after
+        it (a static cache's whole buffers, which its attention reads). The prompt is prefilled in chunks of 512
+        tokens (as serving does), so that encodings that build a logit-sized tensor per layer (CoPE's gates) fit at
+        batch 8; the first new token is not timed (it compiles the decode step, when it is compiled)."""
         prompt = self.prompt[:batch]
+        if self.compiles_decoding:
+            cache = StaticCache(config=self.model.config, max_cache_len=prompt.shape[1] + self.size.decode_tokens + 1)
+        else:
+            cache = DynamicCache(config=self.model.config)
         for start in range(0, prompt.shape[1], 512):
             logits = self._forward(prompt[:, start:start + 512], cache).logits
         token = logits[:, -1:].argmax(-1)
         cache_bytes = _cache_bytes(cache)
+        token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)  # compiles, when it does
         self.options.synchronize()
         start = time.perf_counter()
-        for _ in range(self.size.decode_tokens):
-            token = self._forward(token, cache).logits[:, -1:].argmax(-1)
+        for _ in range(self.size.decode_tokens - 1):
+            token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)
         self.options.synchronize()
-        return batch * self.size.decode_tokens / (time.perf_counter() - start), cache_bytes
+        return batch * (self.size.decode_tokens - 1) / (time.perf_counter() - start), cache_bytes
 
 
 def _decode_key(batch: int) -> str:

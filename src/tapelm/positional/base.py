@@ -109,10 +109,13 @@ class PositionalEncoding(CustomInit):
 
     `needs_key_positions`: the context must carry the positions of every key (relative biases).
     `adds_logit_bias`: attention needs an explicit mask because logits get a float bias.
+    `fixed_shape_cache`: the layers can read a static cache's whole buffers, unwritten rows masked (False: they need
+    the cached tokens as a sequence, as PaTH's transforms do).
     """
 
     needs_key_positions = False
     adds_logit_bias = False
+    fixed_shape_cache = True
 
     def positions(self, position_ids: torch.Tensor, past: int = 0,
                   documents: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import cached_state, store_keys_values, store_state
+from ..cache import last_cached_state, store_keys_values, store_state
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
 
@@ -65,9 +65,9 @@ class FoXLayer(LayerPositional):
 
     def attention_inputs(self, x, q, k, stream, value_width, cache, layer_idx, valid, ctx):
         cumulative = self.log_forget(x, ctx).cumsum(-1)[..., None]  # (B, H, N, 1)
-        past = cached_state(cache, layer_idx, "forget")
+        past = last_cached_state(cache, layer_idx, "forget")
         if past is not None:
-            cumulative = cumulative + past[:, :, -1:, :]
+            cumulative = cumulative + past
         every = store_state(cache, layer_idx, "forget", cumulative)  # (B, H, T, 1)
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         bias = cumulative - every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s

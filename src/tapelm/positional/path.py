@@ -89,9 +89,12 @@ def _diagonal(valid: torch.Tensor, offset: int) -> torch.Tensor:
 
 
 class PaTH(PositionalEncoding):
-    """Model level: nothing but the per-layer transforms; the logits arrive as an explicit float bias."""
+    """Model level: nothing but the per-layer transforms; the logits arrive as an explicit float bias. Its cached keys
+    are read as a sequence (each is transformed by every later token's Householder), so a static cache hands it only
+    the written rows."""
 
     adds_logit_bias = True
+    fixed_shape_cache = False
 
     def __init__(self, config):
         super().__init__()
