@@ -40,6 +40,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCach
 from ..config import PE_TYPES, TapeConfig
 from ..experiments.provenance import environment, installed_version
 from ..experiments.statistics import interval
+from ..experiments.variants import VARIANTS, resolve_variant
 from ..modeling import TapeForCausalLM
 
 PEERS = ("llama",)
@@ -64,12 +65,14 @@ class SpeedSize:
     vocab: int = 256
     decode_batches: tuple[int, ...] = (1, 8)
 
-    def config(self, pe_type: str) -> TapeConfig:
-        """RandPE decodes on the given positions (a cache cannot be continued otherwise); it trains as always."""
+    def config(self, row: str) -> TapeConfig:
+        """An encoding or one of TAPE's variants (`tapelm.experiments.variants`). RandPE decodes on the given
+        positions (a cache cannot be continued otherwise); it trains as always."""
+        pe_type, options = resolve_variant(row)
         return TapeConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
                           num_key_value_heads=self.kv_heads, max_position_embeddings=max(4096, self.seq),
-                          pe_type=pe_type, randpe_eval_positions="given")
+                          pe_type=pe_type, randpe_eval_positions="given", **options)
 
     def llama_config(self) -> LlamaConfig:
         return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
@@ -147,7 +150,7 @@ def _cache_bytes(cache) -> int:
 
 
 def build_model(size: SpeedSize, row: str) -> torch.nn.Module:
-    """A tapelm encoding (`row` in PE_TYPES) or a peer (`llama`) at `size`, on the default device."""
+    """A tapelm encoding or variant, or a peer (`llama`), at `size`, on the default device."""
     if row == "llama":
         return LlamaForCausalLM(size.llama_config())
     return TapeForCausalLM(size.config(row))
@@ -482,10 +485,10 @@ def plot(report: dict, path: Path) -> None:
 
 def check_rows(rows: list[str]) -> list[str]:
     """The rows to measure, RoPE first; ValueError naming an unknown one."""
-    unknown = [row for row in rows if row not in (*PE_TYPES, *PEERS)]
+    unknown = [row for row in rows if row not in (*PE_TYPES, *VARIANTS, *PEERS)]
     if unknown:
-        raise ValueError(f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(PE_TYPES)} and the "
-                         f"peers {', '.join(PEERS)}")
+        raise ValueError(f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(PE_TYPES)}, TAPE's "
+                         f"variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}")
     return ["rope", *[row for row in dict.fromkeys(rows) if row != "rope"]]
 
 
@@ -550,7 +553,8 @@ def add_arguments(bench) -> None:
                             "on a GPU)")
     speed.add_argument("--pe", nargs="+", metavar="ROW",
                        help=f"rows (default: every encoding, {', '.join(PE_TYPES)}, and the peers "
-                            f"{', '.join(PEERS)}); RoPE is always included")
+                            f"{', '.join(PEERS)}; TAPE's variants too, e.g. tape-attention-only); RoPE is always "
+                            "included")
     speed.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     speed.add_argument("--dtype", choices=("float32", "bf16"), default="float32",
                        help="float32, or bf16: training under bf16 autocast, decoding with bf16 weights "
