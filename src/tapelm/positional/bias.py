@@ -16,9 +16,20 @@ from ..masks import tracing
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
 
+def shared_positions(ctx: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query (B, N) and key (B, T) positions, as one row (batch 1) when every sequence has the same ones (a batch
+    without padding: the positions are one row expanded), so that a bias is computed and kept once, not per
+    sequence."""
+    queries, keys = ctx.query_positions, ctx.key_positions
+    if queries.stride(0) == 0 and keys.stride(0) == 0:
+        return queries[:1], keys[:1]
+    return queries, keys
+
+
 def relative_distance(ctx: PositionContext) -> torch.Tensor:
-    """query position - key position, (B, 1, N, T) in float32."""
-    return (ctx.query_positions[:, None, :, None] - ctx.key_positions[:, None, None, :]).float()
+    """query position - key position, (B or 1, 1, N, T) in float32 (one row when all sequences share positions)."""
+    queries, keys = shared_positions(ctx)
+    return (queries[:, None, :, None] - keys[:, None, None, :]).float()
 
 
 def alibi_slopes(heads: int, device: torch.device) -> torch.Tensor:
@@ -140,11 +151,10 @@ class FireFunction(CustomInit):
         once per sequence: its hidden layer is the largest tensor FIRE makes. While tracing the number of distinct
         rows is data, so there it runs once per sequence unless the positions are one row expanded (no padding)."""
         length = ctx.query_positions.shape[1]
-        rows = torch.cat([ctx.query_positions, ctx.key_positions], dim=1)
+        queries, keys = shared_positions(ctx)
+        rows = torch.cat([queries, keys], dim=1)
         index = None
-        if ctx.query_positions.stride(0) == 0 and ctx.key_positions.stride(0) == 0:
-            rows = rows[:1]
-        elif not tracing(rows):
+        if len(rows) > 1 and not tracing(rows):
             rows, index = torch.unique(rows, dim=0, return_inverse=True)
         queries, keys = rows[:, :length], rows[:, length:]
         wide = torch.promote_types(self.mlp[0].weight.dtype, torch.float32)
