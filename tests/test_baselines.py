@@ -90,7 +90,7 @@ def test_fire_bias_is_the_official_formula():
         fire.threshold_multiplier.fill_(-1.5)  # L = |-1.5 * 6| = 9
     positions = torch.arange(14, device=DEVICE)[None]
     ctx = PositionContext(query_positions=positions[:, 10:], key_positions=positions)
-    bias = fire(ctx, torch.float64)
+    bias = fire(ctx, torch.float64).full()
     c = fire.c.item()  # 0.3 rounded to float32 at construction
     for i in range(10, 14):
         for j in range(14):

@@ -145,3 +145,48 @@ def test_fast_paths_run_where_verified_unless_switched():
                                                                            fast_paths.VERIFIED["cuda-unpadded-attention"])
     with pytest.raises(ValueError, match="fast_paths='fast' is not allowed; choose one of: auto, on, off"):
         tiny_model("tape", fast_paths="fast")
+
+
+BIASED = {"t5": {}, "t5 shared": {"pe_type": "t5", "t5_shared": True}, "fire": {},
+          "fire shared": {"pe_type": "fire", "fire_shared": True}, "cope": {}, "fox": {}}
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("encoding", list(BIASED))
+def test_attention_over_blocks_of_queries_computes_the_reference_function(encoding, batch, monkeypatch):
+    """Encodings whose bias needs a gradient, with attention a block of 5 queries at a time and each block's bias
+    rebuilt in the backward pass, against the whole bias at once: logits and every parameter's gradient."""
+    from tapelm import attention
+
+    monkeypatch.setattr(attention, "BIAS_BLOCK", 5)
+    options = {"pe_type": encoding, **BIASED[encoding]}
+    ids = tokens(2, 16)
+    results = {}
+    for setting, dtype in (("off", torch.float64), ("on", DTYPE)):
+        model = tiny_model(dtype=dtype, fast_paths=setting, **options).train()
+        logits = model(ids, **batch_inputs(batch, ids)).logits
+        weights = random(*logits.shape, seed=8).to(dtype)
+        (logits * weights).sum().backward()
+        results[setting] = (logits.detach(), {name: p.grad for name, p in model.named_parameters()})
+    close(results["on"][0], results["off"][0], "logits")
+    for name, grad in results["off"][1].items():
+        close(results["on"][1][name], grad, name)
+
+
+def test_attention_over_blocks_keeps_no_n_by_n_tensor():
+    """What it is for: CoPE's training step keeps far less for the backward pass (its gates, positions and
+    interpolation weights are N x T per head and layer)."""
+    saved = {}
+    for setting in ("off", "on"):
+        model = tiny_model("cope", num_hidden_layers=2, fast_paths=setting, max_position_embeddings=1024).train()
+        ids = tokens(1, 600)
+        storages = {}
+
+        def pack(tensor):
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(ids, labels=ids).loss
+        saved[setting] = sum(storages.values())
+    assert saved["on"] < saved["off"] / 3, saved

@@ -61,7 +61,7 @@ def test_fox_bias_is_the_double_sum_of_log_gates():
     x = randn(batch, length, 32, generator=torch.Generator().manual_seed(3))
     q, k = (torch.zeros(batch, h, length, dim, dtype=torch.float64, device=DEVICE) for h in (heads, 2))
     ctx = PositionContext(query_positions=torch.arange(length, device=DEVICE).expand(batch, -1))
-    _, _, _, bias = layer.attention_inputs(x, q, k, k, dim, None, 1, None, ctx)
+    bias = layer.attention_inputs(x, q, k, k, dim, None, 1, None, ctx)[3].full()
     f = torch.sigmoid(x @ layer.gate.weight.T + layer.gate.bias)  # (B, N, H)
     for i in range(length):
         for j in range(i + 1):

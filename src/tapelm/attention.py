@@ -11,7 +11,10 @@ function (`tapelm.fast_paths`):
 - on the CPU, `StreamCpuFlash` calls the same flash kernel, keeps only the unpadded q and k for the backward pass
   (the padded copies are made again there) and writes the two outputs in the layouts their readers take without a
   copy: about 10 MB less memory a layer at bench speed's small size;
-- on CUDA, the attention call without padding, on the kernels that take a wider value (cuDNN, memory-efficient).
+- on CUDA, the attention call without padding, on the kernels that take a wider value (cuDNN, memory-efficient);
+- everywhere, for a logit bias given as a `RowBias` (one the encoding can build for any block of queries: T5, FIRE,
+  CoPE, FoX), attention a block of queries at a time, each block's bias built inside an activation checkpoint, so
+  no N x T tensor per head is kept for the backward pass (`chunked_bias_attention`).
 
 Single-token decoding takes the explicit path: one row of logits per head, each cached key and value read once, no
 padded copy of the cache.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
 
 from .fast_paths import enabled
 
@@ -38,6 +42,40 @@ class AttentionMask:
     is_causal: bool
 
 
+class RowBias:
+    """An additive logit bias (B or 1, H, N, T) given by a function of a block of queries: `rows(start, end)` is
+    bias[..., start:end, :]. Attention can build it a block at a time (and again in the backward pass) instead of
+    keeping all of it; `full()` is the whole tensor (the reference path, explicit attention, a short sequence)."""
+
+    def __init__(self, rows: Callable[[int, int], torch.Tensor], queries: int):
+        self.rows, self.queries = rows, queries
+
+    def full(self) -> torch.Tensor:
+        return self.rows(0, self.queries)
+
+    @staticmethod
+    def add(first, second):
+        """The sum of two biases, each a tensor, a `RowBias` or None."""
+        if first is None or second is None:
+            return second if first is None else first
+        if not isinstance(first, RowBias) and not isinstance(second, RowBias):
+            return first + second
+        queries = first.queries if isinstance(first, RowBias) else second.queries
+        return RowBias(lambda start, end: _rows(first, start, end) + _rows(second, start, end), queries)
+
+
+def _rows(bias, start: int, end: int) -> torch.Tensor:
+    return bias.rows(start, end) if isinstance(bias, RowBias) else bias[..., start:end, :]
+
+
+def materialized(bias):
+    """A bias as one tensor (None stays None)."""
+    return bias.full() if isinstance(bias, RowBias) else bias
+
+
+BIAS_BLOCK = 256
+"""Queries per block of `chunked_bias_attention`."""
+
 AttentionFunction = Callable[..., torch.Tensor]
 """What a per-module attention override computes: `fn(q, k, v, mask, bias, scale) -> out`, with the shapes and meaning
 of `attend` (q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv), an `AttentionMask`, an optional additive bias
@@ -48,7 +86,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
            scale: float, eager: bool = False, fast_paths: str = "auto") -> torch.Tensor:
     """softmax(q k^T * scale + bias) v with GQA. q (B, H, N, dq), k (B, Hkv, T, dq), v (B, Hkv, T, dv);
     bias (B or 1, H, N, T) needs an explicit `mask.valid`. Returns (B, H, N, dv). `fast_paths` is the config's
-    setting (`tapelm.fast_paths`)."""
+    setting (`tapelm.fast_paths`); `bias` may be a `RowBias`."""
+    if isinstance(bias, RowBias):
+        if not eager and q.shape[-2] > BIAS_BLOCK and enabled("chunked-bias-attention", q.device, fast_paths):
+            return chunked_bias_attention(q, k, v, mask, bias, scale, fast_paths)
+        bias = bias.full()
     float_mask = _with_bias(mask, bias)
     if eager or q.shape[-2] == 1:
         return explicit_attention(q, k, v, float_mask, mask.is_causal, scale)[0]
@@ -74,6 +116,23 @@ def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_
                                     else float_mask.to(dtype), mask.is_causal, scale, value_width)
     out = attend(q, k, stream, mask, bias, scale, eager, fast_paths)
     return out[..., :value_width], out[..., value_width:]
+
+
+def chunked_bias_attention(q, k, v, mask: AttentionMask, bias: RowBias, scale: float, fast_paths: str):
+    """`attend` a block of `BIAS_BLOCK` queries at a time, each block's bias built from its rows. With gradients each
+    block runs inside an activation checkpoint: the backward pass builds the block's bias and attention again, so
+    what is kept between the passes is q, k, v and the output, never an N x T tensor per head."""
+    blocks = []
+    for start in range(0, q.shape[-2], BIAS_BLOCK):
+        end = min(start + BIAS_BLOCK, q.shape[-2])
+        rows = AttentionMask(mask.valid[..., start:end, :], False)
+
+        def block(q_rows, start=start, end=end, rows=rows):
+            return attend(q_rows, k, v, rows, bias.rows(start, end), scale, fast_paths=fast_paths)
+
+        q_rows = q[..., start:end, :]
+        blocks.append(checkpoint(block, q_rows, use_reentrant=False) if torch.is_grad_enabled() else block(q_rows))
+    return torch.cat(blocks, dim=-2)
 
 
 def padded_attention(q, k, v, attn_mask, is_causal, scale):
@@ -105,7 +164,7 @@ class StreamCpuFlash(torch.autograd.Function):
     def takes(q: torch.Tensor, mask: AttentionMask, bias: torch.Tensor | None) -> bool:
         """A CPU tensor of a dtype the kernel takes, and no bias that needs a gradient (a learned bias)."""
         return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-                and (bias is None or not bias.requires_grad))
+                and (bias is None or (isinstance(bias, torch.Tensor) and not bias.requires_grad)))
 
     @staticmethod
     def forward(ctx, q, k, stream, attn_mask, is_causal, scale, value_width):
@@ -139,7 +198,7 @@ def attend_with_probabilities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               bias: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """`attend` through the explicit path, also returning the attention probabilities (B, H, N, T)
     (`output_attentions=True`)."""
-    return explicit_attention(q, k, v, _with_bias(mask, bias), mask.is_causal, scale)
+    return explicit_attention(q, k, v, _with_bias(mask, materialized(bias)), mask.is_causal, scale)
 
 
 def _sdpa_dtype(*tensors: torch.Tensor) -> torch.dtype:

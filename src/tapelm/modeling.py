@@ -18,7 +18,15 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .attention import AttentionFunction, AttentionMask, attend, attend_stream, attend_with_probabilities
+from .attention import (
+    AttentionFunction,
+    AttentionMask,
+    RowBias,
+    attend,
+    attend_stream,
+    attend_with_probabilities,
+    materialized,
+)
 from .cache import capacity, check_cache_type, check_room, has_fixed_shapes, key_positions, prepare_cache
 from .config import TapeConfig
 from .layout import TokenLayout
@@ -63,7 +71,7 @@ class TapeAttention(nn.Module):
         stream = v if extra is None else torch.cat([v, extra.to(v.dtype)], dim=-1)
         q, k, stream, bias = positional.attention_inputs(layout.unpack(hidden), q, k, stream, self.head_dim, cache,
                                                          self.layer_idx, mask.valid, ctx)
-        bias = _sum_optional(ctx.bias, bias)
+        bias = RowBias.add(ctx.bias, bias)
         scale, probs = positional.logit_scale(self.head_dim), None
         if output_attentions or self.attention_function is not None:
             if output_attentions and self.attention_function is not None:
@@ -72,7 +80,7 @@ class TapeAttention(nn.Module):
             if output_attentions:
                 out, probs = attend_with_probabilities(q, k, stream, mask, bias, scale)
             else:
-                out = self.attention_function(q, k, stream, mask, bias, scale)
+                out = self.attention_function(q, k, stream, mask, materialized(bias), scale)
             values, attended = out[..., : self.head_dim], (out[..., self.head_dim:] if extra is not None else None)
         else:
             values, attended = attend_stream(q, k, stream, self.head_dim, mask, bias, scale,
@@ -86,12 +94,6 @@ class TapeAttention(nn.Module):
         with attn_implementation "eager", the explicit-softmax reference."""
         return attend(q, k, v, mask, bias, scale, eager=self.config._attn_implementation == "eager",
                       fast_paths=self.config.fast_paths)
-
-
-def _sum_optional(a, b):
-    if a is None or b is None:
-        return b if a is None else a
-    return a + b
 
 
 class TapeDecoderLayer(GradientCheckpointingLayer):

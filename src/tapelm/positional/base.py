@@ -23,7 +23,8 @@ class PositionContext:
 
     `query_positions` (batch, N) are the positions of the new tokens, `key_positions` (batch, T) those of every key
     including the cached ones (only filled when the encoding asks for them). `tables` holds whatever the encoding
-    precomputed (e.g. cos/sin), `bias` an optional additive logit bias (batch or 1, heads, N, T) shared by all layers.
+    precomputed (e.g. cos/sin), `bias` an optional additive logit bias (batch or 1, heads, N, T) shared by all layers
+    (a tensor or a `tapelm.attention.RowBias`).
     `token_mask` (batch, N) is True for the new tokens that are real and False for padding (None: no padding), so
     that per-token state (FoX's forget gates, PaTH's convolution) can ignore padding tokens.
     """
@@ -69,7 +70,9 @@ class LayerPositional(CustomInit):
         return q, k
 
     def logit_bias(self, q: torch.Tensor, k: torch.Tensor, valid: torch.Tensor | None, ctx: PositionContext):
-        """An extra additive bias (B, H, N, T) computed from q and all keys, or None. `valid` is the boolean mask."""
+        """An extra additive bias (B, H, N, T) computed from q and all keys, or None: a tensor, or a
+        `tapelm.attention.RowBias` that builds it for any block of queries (so attention need not keep all of it).
+        `valid` is the boolean mask."""
         return None
 
     def attention_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor,

@@ -12,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from ..attention import RowBias
 from ..masks import tracing
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
@@ -105,9 +106,9 @@ class T5Bias(RelativeBias):
         return LayerPositional() if self.shared else T5Layer(self.config)
 
 
-def t5_bias(table: nn.Embedding, buckets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bias (B, H, N, T) from bucket indices (B, N, T)."""
-    return table(buckets).permute(0, 3, 1, 2).to(dtype)
+def t5_bias(table: nn.Embedding, buckets: torch.Tensor, dtype: torch.dtype) -> RowBias:
+    """Bias (B, H, N, T) from bucket indices (B, N, T), looked up a block of queries at a time."""
+    return RowBias(lambda start, end: table(buckets[:, start:end]).permute(0, 3, 1, 2).to(dtype), buckets.shape[1])
 
 
 class T5Layer(LayerPositional):
@@ -145,11 +146,12 @@ class FireFunction(CustomInit):
         init.constant_(self.c, self.init_c)
         init.constant_(self.threshold_multiplier, 1.0)
 
-    def forward(self, ctx: PositionContext, dtype: torch.dtype) -> torch.Tensor:
+    def forward(self, ctx: PositionContext, dtype: torch.dtype) -> RowBias:
         """The bias (B, H, N, T), or (1, H, N, T) when every sequence has the same positions, for the context's query
-        and key positions. The MLP runs once per distinct row of positions (one for a batch without padding), not
-        once per sequence: its hidden layer is the largest tensor FIRE makes. While tracing the number of distinct
-        rows is data, so there it runs once per sequence unless the positions are one row expanded (no padding)."""
+        and key positions, built a block of queries at a time. The MLP runs once per distinct row of positions (one
+        for a batch without padding), not once per sequence: its hidden layer is the largest tensor FIRE makes.
+        While tracing the number of distinct rows is data, so there it runs once per sequence unless the positions
+        are one row expanded (no padding)."""
         length = ctx.query_positions.shape[1]
         queries, keys = shared_positions(ctx)
         rows = torch.cat([queries, keys], dim=1)
@@ -157,6 +159,15 @@ class FireFunction(CustomInit):
         if len(rows) > 1 and not tracing(rows):
             rows, index = torch.unique(rows, dim=0, return_inverse=True)
         queries, keys = rows[:, :length], rows[:, length:]
+
+        def block(start: int, end: int) -> torch.Tensor:
+            bias = self._bias(queries[:, start:end], keys, dtype)
+            return bias if index is None or len(rows) == 1 else bias[index]
+
+        return RowBias(block, length)
+
+    def _bias(self, queries: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The bias (R, H, n, T) for rows of query positions (R, n) and key positions (R, T)."""
         wide = torch.promote_types(self.mlp[0].weight.dtype, torch.float32)
         distance = (queries[:, None, :, None] - keys[:, None, None, :]).to(wide).abs()
         query = queries.to(wide)[:, None, :, None]
@@ -164,8 +175,7 @@ class FireFunction(CustomInit):
         threshold = (self.threshold_multiplier.to(wide) * self.init_threshold).abs()
         normaliser = torch.log((c * torch.maximum(query, threshold)).abs() + 1)
         features = torch.log((c * distance).abs() + 1) / (normaliser + self.eps)
-        bias = self.mlp(features[..., None].to(self.mlp[0].weight.dtype))[:, 0].permute(0, 3, 1, 2).to(dtype)
-        return bias if index is None or len(rows) == 1 else bias[index]
+        return self.mlp(features[..., None].to(self.mlp[0].weight.dtype))[:, 0].permute(0, 3, 1, 2).to(dtype)
 
 
 class FIRE(RelativeBias):
@@ -225,6 +235,12 @@ class CoPELayer(LayerPositional):
 
     def logit_bias(self, q, k, valid, ctx):
         k = k.repeat_interleave(self.kv_groups, dim=1)
+        return RowBias(lambda start, end: self._bias(q[..., start:end, :], k,
+                                                     None if valid is None else valid[..., start:end, :]),
+                       q.shape[-2])
+
+    def _bias(self, q, k, valid):
+        """The bias (B, H, n, T) of a block of queries q (B, H, n, d) over every key k (B, H, T, d)."""
         wide = torch.promote_types(q.dtype, torch.float32)
         gates = torch.sigmoid((q @ k.transpose(-1, -2)).to(wide) * q.shape[-1] ** -0.5)
         if valid is not None:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention import RowBias
 from ..cache import last_cached_state, store_keys_values, store_state
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
@@ -70,5 +71,6 @@ class FoXLayer(LayerPositional):
             cumulative = cumulative + past
         every = store_state(cache, layer_idx, "forget", cumulative)  # (B, H, T, 1)
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
-        bias = cumulative - every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
-        return q, k, stream, bias.to(q.dtype)
+        every = every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
+        bias = RowBias(lambda start, end: (cumulative[..., start:end, :] - every).to(q.dtype), q.shape[-2])
+        return q, k, stream, bias
