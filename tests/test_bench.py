@@ -90,6 +90,7 @@ def test_a_row_that_runs_out_of_memory_is_reported_not_raised(monkeypatch):
     (["--device", "mps"], "only cpu and cuda are supported"),
     (["--pe", "rotary"], "unknown row 'rotary'"),
     (["--threads", "0"], "--threads=0 is not allowed"),
+    (["--repeats", "0"], "--repeats=0 is not allowed"),
 ])
 def test_speed_bench_refuses_bad_input_before_any_work(tmp_path, capsys, argv, message):
     from tapelm.cli import main

@@ -30,7 +30,7 @@ import contextlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -538,8 +538,11 @@ def _bench_speed(args: argparse.Namespace) -> None:
         sizes = ["quick"]
     else:
         sizes = args.sizes or list(GPU_SIZES if device.type == "cuda" else CPU_SIZES)
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats={args.repeats} is not allowed; it must be a positive integer")
     rows = args.pe or [*PE_TYPES, *PEERS]
-    run([SIZES[name] for name in sizes], rows, Path(args.out), options, progress=not args.no_progress)
+    chosen = [SIZES[name] if args.repeats is None else replace(SIZES[name], repeats=args.repeats) for name in sizes]
+    run(chosen, rows, Path(args.out), options, progress=not args.no_progress)
 
 
 def add_arguments(bench) -> None:
@@ -561,6 +564,7 @@ def add_arguments(bench) -> None:
                             "(default: %(default)s)")
     speed.add_argument("--compile", action="store_true",
                        help="train with compile_layers() (torch.compile per decoder layer; decoding stays eager)")
+    speed.add_argument("--repeats", type=int, help="repetitions (default: the size's; one gives no interval)")
     speed.add_argument("--out", default="bench-results", help="folder for the JSON and PNG (default: %(default)s)")
     speed.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     speed.add_argument("--no-progress", action="store_true", help="no progress bar")
