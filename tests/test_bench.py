@@ -84,6 +84,31 @@ def test_a_row_that_runs_out_of_memory_is_reported_not_raised(monkeypatch):
     assert "| cope | out of memory: CUDA out of memory" in table and "cope" not in ratios
 
 
+@pytest.mark.parametrize("row, encoding", [("fla-fox", "fox"), ("fla-path", "path")])
+def test_fla_peer_rows_are_fla_models_of_the_same_size(row, encoding):
+    """fla's own FoX and PaTH models at every size hold exactly as many parameters as tapelm's (built on meta: their
+    kernels need CUDA)."""
+    pytest.importorskip("fla", reason="fla is not installed (pip install tapelm[gpu])")
+    for size in speed.SIZES.values():
+        with torch.device("meta"):
+            fla_model, tapelm_model = speed.build_model(size, row), speed.build_model(size, encoding)
+        assert type(fla_model).__module__.startswith("fla.models")
+        assert sum(p.numel() for p in fla_model.parameters()) == sum(p.numel() for p in tapelm_model.parameters())
+
+
+def test_a_training_only_row_reports_its_training_against_ropes(monkeypatch):
+    """fla's rows train only; their decoding columns stay empty and every ratio is paired with RoPE's training."""
+    monkeypatch.setattr(speed, "trains_only", lambda row: row == "fox")  # a CPU row, as fla's are on CUDA
+    size = speed.SIZES["tiny"]
+    results = speed.measure(size, ["rope", "fox", "tape"], CPU, progress=False)
+    assert "train_step_s" in results["fox"] and "prefill_s" not in results["fox"]
+    assert "prefill_s" in results["rope"] and "decode_tokens_per_s_batch1" in results["tape"]
+    ratios = speed.ratios_to_rope(size, results)
+    assert set(ratios["fox"]) == {"train_step_s", "train_memory_bytes"}
+    table = speed.format_table(size, {"results": results, "ratios_to_rope": ratios, "options": CPU.record()})
+    assert "| fox |" in table and "| – | – |" in table
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--device", "cuda"], "sees no CUDA device"),
     (["--device", "tpu"], "is not a device; use cpu, cuda or cuda:N"),
@@ -91,6 +116,7 @@ def test_a_row_that_runs_out_of_memory_is_reported_not_raised(monkeypatch):
     (["--pe", "rotary"], "unknown row 'rotary'"),
     (["--threads", "0"], "--threads=0 is not allowed"),
     (["--repeats", "0"], "--repeats=0 is not allowed"),
+    (["--pe", "fla-fox"], "row 'fla-fox' runs fla's Triton kernels: it needs a CUDA device and fla installed"),
 ])
 def test_speed_bench_refuses_bad_input_before_any_work(tmp_path, capsys, argv, message):
     from tapelm.cli import main

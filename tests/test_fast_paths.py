@@ -148,17 +148,20 @@ def test_fast_paths_run_where_verified_unless_switched():
 
 
 BIASED = {"t5": {}, "t5 shared": {"pe_type": "t5", "t5_shared": True}, "fire": {},
-          "fire shared": {"pe_type": "fire", "fire_shared": True}, "cope": {}, "fox": {}}
+          "fire shared": {"pe_type": "fire", "fire_shared": True}, "cope": {}, "fox": {}, "path": {}}
 
 
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("encoding", list(BIASED))
 def test_attention_over_blocks_of_queries_computes_the_reference_function(encoding, batch, monkeypatch):
     """Encodings whose bias needs a gradient, with attention a block of 5 queries at a time and each block's bias
-    rebuilt in the backward pass, against the whole bias at once: logits and every parameter's gradient."""
+    rebuilt in the backward pass, against the whole bias at once: logits and every parameter's gradient. PaTH walks
+    chunks of 4 tokens, so blocks start inside chunks and meet earlier ones."""
     from tapelm import attention
+    from tapelm.positional import path
 
     monkeypatch.setattr(attention, "BIAS_BLOCK", 5)
+    monkeypatch.setattr(path, "CHUNK", 4)
     options = {"pe_type": encoding, **BIASED[encoding]}
     ids = tokens(2, 16)
     results = {}
@@ -173,13 +176,14 @@ def test_attention_over_blocks_of_queries_computes_the_reference_function(encodi
         close(results["on"][1][name], grad, name)
 
 
-def test_attention_over_blocks_keeps_no_n_by_n_tensor():
-    """What it is for: CoPE's training step keeps far less for the backward pass (its gates, positions and
-    interpolation weights are N x T per head and layer)."""
+@pytest.mark.parametrize("encoding", ["cope", "path"])
+def test_attention_over_blocks_keeps_no_n_by_n_tensor(encoding):
+    """What it is for: CoPE's and PaTH's training steps keep far less for the backward pass (CoPE's gates, positions
+    and interpolation weights, PaTH's logits and the pieces of their walk are N x T per head and layer)."""
     saved = {}
     for setting in ("off", "on"):
-        model = tiny_model("cope", num_hidden_layers=2, fast_paths=setting, max_position_embeddings=1024).train()
-        ids = tokens(1, 600)
+        model = tiny_model(encoding, num_hidden_layers=2, fast_paths=setting, max_position_embeddings=1024).train()
+        ids = tokens(1, 1000)
         storages = {}
 
         def pack(tensor):

@@ -5,7 +5,7 @@ value's width and makes one SDPA call: extra zero dimensions of q and k leave ev
 passed explicitly). SDPA's CPU flash kernel and CUDA's flash kernel need q, k and v of one width (otherwise the CPU
 falls back silently to the slow math kernel); measured on the CPU the padded call costs about 1.5x a V-only call,
 against 2-3x for a naive concatenation or two calls. `attend_stream` returns the output of V and of the rest of
-the stream apart (the output projection reads the first, TAPE's update the second). Two fast paths compute the same
+the stream apart (the output projection reads the first, TAPE's update the second). Fast paths compute the same
 function (`tapelm.fast_paths`):
 
 - on the CPU, `StreamCpuFlash` calls the same flash kernel, keeps only the unpadded q and k for the backward pass
@@ -13,8 +13,10 @@ function (`tapelm.fast_paths`):
   copy: about 10 MB less memory a layer at bench speed's small size;
 - on CUDA, the attention call without padding, on the kernels that take a wider value (cuDNN, memory-efficient);
 - everywhere, for a logit bias given as a `RowBias` (one the encoding can build for any block of queries: T5, FIRE,
-  CoPE, FoX), attention a block of queries at a time, each block's bias built inside an activation checkpoint, so
-  no N x T tensor per head is kept for the backward pass (`chunked_bias_attention`).
+  CoPE, FoX, PaTH), attention a block of queries at a time, each block's bias built inside an activation checkpoint, so
+  no N x T tensor per head is kept for the backward pass (`chunked_bias_attention`);
+- on CUDA with fla installed, FoX and PaTH through fla's kernels (`tapelm.kernels.fla`, given as the bias's
+  `kernel`; off until a GPU run passes).
 
 Single-token decoding takes the explicit path: one row of logits per head, each cached key and value read once, no
 padded copy of the cache.
@@ -45,10 +47,13 @@ class AttentionMask:
 class RowBias:
     """An additive logit bias (B or 1, H, N, T) given by a function of a block of queries: `rows(start, end)` is
     bias[..., start:end, :]. Attention can build it a block at a time (and again in the backward pass) instead of
-    keeping all of it; `full()` is the whole tensor (the reference path, explicit attention, a short sequence)."""
+    keeping all of it; `full()` is the whole tensor (the reference path, explicit attention, a short sequence).
+    `kernel(q, k, v, mask, scale)`, where given, is the same attention through an encoding's own kernel (fast path
+    "fla-kernels"), returning None where that kernel cannot take the call."""
 
-    def __init__(self, rows: Callable[[int, int], torch.Tensor], queries: int):
-        self.rows, self.queries = rows, queries
+    def __init__(self, rows: Callable[[int, int], torch.Tensor], queries: int,
+                 kernel: Callable[..., torch.Tensor | None] | None = None):
+        self.rows, self.queries, self.kernel = rows, queries, kernel
 
     def full(self) -> torch.Tensor:
         return self.rows(0, self.queries)
@@ -88,6 +93,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
     bias (B or 1, H, N, T) needs an explicit `mask.valid`. Returns (B, H, N, dv). `fast_paths` is the config's
     setting (`tapelm.fast_paths`); `bias` may be a `RowBias`."""
     if isinstance(bias, RowBias):
+        if bias.kernel is not None and not eager and q.shape[-2] > 1 and enabled("fla-kernels", q.device, fast_paths):
+            out = bias.kernel(q, k, v, mask, scale)
+            if out is not None:
+                return out
         if not eager and q.shape[-2] > BIAS_BLOCK and enabled("chunked-bias-attention", q.device, fast_paths):
             return chunked_bias_attention(q, k, v, mask, bias, scale, fast_paths)
         bias = bias.full()

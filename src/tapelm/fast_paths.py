@@ -12,7 +12,7 @@ import torch
 
 VERIFIED: dict[str, tuple[str, ...]] = {
     # CPU flash attention for a value stream wider than q and k, keeping only the unpadded q and k for the backward
-    # pass (tapelm.attention.PaddedCpuFlash)
+    # pass (tapelm.attention.StreamCpuFlash)
     "cpu-flash-wide-values": ("cpu",),
     # attention without zero-padding q and k, on the CUDA kernels that take a wider value (cuDNN, memory-efficient):
     # not yet run under `pytest --device cuda`
@@ -20,6 +20,9 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     # attention over blocks of queries with a bias built per block inside activation checkpoints
     # (tapelm.attention.chunked_bias_attention): plain PyTorch, run under `pytest --device cuda` not yet
     "chunked-bias-attention": ("cpu",),
+    # FoX and PaTH through fla's kernels where fla is installed (tapelm.kernels.fla): CUDA only, not yet run under
+    # `pytest --device cuda`
+    "fla-kernels": (),
 }
 
 

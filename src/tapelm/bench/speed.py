@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import statistics
 import time
@@ -43,8 +44,11 @@ from ..experiments.statistics import interval
 from ..experiments.variants import VARIANTS, resolve_variant
 from ..modeling import TapeForCausalLM
 
-PEERS = ("llama",)
-"""Rows that are not tapelm encodings: `llama` is transformers' LlamaForCausalLM at the same size (RoPE)."""
+PEERS = ("llama", "fla-fox", "fla-path")
+"""Rows that are not tapelm encodings: `llama` is transformers' LlamaForCausalLM at the same size (RoPE);
+`fla-fox` and `fla-path` are fla's own FoX and PaTH models at the same size (its Triton attention kernels and fused
+RMSNorm, SwiGLU and cross-entropy), on CUDA with fla installed, training only (their decoding keeps fla's own cache)."""
+FLA_PEERS = ("fla-fox", "fla-path")
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,14 @@ class SpeedSize:
         return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
                            num_hidden_layers=self.layers, num_attention_heads=self.heads,
                            num_key_value_heads=self.kv_heads, max_position_embeddings=max(4096, self.seq))
+
+    def fla_config(self, row: str):
+        """fla's FoX (`fla-fox`) or PaTH (`fla-path`) model config at this size (fla installed)."""
+        from fla.models import ForgettingTransformerConfig, PaTHAttentionConfig
+
+        kind = ForgettingTransformerConfig if row == "fla-fox" else PaTHAttentionConfig
+        return kind(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
+                    num_hidden_layers=self.layers, num_heads=self.heads, num_kv_heads=self.kv_heads)
 
     def flops_per_token(self, non_embedding_parameters: int) -> float:
         """Training FLOPs per token: 6N for the weights, 6 x layers x hidden x seq for causal attention."""
@@ -150,9 +162,13 @@ def _cache_bytes(cache) -> int:
 
 
 def build_model(size: SpeedSize, row: str) -> torch.nn.Module:
-    """A tapelm encoding or variant, or a peer (`llama`), at `size`, on the default device."""
+    """A tapelm encoding or variant, or a peer (`PEERS`), at `size`, on the default device."""
     if row == "llama":
         return LlamaForCausalLM(size.llama_config())
+    if row in FLA_PEERS:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_config(size.fla_config(row))
     return TapeForCausalLM(size.config(row))
 
 
@@ -165,7 +181,7 @@ class Workload:
         with torch.device(options.device):
             self.model = build_model(size, row)
         if options.compile:
-            if row == "llama":
+            if row == "llama" or row in FLA_PEERS:
                 for layer in self.model.model.layers:
                     layer.compile(dynamic=True)
             else:
@@ -300,6 +316,8 @@ def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, di
         for workload in workloads:
             workload.train_step()  # warm-up: first-call allocations, kernel selection, compilation
         timings = [{"train_step_s": min(values)} for values in alternate(Workload.train_step)]
+        if trains_only(row):
+            return timings[1], timings[0]
         for workload in workloads:
             workload.for_decoding()
         with torch.compiler.set_stance("force_eager"):  # decoding shapes change at every step
@@ -314,6 +332,11 @@ def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, di
     finally:
         del workloads
         _free(options)
+
+
+def trains_only(row: str) -> bool:
+    """Rows timed in training only: fla's models (their decoding keeps fla's own cache)."""
+    return row in FLA_PEERS
 
 
 def _free(options: Options) -> None:
@@ -371,7 +394,8 @@ def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool =
     if "rope" in failed:
         return {row: {"error": failed.get(row, "not measured: RoPE, every row's reference, " + failed["rope"])}
                 for row in rows}
-    rope_timings = [sample for row in others if row not in failed for sample in paired[row]]
+    rope_timings = [sample for row in others if row not in failed and not trains_only(row) for sample in paired[row]]
+    rope_timings = rope_timings or [sample for row in others if row not in failed for sample in paired[row]]
     results: dict[str, dict] = {}
     for row in rows:
         if row in failed:
@@ -380,9 +404,11 @@ def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool =
         mine = rope_timings if row == "rope" else samples[row]
         result = dict(static[row])
         for key in _timed_keys(size):
-            result[key] = statistics.median(sample[key] for sample in mine)
+            if key in mine[0]:
+                result[key] = statistics.median(sample[key] for sample in mine)
         for batch in size.decode_batches:
-            result[f"cache_bytes_batch{batch}"] = mine[0][f"cache_bytes_batch{batch}"]
+            if f"cache_bytes_batch{batch}" in mine[0]:
+                result[f"cache_bytes_batch{batch}"] = mine[0][f"cache_bytes_batch{batch}"]
         result["tokens_per_s"] = size.batch * size.seq / result["train_step_s"]
         result["tflops"] = result["flops_per_token"] * result["tokens_per_s"] / 1e12
         if row != "rope":
@@ -404,9 +430,10 @@ def ratios_to_rope(size: SpeedSize, results: dict[str, dict]) -> dict[str, dict[
         else:
             ratios[row] = {key: interval([mine[key] / theirs[key] for mine, theirs in
                                           zip(result["samples"], result["rope_samples"])])
-                           for key in _timed_keys(size)}
+                           for key in _timed_keys(size) if key in result}
         for key in ("train_memory_bytes", *(f"cache_bytes_batch{b}" for b in size.decode_batches)):
-            ratios[row][key] = {"mean": result[key] / rope[key], "n": 1}
+            if key in result:
+                ratios[row][key] = {"mean": result[key] / rope[key], "n": 1}
     return ratios
 
 
@@ -415,6 +442,10 @@ def _ratio(entry: dict | None) -> str:
         return "–"
     half = entry.get("half_width")
     return f"{entry['mean']:.2f}" + (f" ± {half:.2f}" if half is not None and half == half else "")
+
+
+def _number(result: dict, key: str, factor: float = 1.0) -> str:
+    return f"{result[key] * factor:,.1f}" if key in result else "–"
 
 
 def format_table(size: SpeedSize, report_entry: dict) -> str:
@@ -436,14 +467,14 @@ def format_table(size: SpeedSize, report_entry: dict) -> str:
             continue
         r = ratios.get(row, {})
         first = size.decode_batches[0]
-        decode_cells = " | ".join(f"{result[_decode_key(b)]:,.1f} | {_ratio(r.get(_decode_key(b)))}"
+        decode_cells = " | ".join(f"{_number(result, _decode_key(b))} | {_ratio(r.get(_decode_key(b)))}"
                                   for b in size.decode_batches)
         lines.append(
             f"| {row} | {result['parameters'] / 1e6:.2f}M | {result['train_step_s'] * 1e3:,.1f} | "
             f"{_ratio(r.get('train_step_s'))} | {result['tokens_per_s']:,.0f} | {result['tflops']:.2f} | "
             f"{result['train_memory_bytes'] / 2**20:,.0f} | {_ratio(r.get('train_memory_bytes'))} | "
-            f"{result['prefill_s'] * 1e3:,.1f} | {_ratio(r.get('prefill_s'))} | {decode_cells} | "
-            f"{result[f'cache_bytes_batch{first}'] / 2**20:,.1f} | {_ratio(r.get(f'cache_bytes_batch{first}'))} |")
+            f"{_number(result, 'prefill_s', 1e3)} | {_ratio(r.get('prefill_s'))} | {decode_cells} | "
+            f"{_number(result, f'cache_bytes_batch{first}', 2**-20)} | {_ratio(r.get(f'cache_bytes_batch{first}'))} |")
     return "\n".join(lines)
 
 
@@ -465,8 +496,8 @@ def plot(report: dict, path: Path) -> None:
                                                                        for b in batches))
         width = 0.8 / len(keys)
         for i, (key, label) in enumerate(zip(keys, labels)):
-            means = [ratios[row][key]["mean"] for row in rows]
-            errors = [ratios[row][key].get("half_width", 0.0) for row in rows]
+            means = [ratios[row].get(key, {"mean": float("nan")})["mean"] for row in rows]
+            errors = [ratios[row].get(key, {}).get("half_width", 0.0) for row in rows]
             errors = [0.0 if e != e else e for e in errors]
             axis.bar([j + i * width for j in range(len(rows))], means, width, yerr=errors, capsize=2, label=label)
         axis.axhline(1.0, color="black", linewidth=0.8)
@@ -483,13 +514,23 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def check_rows(rows: list[str]) -> list[str]:
-    """The rows to measure, RoPE first; ValueError naming an unknown one."""
+def check_rows(rows: list[str], device: torch.device) -> list[str]:
+    """The rows to measure, RoPE first; ValueError naming an unknown one, or an fla row where fla cannot run."""
     unknown = [row for row in rows if row not in (*PE_TYPES, *VARIANTS, *PEERS)]
     if unknown:
         raise ValueError(f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(PE_TYPES)}, TAPE's "
                          f"variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}")
+    fla_rows = [row for row in rows if row in FLA_PEERS]
+    if fla_rows and not fla_available(device):
+        raise ValueError(f"row {fla_rows[0]!r} runs fla's Triton kernels: it needs a CUDA device and fla installed "
+                         f"(pip install tapelm[gpu]); this is {device.type}, fla "
+                         f"{'installed' if importlib.util.find_spec('fla') else 'not installed'}")
     return ["rope", *[row for row in dict.fromkeys(rows) if row != "rope"]]
+
+
+def fla_available(device: torch.device) -> bool:
+    """Whether fla's models can run here: CUDA with fla installed."""
+    return device.type == "cuda" and importlib.util.find_spec("fla") is not None
 
 
 def check_device(name: str) -> torch.device:
@@ -509,7 +550,7 @@ def run(sizes: list[SpeedSize], rows: list[str], out_dir: Path, options: Options
         stem: str | None = None) -> dict:
     """Measure every size, print the tables, write JSON and a PNG after each size (default name
     speed-DEVICE-SIZES); returns the report."""
-    rows = check_rows(rows)
+    rows = check_rows(rows, options.device)
     report = {"environment": {**environment(), "fla": installed_version("flash-linear-attention")},
               "options": options.record(), "sizes": {}}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -540,7 +581,7 @@ def _bench_speed(args: argparse.Namespace) -> None:
         sizes = args.sizes or list(GPU_SIZES if device.type == "cuda" else CPU_SIZES)
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats={args.repeats} is not allowed; it must be a positive integer")
-    rows = args.pe or [*PE_TYPES, *PEERS]
+    rows = args.pe or [*PE_TYPES, *(peer for peer in PEERS if peer not in FLA_PEERS or fla_available(device))]
     chosen = [SIZES[name] if args.repeats is None else replace(SIZES[name], repeats=args.repeats) for name in sizes]
     run(chosen, rows, Path(args.out), options, progress=not args.no_progress)
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..attention import RowBias
 from ..cache import last_cached_state, store_keys_values, store_state
+from ..kernels import fla
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
 
@@ -65,12 +66,18 @@ class FoXLayer(LayerPositional):
         return log_f.transpose(1, 2)
 
     def attention_inputs(self, x, q, k, stream, value_width, cache, layer_idx, valid, ctx):
-        cumulative = self.log_forget(x, ctx).cumsum(-1)[..., None]  # (B, H, N, 1)
+        log_f = self.log_forget(x, ctx)
+        cumulative = log_f.cumsum(-1)[..., None]  # (B, H, N, 1)
         past = last_cached_state(cache, layer_idx, "forget")
         if past is not None:
             cumulative = cumulative + past
         every = store_state(cache, layer_idx, "forget", cumulative)  # (B, H, T, 1)
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         every = every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
-        bias = RowBias(lambda start, end: (cumulative[..., start:end, :] - every).to(q.dtype), q.shape[-2])
+
+        def kernel(q, k, v, mask, scale):
+            ops = fla.operations(q.device)
+            return None if ops is None else fla.forgetting_attention(ops, q, k, v, log_f, mask, scale)
+
+        bias = RowBias(lambda start, end: (cumulative[..., start:end, :] - every).to(q.dtype), q.shape[-2], kernel)
         return q, k, stream, bias

@@ -20,13 +20,16 @@ fla/ops/path_attn/naive.py), not copied:
 - fla normalises w with x / sqrt(|x|^2 + 1e-6); tapelm divides by max(|x|, 1e-6), so w is exactly a unit vector
   (H exactly a reflection at beta = 2) unless it is (nearly) zero, e.g. at padding tokens, where H = I.
 
-Computation: exact, chunkwise (chunks of 64 tokens). Within a chunk the product of its Householders has the
-"UT" form P = I - W^T T B W with T = (I + B strictly_lower(W W^T))^{-1} (B = diag(beta)), and the product over any
-contiguous sub-range is the same expression with T's matching diagonal block, so one triangular solve per chunk gives
-every pairwise product. The logits of a chunk against all earlier keys (already transformed up to the chunk's start)
-and against its own keys cost O(chunk x keys x (d + chunk)); the earlier keys are then carried across the chunk.
-In all O(N^2 (d + 64)) time, the N x N logits are materialised. tests/test_path.py checks this against the explicit
-product of Householder matrices for every pair, in float64.
+Computation: exact, chunkwise (chunks of 64 tokens), as fla's naive reference walks it. Within a chunk the product of
+its Householders has the "UT" form P = I - W^T T B W with T = (I + B strictly_lower(W W^T))^{-1} (B = diag(beta)),
+and the product over any contiguous sub-range is the same expression with T's matching diagonal block, so one
+triangular solve per chunk gives: the logits within the chunk; every key carried to its chunk's end; every query
+carried back to its chunk's start; and the chunk's whole transform as one d x d matrix. A query then meets the keys of
+earlier chunks by walking back over them, taking the logits with each chunk's keys and applying that chunk's
+transform to itself. The walk needs nothing but the query's own rows, so the logits come a block of queries at a time
+(`PathLogits.rows`, an `attention.RowBias`): attention builds them per block inside an activation checkpoint and never
+keeps the N x T logits for the backward pass. O(N^2 d + N d^2) time. tests/test_peers.py checks this against the
+explicit product of Householder matrices for every pair, in float64.
 
 PaTH's logits are not q . k for one fixed key per token, so the layer hands them to attention as the additive bias and
 gives attention a zero query: softmax, masking and the value mixing stay the decoder's. The cache holds the transformed
@@ -37,49 +40,97 @@ supported for PaTH.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention import RowBias
 from ..cache import cached_keys, cached_state, rewrite_keys, store_keys_values, store_state
+from ..kernels import fla
 from .base import LayerPositional, PositionalEncoding
 
 CHUNK = 64
 NORM_EPS = 1e-6
 
 
-def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
-                past_keys: torch.Tensor | None = None, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """PaTH's raw dot products for N new tokens after T_past cached ones.
+class PathLogits:
+    """PaTH's raw dot products q_i^T H_i ... H_{j+1} k_j for N new tokens after T_past cached ones, a block of queries
+    at a time.
 
     q (B, Hkv, G, N, d): queries grouped by KV head; k, w (B, Hkv, N, d); beta (B, Hkv, N); past_keys
-    (B, Hkv, T_past, d): the cached keys, already transformed up to the last cached token. Returns the dot products
-    q_i^T H_i ... H_{j+1} k_j (B, Hkv, G, N, T_past + N), with zeros where j > i, and every key transformed up to the
-    last new token (B, Hkv, T_past + N, d), the cache's next content."""
-    batch, kv_heads, _, length, dim = q.shape
-    keys = past_keys if past_keys is not None else k.new_zeros(batch, kv_heads, 0, dim)
-    past = keys.shape[-2]
-    total = past + length
-    rows = []
-    for start in range(0, length, chunk):
-        end = min(start + chunk, length)
-        size = end - start
-        qc, wc, bc = q[..., start:end, :], w[:, :, start:end], beta[:, :, start:end]
-        keys = torch.cat([keys, k[:, :, start:end]], dim=-2)  # (B, Hkv, past + end, d)
-        key_index = torch.arange(past + end, device=q.device)
-        token_index = torch.arange(past + start, past + end, device=q.device)
-        ww = wc @ wc.transpose(-1, -2)
-        strict = torch.ones(size, size, dtype=torch.bool, device=q.device).tril(-1)
-        lower = torch.eye(size, dtype=q.dtype, device=q.device) + bc[..., :, None] * ww * strict
-        # G[s', j] = beta_s' w_s' . k_j, kept only where token s' comes after key j
-        g = (bc[..., :, None] * (wc @ keys.transpose(-1, -2))) * (token_index[:, None] > key_index[None, :])
-        m = torch.linalg.solve_triangular(lower, g, upper=False, unitriangular=True)  # T @ G: (B, Hkv, size, keys)
-        seen = (qc @ wc[:, :, None].transpose(-1, -2)) * (token_index[:, None] >= token_index[None, :])
-        logits = qc @ keys[:, :, None].transpose(-1, -2) - seen @ m[:, :, None]  # (B, Hkv, G, size, keys)
-        causal = key_index[None, :] <= token_index[:, None]
-        rows.append(F.pad(logits * causal, (0, total - keys.shape[-2])))
-        keys = keys - m.transpose(-1, -2) @ wc  # every key carried across this chunk
-    return torch.cat(rows, dim=-2), keys
+    (B, Hkv, T_past, d): the cached keys, already transformed up to the last cached token; `chunk` tokens per chunk
+    (default `CHUNK`). What every block needs is
+    computed here, once: per chunk its transform (d x d), its keys carried to its end, its queries carried back to its
+    start and its own logits."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                 past_keys: torch.Tensor | None = None, chunk: int | None = None):
+        batch, kv_heads, groups, length, dim = q.shape
+        size = min(chunk or CHUNK, length)
+        chunks = -(-length // size)
+        pad = chunks * size - length  # padding tokens: zero keys and queries, H = I
+        q, k, w = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, w))
+        beta = F.pad(beta, (0, pad))
+        q = q.view(batch, kv_heads, groups, chunks, size, dim)
+        k, w = (x.view(batch, kv_heads, chunks, size, dim) for x in (k, w))
+        weighted = w * beta.view(batch, kv_heads, chunks, size, 1)  # rows beta_s w_s
+        strict = torch.ones(size, size, dtype=torch.bool, device=q.device).tril(-1)  # token s after token j
+        lower = torch.eye(size, dtype=q.dtype, device=q.device) + (weighted @ w.transpose(-1, -2)) * strict
+        # T (B W) and T G with G[s, j] = beta_s w_s . k_j where token s comes after key j
+        solved = torch.linalg.solve_triangular(
+            lower, torch.cat([weighted, (weighted @ k.transpose(-1, -2)) * strict], dim=-1), upper=False,
+            unitriangular=True)
+        t_weighted, t_keys = solved.split([dim, size], dim=-1)
+        seen = (q @ w[:, :, None].transpose(-1, -2)) * ~strict.T  # q_i . w_s for the chunk's tokens s <= i
+        self.local = ((q @ k[:, :, None].transpose(-1, -2)) * ~strict.T - seen @ t_keys[:, :, None]) * ~strict.T
+        self.queries = q - seen @ t_weighted[:, :, None]  # q_i^T H_i ... H_start
+        self.keys = k - t_keys.transpose(-1, -2) @ w  # H_end ... H_{j+1} k_j
+        self.transform = w.transpose(-1, -2) @ t_weighted  # the chunk's product, P = I - transform
+        self.past = past_keys
+        self.length, self.size, self.chunks = length, size, chunks
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """The dot products of queries start..end-1 with every key (B, Hkv, G, end - start, T_past + N), zero where
+        the key comes after the query."""
+        size, chunks = self.size, self.chunks
+        first, last = start // size, -(-end // size)
+        own = torch.arange(first, last, device=self.queries.device)
+        x = self.queries[..., first:last, :, :]  # (B, Hkv, G, n, size, d)
+        pieces = []
+        for step in range(1, last):  # every query chunk meets key chunk own - step, then applies its transform
+            chunk = (own - step).clamp(min=0)
+            pieces.append(x @ self.keys[:, :, None, chunk].transpose(-1, -2))
+            transform = self.transform[:, :, None, chunk] * (own >= step).to(x.dtype)[:, None, None]
+            x = x - x @ transform
+        column = torch.arange(chunks, device=own.device)
+        distance = own[:, None] - column[None, :]  # query chunk - key chunk (n, chunks)
+        grid = self.local[..., first:last, :, None, :] * (distance == 0)[:, None, :, None].to(x.dtype)
+        if pieces:
+            earlier = torch.stack(pieces)[(distance - 1).clamp(0, len(pieces) - 1), :, :, :, torch.arange(
+                last - first, device=own.device)[:, None]]  # (n, chunks, B, Hkv, G, size, size)
+            grid = grid + earlier.permute(2, 3, 4, 0, 5, 1, 6) * (distance > 0)[:, None, :, None].to(x.dtype)
+        logits = grid.flatten(-2)[..., : self.length].flatten(-3, -2)
+        if self.past is not None:
+            logits = torch.cat([(x @ self.past[:, :, None, None].transpose(-1, -2)).flatten(-3, -2), logits], dim=-1)
+        return logits[..., start - first * size: end - first * size, :]
+
+    def carried_keys(self) -> torch.Tensor:
+        """Every key transformed up to the last new token (B, Hkv, T_past + N, d): the cache's next content."""
+        keys = self.past if self.past is not None else self.keys.new_zeros(*self.keys.shape[:2], 0,
+                                                                           self.keys.shape[-1])
+        for chunk in range(self.chunks):
+            keys = torch.cat([keys - keys @ self.transform[:, :, chunk].transpose(-1, -2), self.keys[:, :, chunk]],
+                             dim=-2)
+        return keys[..., : keys.shape[-2] - (self.chunks * self.size - self.length), :]
+
+
+def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                past_keys: torch.Tensor | None = None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """All of `PathLogits` at once: the dot products (B, Hkv, G, N, T_past + N) and the carried keys."""
+    logits = PathLogits(q, k, w, beta, past_keys, chunk)
+    return logits.rows(0, q.shape[-2]), logits.carried_keys()
 
 
 def _diagonal(valid: torch.Tensor, offset: int) -> torch.Tensor:
@@ -159,10 +210,20 @@ class PaTHLayer(LayerPositional):
         wide = w.dtype
         batch, heads, length, dim = q.shape
         grouped = q.to(wide).view(batch, self.kv_heads, heads // self.kv_heads, length, dim)
-        past = cached_keys(cache, layer_idx)
-        logits, keys = path_logits(grouped, k.to(wide), w, beta, None if past is None else past.to(wide))
+        raw_keys = k
+        past = cached_keys(cache, layer_idx)  # a copy: the cache is rewritten before attention reads the logits
+        logits = functools.cache(lambda: PathLogits(grouped, raw_keys.to(wide), w, beta,
+                                                    None if past is None else past.to(wide, copy=True)))
+        scale = self.logit_scale(dim)
+
+        def kernel(_zero_queries, _cached_keys, v, mask, _scale):
+            """fla's PaTH attention reads the raw queries and keys."""
+            ops = fla.operations(q.device)
+            return None if ops is None else fla.path_attention(ops, q, raw_keys, v, w, beta, mask, scale)
+
         if cache is not None:
             k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
-            rewrite_keys(cache, layer_idx, keys.to(k.dtype))
-        bias = (logits * self.logit_scale(dim)).view(batch, heads, length, -1)
-        return torch.zeros_like(q), k, stream, bias.to(q.dtype)
+            rewrite_keys(cache, layer_idx, logits().carried_keys().to(k.dtype))
+        bias = RowBias(lambda start, end: (logits().rows(start, end) * scale).flatten(1, 2).to(q.dtype), length,
+                       kernel)
+        return torch.zeros_like(q), k, stream, bias
