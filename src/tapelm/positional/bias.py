@@ -108,7 +108,8 @@ class T5Bias(RelativeBias):
 
 def t5_bias(table: nn.Embedding, buckets: torch.Tensor, dtype: torch.dtype) -> RowBias:
     """Bias (B, H, N, T) from bucket indices (B, N, T), looked up a block of queries at a time."""
-    return RowBias(lambda start, end: table(buckets[:, start:end]).permute(0, 3, 1, 2).to(dtype), buckets.shape[1])
+    return RowBias(lambda start, end, keys: table(buckets[:, start:end, :keys]).permute(0, 3, 1, 2).to(dtype),
+                   buckets.shape[1])
 
 
 class T5Layer(LayerPositional):
@@ -160,8 +161,8 @@ class FireFunction(CustomInit):
             rows, index = torch.unique(rows, dim=0, return_inverse=True)
         queries, keys = rows[:, :length], rows[:, length:]
 
-        def block(start: int, end: int) -> torch.Tensor:
-            bias = self._bias(queries[:, start:end], keys, dtype)
+        def block(start: int, end: int, seen: int | None) -> torch.Tensor:
+            bias = self._bias(queries[:, start:end], keys[:, :seen], dtype)
             return bias if index is None or len(rows) == 1 else bias[index]
 
         return RowBias(block, length)
@@ -235,8 +236,8 @@ class CoPELayer(LayerPositional):
 
     def logit_bias(self, q, k, valid, ctx):
         k = k.repeat_interleave(self.kv_groups, dim=1)
-        return RowBias(lambda start, end: self._bias(q[..., start:end, :], k,
-                                                     None if valid is None else valid[..., start:end, :]),
+        return RowBias(lambda start, end, keys: self._bias(q[..., start:end, :], k[..., :keys, :],
+                                                           None if valid is None else valid[..., start:end, :keys]),
                        q.shape[-2])
 
     def _bias(self, q, k, valid):

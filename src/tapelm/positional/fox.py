@@ -79,5 +79,6 @@ class FoXLayer(LayerPositional):
             ops = fla.operations(q.device)
             return None if ops is None else fla.forgetting_attention(ops, q, k, v, log_f, mask, scale)
 
-        bias = RowBias(lambda start, end: (cumulative[..., start:end, :] - every).to(q.dtype), q.shape[-2], kernel)
+        bias = RowBias(lambda start, end, keys: (cumulative[..., start:end, :] - every[..., :keys]).to(q.dtype),
+                       q.shape[-2], kernel)
         return q, k, stream, bias

@@ -40,8 +40,6 @@ supported for PaTH.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -85,35 +83,42 @@ class PathLogits:
         t_weighted, t_keys = solved.split([dim, size], dim=-1)
         seen = (q @ w[:, :, None].transpose(-1, -2)) * ~strict.T  # q_i . w_s for the chunk's tokens s <= i
         self.local = ((q @ k[:, :, None].transpose(-1, -2)) * ~strict.T - seen @ t_keys[:, :, None]) * ~strict.T
-        self.queries = q - seen @ t_weighted[:, :, None]  # q_i^T H_i ... H_start
+        # q_i^T H_i ... H_start, the group's query heads side by side: (B, Hkv, chunks, G x size, d)
+        self.queries = (q - seen @ t_weighted[:, :, None]).transpose(2, 3).flatten(3, 4)
         self.keys = k - t_keys.transpose(-1, -2) @ w  # H_end ... H_{j+1} k_j
         self.transform = w.transpose(-1, -2) @ t_weighted  # the chunk's product, P = I - transform
         self.past = past_keys
-        self.length, self.size, self.chunks = length, size, chunks
+        self.length, self.size, self.chunks, self.groups = length, size, chunks, groups
 
-    def rows(self, start: int, end: int) -> torch.Tensor:
-        """The dot products of queries start..end-1 with every key (B, Hkv, G, end - start, T_past + N), zero where
-        the key comes after the query."""
-        size, chunks = self.size, self.chunks
+    def rows(self, start: int, end: int, keys: int | None = None) -> torch.Tensor:
+        """The dot products of queries start..end-1 with the first `keys` keys (every key: None), cached ones first
+        (B, Hkv, G, end - start, keys), zero where the key comes after the query."""
+        size = self.size
+        past = 0 if self.past is None else self.past.shape[-2]
+        width = self.length if keys is None else min(self.length, keys - past)  # new tokens' columns
         first, last = start // size, -(-end // size)
         own = torch.arange(first, last, device=self.queries.device)
-        x = self.queries[..., first:last, :, :]  # (B, Hkv, G, n, size, d)
+        x = self.queries[:, :, first:last]  # (B, Hkv, n, G x size, d)
         pieces = []
         for step in range(1, last):  # every query chunk meets key chunk own - step, then applies its transform
             chunk = (own - step).clamp(min=0)
-            pieces.append(x @ self.keys[:, :, None, chunk].transpose(-1, -2))
-            transform = self.transform[:, :, None, chunk] * (own >= step).to(x.dtype)[:, None, None]
+            pieces.append((x @ self.keys[:, :, chunk].transpose(-1, -2)).unflatten(-2, (self.groups, size)))
+            transform = self.transform[:, :, chunk] * (own >= step).to(x.dtype)[:, None, None]
             x = x - x @ transform
-        column = torch.arange(chunks, device=own.device)
-        distance = own[:, None] - column[None, :]  # query chunk - key chunk (n, chunks)
-        grid = self.local[..., first:last, :, None, :] * (distance == 0)[:, None, :, None].to(x.dtype)
-        if pieces:
-            earlier = torch.stack(pieces)[(distance - 1).clamp(0, len(pieces) - 1), :, :, :, torch.arange(
-                last - first, device=own.device)[:, None]]  # (n, chunks, B, Hkv, G, size, size)
-            grid = grid + earlier.permute(2, 3, 4, 0, 5, 1, 6) * (distance > 0)[:, None, :, None].to(x.dtype)
-        logits = grid.flatten(-2)[..., : self.length].flatten(-3, -2)
-        if self.past is not None:
-            logits = torch.cat([(x @ self.past[:, :, None, None].transpose(-1, -2)).flatten(-3, -2), logits], dim=-1)
+        columns = max(-(-width // size), 1) * size
+        rows = []
+        for index, chunk in enumerate(range(first, last)):  # key chunk c < chunk met at step chunk - c
+            blocks = [piece[:, :, index] for piece in reversed(pieces[:chunk])]
+            blocks.append(self.local[..., chunk, :, :])
+            filled = (chunk + 1) * size
+            if filled < columns:
+                blocks.append(x.new_zeros(*x.shape[:2], self.groups, size, columns - filled))
+            rows.append(torch.cat(blocks, dim=-1)[..., :columns])
+        logits = torch.cat(rows, dim=-2)[..., :width]
+        if self.past is not None and (keys is None or keys > 0):
+            earlier = x @ self.past[:, :, None, :keys].transpose(-1, -2)  # (B, Hkv, n, G x size, T_past)
+            logits = torch.cat([earlier.unflatten(-2, (self.groups, size)).transpose(2, 3).flatten(3, 4), logits],
+                               dim=-1)
         return logits[..., start - first * size: end - first * size, :]
 
     def carried_keys(self) -> torch.Tensor:
@@ -212,8 +217,8 @@ class PaTHLayer(LayerPositional):
         grouped = q.to(wide).view(batch, self.kv_heads, heads // self.kv_heads, length, dim)
         raw_keys = k
         past = cached_keys(cache, layer_idx)  # a copy: the cache is rewritten before attention reads the logits
-        logits = functools.cache(lambda: PathLogits(grouped, raw_keys.to(wide), w, beta,
-                                                    None if past is None else past.to(wide, copy=True)))
+        # built here, not on attention's first call: that call may lie inside an activation checkpoint
+        logits = PathLogits(grouped, raw_keys.to(wide), w, beta, None if past is None else past.to(wide, copy=True))
         scale = self.logit_scale(dim)
 
         def kernel(_zero_queries, _cached_keys, v, mask, _scale):
@@ -223,7 +228,7 @@ class PaTHLayer(LayerPositional):
 
         if cache is not None:
             k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
-            rewrite_keys(cache, layer_idx, logits().carried_keys().to(k.dtype))
-        bias = RowBias(lambda start, end: (logits().rows(start, end) * scale).flatten(1, 2).to(q.dtype), length,
-                       kernel)
+            rewrite_keys(cache, layer_idx, logits.carried_keys().to(k.dtype))
+        bias = RowBias(lambda start, end, keys: (logits.rows(start, end, keys) * scale).flatten(1, 2).to(q.dtype),
+                       length, kernel)
         return torch.zeros_like(q), k, stream, bias
