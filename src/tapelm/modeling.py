@@ -14,7 +14,6 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
 )
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -29,6 +28,7 @@ from .attention import (
 )
 from .cache import capacity, check_cache_type, check_room, has_fixed_shapes, key_positions, prepare_cache
 from .config import TapeConfig
+from .kernels.fused import MLP, RMSNorm, causal_lm_loss, fused_operations
 from .layout import TokenLayout
 from .masks import build_attention_mask, packed_documents, real_tokens
 from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer, build_encoding
@@ -102,9 +102,9 @@ class TapeDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: TapeConfig, layer_idx: int, positional: LayerPositional):
         super().__init__()
         self.self_attn = TapeAttention(config, layer_idx)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config)
+        self.post_attention_layernorm = RMSNorm(config)
         self.positional = positional
 
     def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, layout: TokenLayout,
@@ -180,7 +180,7 @@ class TapeModel(TapePreTrainedModel):
         self.layers = nn.ModuleList(
             [TapeDecoderLayer(config, i, self.positional.make_layer(i)) for i in range(config.num_hidden_layers)]
         )
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config)
         self.gradient_checkpointing = False
         self.skip_padding = True
         self.post_init()
@@ -323,6 +323,11 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
             hidden = hidden[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, torch.Tensor):
             hidden = hidden[:, logits_to_keep]
+        ops = fused_operations(hidden, self.config.fast_paths) if labels is not None and self.training else None
+        if ops is not None:  # training with labels: the loss without the logits
+            return CausalLMOutputWithPast(loss=causal_lm_loss(ops, hidden, self.lm_head.weight, labels, **kwargs),
+                                          cache=outputs.cache, hidden_states=outputs.hidden_states,
+                                          attentions=outputs.attentions)
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
