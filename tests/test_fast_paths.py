@@ -66,6 +66,19 @@ def test_attention_fast_paths_equal_the_padded_reference(path, kv_heads, mask_ki
         close(actual.detach(), expected.detach(), what)
 
 
+def saved_bytes(model, ids) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward pass of the model's loss on `ids`."""
+    storages = {}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(ids, labels=ids).loss
+    return sum(storages.values())
+
+
 def test_the_cpu_stream_kernel_keeps_less_for_the_backward_pass():
     """What it is for: no zero-padded q and k, and no copy of V's output, kept between the passes."""
     if DEVICE.type != "cpu":
@@ -74,16 +87,7 @@ def test_the_cpu_stream_kernel_keeps_less_for_the_backward_pass():
     for setting in ("off", "on"):
         model = tiny_model("tape", num_hidden_layers=3).train()
         model.config.fast_paths = setting
-        ids = tokens(4, 64)
-        storages = {}
-
-        def pack(tensor):
-            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            model(ids, labels=ids).loss
-        saved[setting] = sum(storages.values())
+        saved[setting] = saved_bytes(model, tokens(4, 64))
     assert saved["on"] < saved["off"], saved
     assert StreamCpuFlash.takes(torch.ones(1, device="cpu"), AttentionMask(None, True), None)
 
@@ -183,14 +187,5 @@ def test_attention_over_blocks_keeps_no_n_by_n_tensor(encoding):
     saved = {}
     for setting in ("off", "on"):
         model = tiny_model(encoding, num_hidden_layers=2, fast_paths=setting, max_position_embeddings=1024).train()
-        ids = tokens(1, 1000)
-        storages = {}
-
-        def pack(tensor):
-            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            model(ids, labels=ids).loss
-        saved[setting] = sum(storages.values())
+        saved[setting] = saved_bytes(model, tokens(1, 1000))
     assert saved["on"] < saved["off"] / 3, saved

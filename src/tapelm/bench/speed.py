@@ -42,6 +42,7 @@ from ..config import PE_TYPES, TapeConfig
 from ..experiments.provenance import environment, installed_version
 from ..experiments.statistics import interval
 from ..experiments.variants import VARIANTS, resolve_variant
+from ..kernels import fla_runs_on
 from ..modeling import TapeForCausalLM
 
 PEERS = ("llama", "fla-fox", "fla-path")
@@ -521,16 +522,11 @@ def check_rows(rows: list[str], device: torch.device) -> list[str]:
         raise ValueError(f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(PE_TYPES)}, TAPE's "
                          f"variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}")
     fla_rows = [row for row in rows if row in FLA_PEERS]
-    if fla_rows and not fla_available(device):
+    if fla_rows and not fla_runs_on(device):
         raise ValueError(f"row {fla_rows[0]!r} runs fla's Triton kernels: it needs a CUDA device and fla installed "
                          f"(pip install tapelm[gpu]); this is {device.type}, fla "
                          f"{'installed' if importlib.util.find_spec('fla') else 'not installed'}")
     return ["rope", *[row for row in dict.fromkeys(rows) if row != "rope"]]
-
-
-def fla_available(device: torch.device) -> bool:
-    """Whether fla's models can run here: CUDA with fla installed."""
-    return device.type == "cuda" and importlib.util.find_spec("fla") is not None
 
 
 def check_device(name: str) -> torch.device:
@@ -581,7 +577,7 @@ def _bench_speed(args: argparse.Namespace) -> None:
         sizes = args.sizes or list(GPU_SIZES if device.type == "cuda" else CPU_SIZES)
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats={args.repeats} is not allowed; it must be a positive integer")
-    rows = args.pe or [*PE_TYPES, *(peer for peer in PEERS if peer not in FLA_PEERS or fla_available(device))]
+    rows = args.pe or [*PE_TYPES, *(peer for peer in PEERS if peer not in FLA_PEERS or fla_runs_on(device))]
     chosen = [SIZES[name] if args.repeats is None else replace(SIZES[name], repeats=args.repeats) for name in sizes]
     run(chosen, rows, Path(args.out), options, progress=not args.no_progress)
 

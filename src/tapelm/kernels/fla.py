@@ -18,13 +18,13 @@ where the fast path "fla-kernels" is on (`tapelm.fast_paths`); `operations` is t
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..attention import AttentionMask
+from . import fla_runs_on
 
 PATH_HEAD_SIZES = (16, 32, 64, 128)
 """Head sizes fla's PaTH kernel takes (q, k and v)."""
@@ -42,9 +42,7 @@ class FlaOps:
 
 def operations(device: torch.device) -> FlaOps | None:
     """fla's kernels for `device`: on CUDA with fla installed, else None (the reference runs)."""
-    if device.type != "cuda" or importlib.util.find_spec("fla") is None:
-        return None
-    return _kernels()
+    return _kernels() if fla_runs_on(device) else None
 
 
 @functools.cache

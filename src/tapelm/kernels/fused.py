@@ -11,7 +11,6 @@ fused loss keeps the model's loss semantics: the label shift, `ignore_index`, an
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from ..fast_paths import enabled
+from . import fla_runs_on
 
 IGNORE_INDEX = -100
 
@@ -36,9 +36,7 @@ class FusedOps:
 
 def operations(device: torch.device) -> FusedOps | None:
     """fla's fused kernels for `device`: on CUDA with fla installed, else None (the reference runs)."""
-    if device.type != "cuda" or importlib.util.find_spec("fla") is None:
-        return None
-    return _kernels()
+    return _kernels() if fla_runs_on(device) else None
 
 
 @functools.cache
