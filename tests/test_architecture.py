@@ -10,7 +10,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "tapelm"
 
-# What each part may import besides itself. "model" is tapelm's own top-level modules and positional/.
+# What each part may import besides itself. "model" is tapelm's own top-level modules, positional/ and kernels/.
 ALLOWED = {
     "model": {"model"},
     "experiments": {"model", "experiments"},

@@ -59,9 +59,8 @@ class PathLogits:
 
     q (B, Hkv, G, N, d): queries grouped by KV head; k, w (B, Hkv, N, d); beta (B, Hkv, N); past_keys
     (B, Hkv, T_past, d): the cached keys, already transformed up to the last cached token; `chunk` tokens per chunk
-    (default `CHUNK`). What every block needs is
-    computed here, once: per chunk its transform (d x d), its keys carried to its end, its queries carried back to its
-    start and its own logits."""
+    (default `CHUNK`). What every block needs is computed here, once: per chunk its transform (d x d), its keys
+    carried to its end, its queries carried back to its start and its own logits."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
                  past_keys: torch.Tensor | None = None, chunk: int | None = None):
@@ -95,7 +94,7 @@ class PathLogits:
         (B, Hkv, G, end - start, keys), zero where the key comes after the query."""
         size = self.size
         past = 0 if self.past is None else self.past.shape[-2]
-        width = self.length if keys is None else min(self.length, keys - past)  # new tokens' columns
+        width = self.length if keys is None else max(min(self.length, keys - past), 0)  # new tokens' columns
         first, last = start // size, -(-end // size)
         own = torch.arange(first, last, device=self.queries.device)
         x = self.queries[:, :, first:last]  # (B, Hkv, n, G x size, d)
@@ -115,7 +114,7 @@ class PathLogits:
                 blocks.append(x.new_zeros(*x.shape[:2], self.groups, size, columns - filled))
             rows.append(torch.cat(blocks, dim=-1)[..., :columns])
         logits = torch.cat(rows, dim=-2)[..., :width]
-        if self.past is not None and (keys is None or keys > 0):
+        if self.past is not None:
             earlier = x @ self.past[:, :, None, :keys].transpose(-1, -2)  # (B, Hkv, n, G x size, T_past)
             logits = torch.cat([earlier.unflatten(-2, (self.groups, size)).transpose(2, 3).flatten(3, 4), logits],
                                dim=-1)
