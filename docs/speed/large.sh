@@ -37,8 +37,9 @@ fi
 rows=("$@")
 [ ${#rows[@]} -gt 0 ] || rows=(tape randpe xpos nope alibi t5 fire cope sinusoidal learned fox path llama)
 status=0
+cd "$root"
 for row in "${rows[@]}"; do
-    out=$root/docs/speed/large/$row
+    out=docs/speed/large/$row
     mkdir -p "$out"
     if /usr/bin/time -f %M -o "$out/peak-rss-kb.txt" "$tapelm" bench speed --sizes large --repeats 1 --pe "$row" \
             --no-progress --out "$out" > "$out/table.md" 2>&1; then
