@@ -81,8 +81,8 @@ def materialized(bias):
 
 
 BIAS_BLOCK = 128
-"""Queries per block of `chunked_bias_attention` (measured at bench speed's small size: 128 took CoPE's training step
-from 5.6 s at 256 to 3.1 s, FoX's from 2.1 to 1.5; 64 was slower again)."""
+"""Queries per block of `chunked_bias_attention`: in single training steps timed at bench speed's small size, 128
+was faster than 256 and than 64 for CoPE and FoX (not a committed measurement; docs/SPEED.md has the result)."""
 
 AttentionFunction = Callable[..., torch.Tensor]
 """What a per-module attention override computes: `fn(q, k, v, mask, bias, scale) -> out`, with the shapes and meaning
