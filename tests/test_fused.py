@@ -1,9 +1,11 @@
-"""The fused shared parts (tapelm.kernels.fused) compute the reference function: RMSNorm, SwiGLU, and the loss
+"""The fused shared parts (tapelm.kernels.fused) compute the reference function: the rotary embedding (RoPE's
+shared tables and xPos's separate q and k tables, at the positions of left-padded rows), RMSNorm, SwiGLU, and the loss
 without logits, with transformers' loss semantics (label shift, ignore_index, num_items_in_batch, shift_labels).
 
-fla's fused linear cross-entropy runs under Triton's CPU interpreter, so CI runs it for real in a subprocess with
-TRITON_INTERPRET=1 (its RMSNorm and SwiGLU kernels do not run there: on the CPU those two parts are routed to plain
-functions, which checks their wiring). Under `pytest --device cuda` every part runs fla's kernels, in bf16."""
+fla's fused linear cross-entropy and rotary embedding run under Triton's CPU interpreter, so CI runs them for real
+in a subprocess with TRITON_INTERPRET=1 (the rotary kernel's autotuner cannot time configurations there, so it gets
+one). Its RMSNorm and SwiGLU kernels do not run there: on the CPU those two parts are routed to plain functions,
+which checks their wiring. Under `pytest --device cuda` every part runs fla's kernels, in bf16."""
 
 import os
 import subprocess
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.device
 
 pytest.importorskip("fla", reason="fla is not installed (pip install tapelm[gpu])")
 
-CASES = ("labels", "ignored labels", "num_items_in_batch", "shift_labels")
+CASES = ("labels", "ignored labels", "num_items_in_batch", "shift_labels", "left padding")
+PARTS = ("norm", "swiglu", "loss", "rotary")
 
 
 def loss_inputs(case: str, ids: torch.Tensor) -> dict:
@@ -30,6 +33,11 @@ def loss_inputs(case: str, ids: torch.Tensor) -> dict:
         return {"labels": labels, "num_items_in_batch": torch.tensor(50, device=ids.device)}
     if case == "shift_labels":
         return {"labels": labels, "shift_labels": labels.roll(-1, dims=1)}
+    if case == "left padding":
+        mask = torch.ones_like(ids)
+        mask[0, :5] = 0
+        labels[0, :5] = -100
+        return {"labels": labels, "attention_mask": mask}
     return {"labels": labels}
 
 
@@ -47,16 +55,16 @@ def compare(device: torch.device, dtype: torch.dtype, tolerance: float, routed) 
         return run
 
     original = fused.operations
-    fused.operations = lambda device: fused.FusedOps(*(counted(name, op) for name, op in
-                                                       zip(("norm", "swiglu", "loss"), routed)))
+    fused.operations = lambda device: fused.FusedOps(*(counted(name, op) for name, op in zip(PARTS, routed)))
     try:
-        _compare(device, dtype, tolerance)
+        for pe_type in ("rope", "xpos"):
+            _compare(device, dtype, tolerance, pe_type)
     finally:
         fused.operations = original
-    assert {"norm", "swiglu", "loss"} <= set(calls)
+    assert set(PARTS) <= set(calls)
 
 
-def _compare(device, dtype, tolerance):
+def _compare(device, dtype, tolerance, pe_type):
     from tapelm import TapeConfig, TapeForCausalLM
 
     generator = torch.Generator().manual_seed(0)
@@ -66,7 +74,8 @@ def _compare(device, dtype, tolerance):
         for setting in ("off", "on"):
             torch.manual_seed(0)
             config = TapeConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, fast_paths=setting)
+                                num_attention_heads=4, num_key_value_heads=2, pe_type=pe_type,
+                                xpos_scale_base=16, fast_paths=setting)
             model = TapeForCausalLM(config).to(device, dtype).train()
             out = model(ids, **loss_inputs(case, ids))
             out.loss.backward()
@@ -76,7 +85,8 @@ def _compare(device, dtype, tolerance):
         for name, reference in [("loss", results["off"][0]), *results["off"][2].items()]:
             actual = results["on"][0] if name == "loss" else results["on"][2][name]
             error = (actual - reference).abs().max().item()
-            assert error <= tolerance * max(reference.abs().max().item(), 1e-3), f"{case}, {name}: {error:.3g}"
+            assert error <= tolerance * max(reference.abs().max().item(), 1e-3), \
+                f"{pe_type}, {case}, {name}: {error:.3g}"
 
 
 def plain_rms_norm(x, weight, eps):
@@ -93,12 +103,15 @@ def test_fused_parts_compute_the_reference_function():
         from tapelm.kernels import fused
 
         kernels = fused.operations(DEVICE)
-        compare(DEVICE, torch.bfloat16, 3e-2, (kernels.rms_norm, kernels.swiglu, kernels.linear_cross_entropy))
+        compare(DEVICE, torch.bfloat16, 3e-2, (kernels.rms_norm, kernels.swiglu, kernels.linear_cross_entropy,
+                                               kernels.rotary))
         return
     script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_fused as t; "
-              "from tapelm.kernels import fused; "
+              "from tapelm.kernels import fused; from fla.modules.rotary import ops; "
+              "ops.rotary_embedding_kernel.configs = ops.rotary_embedding_kernel.configs[:1]; "
+              "kernels = fused._kernels(); "
               "t.compare(torch.device('cpu'), torch.float32, 1e-4, "
-              "(t.plain_rms_norm, t.plain_swiglu, fused._kernels().linear_cross_entropy))")
+              "(t.plain_rms_norm, t.plain_swiglu, kernels.linear_cross_entropy, kernels.rotary))")
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "TRITON_INTERPRET": "1"})

@@ -23,7 +23,7 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     # FoX and PaTH through fla's kernels where fla is installed (tapelm.kernels.fla): CUDA only, not yet run under
     # `pytest --device cuda`
     "fla-kernels": (),
-    # RMSNorm, SwiGLU and the output projection with the cross-entropy through fla's kernels
+    # the rotary embedding, RMSNorm, SwiGLU and the output projection with the cross-entropy through fla's kernels
     # (tapelm.kernels.fused): CUDA only, not yet run under `pytest --device cuda`
     "fused-modules": (),
 }

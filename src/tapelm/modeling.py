@@ -234,7 +234,8 @@ class TapeModel(TapePreTrainedModel):
                                     dense=self.positional.adds_logit_bias or fixed, device=inputs_embeds.device,
                                     past=past)
         ctx = PositionContext(query_positions=self.positional.positions(position_ids, past, documents),
-                              token_mask=real_tokens(attention_mask, length, past))
+                              token_mask=real_tokens(attention_mask, length, past),
+                              fast_paths=self.config.fast_paths)
         if self.positional.needs_key_positions:
             ctx.key_positions = key_positions(cache, ctx.query_positions)
         self.positional.prepare(ctx, inputs_embeds.dtype)

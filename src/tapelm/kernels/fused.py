@@ -1,7 +1,8 @@
-"""The shared parts of every decoder, fused by fla's kernels on CUDA: RMSNorm, the SwiGLU product, and the output
-projection with the cross-entropy (no full logits tensor is made or kept).
+"""The shared parts of every decoder, fused by fla's kernels on CUDA: the rotary embedding, RMSNorm, the SwiGLU
+product, and the output projection with the cross-entropy (no full logits tensor is made or kept).
 
-The reference is plain PyTorch: transformers' `LlamaRMSNorm`, `LlamaMLP` and causal-LM loss. The modules below keep
+The reference is plain PyTorch: tapelm's `positional.rotary.rotate`, transformers' `LlamaRMSNorm`, `LlamaMLP` and
+causal-LM loss. The modules below keep
 their parameters (same state_dict names and shapes) and run fla's kernels where the fast path "fused-modules" is on
 (`tapelm.fast_paths`; CUDA only, off until a GPU run passes) and fla is installed (`pip install tapelm[gpu]`). The
 fused loss keeps the model's loss semantics: the label shift, `ignore_index`, and the sum divided by
@@ -26,12 +27,14 @@ IGNORE_INDEX = -100
 
 @dataclass(frozen=True)
 class FusedOps:
-    """`rms_norm(x, weight, eps)`, `swiglu(gate, up)` = silu(gate) * up, and
-    `linear_cross_entropy(hidden (M, D), weight (V, D), targets (M,), reduction)` -> float32 loss."""
+    """`rms_norm(x, weight, eps)`, `swiglu(gate, up)` = silu(gate) * up,
+    `linear_cross_entropy(hidden (M, D), weight (V, D), targets (M,), reduction)` -> float32 loss, and
+    `rotary(x (B, H, N, d), cos, sin)` with per-token tables (B or 1, 1, N, d) in rotate-half layout."""
 
     rms_norm: Callable[..., torch.Tensor]
     swiglu: Callable[..., torch.Tensor]
     linear_cross_entropy: Callable[..., torch.Tensor]
+    rotary: Callable[..., torch.Tensor]
 
 
 def operations(device: torch.device) -> FusedOps | None:
@@ -44,6 +47,7 @@ def _kernels() -> FusedOps:
     from fla.modules.activations import swiglu
     from fla.modules.fused_linear_cross_entropy import fused_linear_cross_entropy_loss
     from fla.modules.norm.layernorm import rms_norm
+    from fla.modules.rotary import rotary_embedding
 
     def norm(x, weight, eps):
         return rms_norm(x, weight, None, eps=eps)
@@ -51,7 +55,19 @@ def _kernels() -> FusedOps:
     def linear_cross_entropy(hidden, weight, targets, reduction):
         return fused_linear_cross_entropy_loss(hidden, targets, weight, ignore_index=IGNORE_INDEX, reduction=reduction)
 
-    return FusedOps(norm, swiglu, linear_cross_entropy)
+    def rotary(x, cos, sin):
+        # fla's kernel reads a table row per position, offset per sequence: sequence b's rows start at b * N of the
+        # flattened per-token tables, so any positions (packing, RandPE, left padding) rotate as in the reference.
+        # Rotate-half tables repeat their first half, so the kernel needs only that half.
+        batch, _, length, dim = x.shape
+
+        def rows(table):
+            return table.expand(batch, 1, length, dim)[:, 0, :, : dim // 2].reshape(batch * length, -1).to(x.dtype)
+
+        offsets = torch.arange(batch, device=x.device) * length
+        return rotary_embedding(x.transpose(1, 2), rows(cos), rows(sin), seqlen_offsets=offsets).transpose(1, 2)
+
+    return FusedOps(norm, swiglu, linear_cross_entropy, rotary)
 
 
 def fused_operations(x: torch.Tensor, setting: str) -> FusedOps | None:

@@ -27,6 +27,7 @@ class PositionContext:
     (a tensor or a `tapelm.attention.RowBias`).
     `token_mask` (batch, N) is True for the new tokens that are real and False for padding (None: no padding), so
     that per-token state (FoX's forget gates, PaTH's convolution) can ignore padding tokens.
+    `fast_paths` is the config's setting (`tapelm.fast_paths`), for hooks that have a fast path of their own.
     """
 
     query_positions: torch.Tensor
@@ -34,6 +35,7 @@ class PositionContext:
     tables: dict[str, torch.Tensor] = field(default_factory=dict)
     bias: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
+    fast_paths: str = "auto"
 
 
 class Float32Buffers(nn.Module):

@@ -10,6 +10,7 @@ import torch
 from transformers.modeling_rope_utils import dynamic_rope_update
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
 
+from ..kernels.fused import fused_operations
 from .base import Float32Buffers, LayerPositional, PositionalEncoding, PositionContext
 
 
@@ -42,11 +43,14 @@ class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
 
 
 class RotaryLayer(LayerPositional):
-    """Rotate q and k with the tables the model-level encoding prepared."""
+    """Rotate q and k with the tables the model-level encoding prepared (through fla's kernel where the fast path
+    "fused-modules" is on)."""
 
     def transform_qk(self, q, k, state, ctx: PositionContext):
         tables = ctx.tables
-        return rotate(q, tables["q_cos"], tables["q_sin"]), rotate(k, tables["k_cos"], tables["k_sin"])
+        ops = fused_operations(q, ctx.fast_paths)
+        turn = rotate if ops is None else ops.rotary
+        return turn(q, tables["q_cos"], tables["q_sin"]), turn(k, tables["k_cos"], tables["k_sin"])
 
 
 class RoPE(PositionalEncoding):
