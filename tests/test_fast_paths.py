@@ -8,6 +8,7 @@ import torch
 from conftest import DEVICE, tiny_model, tokens
 from tapelm import fast_paths
 from tapelm.attention import AttentionMask, StreamCpuFlash, attend_stream, padded_attention, unpadded_attention
+from tapelm.positional.rotation import HalvesRotation, rotate_halves
 
 pytestmark = pytest.mark.device
 
@@ -121,6 +122,61 @@ def test_a_model_on_its_fast_paths_computes_the_reference_function(variant, batc
         logits = model(ids, labels=ids, **batch_inputs(batch, ids)).logits
         weights = random(*logits.shape, seed=7).to(dtype)
         (logits * weights).sum().backward()
+        results[setting] = (logits.detach(), {name: p.grad for name, p in model.named_parameters()})
+    close(results["on"][0], results["off"][0], "logits")
+    for name, grad in results["off"][1].items():
+        close(results["on"][1][name], grad, name)
+
+
+ROTATIONS = {  # x's shape and (a, b)'s: TAPE's grouped queries and keys, RoPE's tables over heads, one token
+    "grouped queries": ((2, 3, 2, 5, 8), (2, 3, 1, 5, 4)), "keys": ((2, 3, 5, 8), (2, 3, 5, 4)),
+    "tables": ((2, 4, 5, 8), (2, 1, 5, 4)), "one token": ((1, 2, 1, 1, 8), (1, 2, 1, 1, 4))}
+
+
+@pytest.mark.parametrize("angles_need_grad", [True, False])
+@pytest.mark.parametrize("layout", list(ROTATIONS))
+def test_the_rotation_function_computes_the_reference_function(layout, angles_need_grad):
+    """HalvesRotation against rotate_halves: the very output, and the gradient of x and of (a, b), broadcast as the
+    encodings broadcast them, x a strided view as the projections give it."""
+    x_shape, angle_shape = ROTATIONS[layout]
+    x = random(*x_shape[:-3], x_shape[-2], x_shape[-3], x_shape[-1], seed=1).transpose(-2, -3).to(DTYPE)
+    a, b = (random(*angle_shape, seed=seed).to(DTYPE) for seed in (2, 3))
+    weights = random(*x_shape, seed=4).to(DTYPE)
+    results = []
+    for rotation in (rotate_halves, HalvesRotation.apply):
+        inputs = [x.detach().requires_grad_(), *(t.detach().requires_grad_(angles_need_grad) for t in (a, b))]
+        out = rotation(*inputs)
+        (out * weights).sum().backward()
+        results.append((out, [t.grad for t in inputs]))
+    assert torch.equal(results[1][0], results[0][0])  # each product rounded as the reference rounds it
+    for name, actual, expected in zip("xab", results[1][1], results[0][1]):
+        assert (actual is None) == (expected is None), name
+        if expected is not None:
+            close(actual, expected, name)
+
+
+def test_the_rotation_function_keeps_the_input_dtypes():
+    """bf16 q and k (autocast) rotated by float32 angles: a float32 output, as the reference gives, and each gradient
+    in its input's dtype."""
+    x = torch.randn(2, 3, 5, 8, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+    a, b = (torch.randn(2, 1, 5, 4, device=DEVICE, requires_grad=True) for _ in range(2))
+    out = HalvesRotation.apply(x, a, b)
+    reference = rotate_halves(x, a, b)
+    assert out.dtype == reference.dtype == torch.float32
+    torch.testing.assert_close(out, reference)
+    out.sum().backward()
+    assert (x.grad.dtype, a.grad.dtype, b.grad.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+
+
+@pytest.mark.parametrize("encoding", ["rope", "xpos"])
+def test_rotary_encodings_on_their_fast_paths_compute_the_reference_function(encoding):
+    """RoPE and xPos with every fast path the device offers against the reference paths, on a padded batch."""
+    ids = tokens(2, 16)
+    results = {}
+    for setting, dtype in (("off", torch.float64), ("on", DTYPE)):
+        model = tiny_model(encoding, dtype=dtype, fast_paths=setting).train()
+        logits = model(ids, **batch_inputs("padded", ids)).logits
+        (logits * random(*logits.shape, seed=7).to(dtype)).sum().backward()
         results[setting] = (logits.detach(), {name: p.grad for name, p in model.named_parameters()})
     close(results["on"][0], results["off"][0], "logits")
     for name, grad in results["off"][1].items():

@@ -17,6 +17,9 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     # attention without zero-padding q and k, on the CUDA kernels that take a wider value (cuDNN, memory-efficient):
     # not yet run under `pytest --device cuda`
     "cuda-unpadded-attention": (),
+    # the rotation of q and k by RoPE's tables or TAPE's state as an autograd function with a hand-written backward
+    # (tapelm.positional.rotation.HalvesRotation): plain PyTorch, run under `pytest --device cuda` not yet
+    "fused-rotation": ("cpu",),
     # attention over blocks of queries with a bias built per block inside activation checkpoints
     # (tapelm.attention.chunked_bias_attention): plain PyTorch, run under `pytest --device cuda` not yet
     "chunked-bias-attention": ("cpu",),

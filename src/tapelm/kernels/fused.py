@@ -1,12 +1,12 @@
 """The shared parts of every decoder, fused by fla's kernels on CUDA: the rotary embedding, RMSNorm, the SwiGLU
 product, and the output projection with the cross-entropy (no full logits tensor is made or kept).
 
-The reference is plain PyTorch: tapelm's `positional.rotary.rotate`, transformers' `LlamaRMSNorm`, `LlamaMLP` and
-causal-LM loss. The modules below keep
-their parameters (same state_dict names and shapes) and run fla's kernels where the fast path "fused-modules" is on
-(`tapelm.fast_paths`; CUDA only, off until a GPU run passes) and fla is installed (`pip install tapelm[gpu]`). The
-fused loss keeps the model's loss semantics: the label shift, `ignore_index`, and the sum divided by
-`num_items_in_batch` under gradient accumulation. While training with labels it returns no logits.
+The reference is plain PyTorch: tapelm's `positional.rotation.rotate_halves`, transformers' `LlamaRMSNorm`,
+`LlamaMLP` and causal-LM loss. The modules below keep their parameters (same state_dict names and shapes) and run
+fla's kernels where the fast path "fused-modules" is on (`tapelm.fast_paths`; CUDA only, off until a GPU run passes)
+and fla is installed (`pip install tapelm[gpu]`). The fused loss keeps the model's loss semantics: the label shift,
+`ignore_index`, and the sum divided by `num_items_in_batch` under gradient accumulation. While training with labels
+it returns no logits.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ IGNORE_INDEX = -100
 class FusedOps:
     """`rms_norm(x, weight, eps)`, `swiglu(gate, up)` = silu(gate) * up,
     `linear_cross_entropy(hidden (M, D), weight (V, D), targets (M,), reduction)` -> float32 loss, and
-    `rotary(x (B, H, N, d), cos, sin)` with per-token tables (B or 1, 1, N, d) in rotate-half layout."""
+    `rotary(x (B, H, N, d), cos, sin)` with per-token tables (B or 1, 1, N, d/2), one per rotate-half pair."""
 
     rms_norm: Callable[..., torch.Tensor]
     swiglu: Callable[..., torch.Tensor]
@@ -57,12 +57,11 @@ def _kernels() -> FusedOps:
 
     def rotary(x, cos, sin):
         # fla's kernel reads a table row per position, offset per sequence: sequence b's rows start at b * N of the
-        # flattened per-token tables, so any positions (packing, RandPE, left padding) rotate as in the reference.
-        # Rotate-half tables repeat their first half, so the kernel needs only that half.
+        # flattened per-token tables, so any positions (packing, RandPE, left padding) rotate as in the reference
         batch, _, length, dim = x.shape
 
         def rows(table):
-            return table.expand(batch, 1, length, dim)[:, 0, :, : dim // 2].reshape(batch * length, -1).to(x.dtype)
+            return table.expand(batch, 1, length, dim // 2).reshape(batch * length, -1).to(x.dtype)
 
         offsets = torch.arange(batch, device=x.device) * length
         return rotary_embedding(x.transpose(1, 2), rows(cos), rows(sin), seqlen_offsets=offsets).transpose(1, 2)

@@ -1,22 +1,19 @@
 """Rotary encodings: RoPE (with transformers' scalings), RandPE and xPos.
 
 Angles are computed in float32 from integer positions whatever the model dtype, and use transformers' rotate-half
-pairing (dimension i pairs with i + head_dim/2), so weights of a Llama-family model mean the same thing here.
+pairing (dimension i pairs with i + head_dim/2), so weights of a Llama-family model mean the same thing here. The
+tables hold one cos and one sin per pair (head_dim/2 features: the two halves of transformers' tables are equal).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.modeling_rope_utils import dynamic_rope_update
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..kernels.fused import fused_operations
 from .base import Float32Buffers, LayerPositional, PositionalEncoding, PositionContext
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (..., d) by per-pair angles given as cos/sin tables in rotate-half layout."""
-    return x * cos + rotate_half(x) * sin
+from .rotation import rotate_pairs
 
 
 def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -32,10 +29,10 @@ class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
     @torch.no_grad()
     @dynamic_rope_update
     def forward(self, anchor: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, N) integer positions -> cos, sin (B, N, head_dim) in the anchor's precision, at least float32."""
+        """(B, N) integer positions -> cos, sin (B, N, head_dim/2), one per rotate-half pair, in the anchor's
+        precision, at least float32."""
         wide = torch.promote_types(anchor.dtype, torch.float32)
         angles = positions[..., None].to(wide) * self.inv_freq.to(device=positions.device, dtype=wide)
-        angles = torch.cat([angles, angles], dim=-1)
         return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,8 +46,10 @@ class RotaryLayer(LayerPositional):
     def transform_qk(self, q, k, state, ctx: PositionContext):
         tables = ctx.tables
         ops = fused_operations(q, ctx.fast_paths)
-        turn = rotate if ops is None else ops.rotary
-        return turn(q, tables["q_cos"], tables["q_sin"]), turn(k, tables["k_cos"], tables["k_sin"])
+        if ops is not None:
+            return ops.rotary(q, tables["q_cos"], tables["q_sin"]), ops.rotary(k, tables["k_cos"], tables["k_sin"])
+        return (rotate_pairs(q, tables["q_cos"], tables["q_sin"], ctx.fast_paths),
+                rotate_pairs(k, tables["k_cos"], tables["k_sin"], ctx.fast_paths))
 
 
 class RoPE(PositionalEncoding):
@@ -123,8 +122,7 @@ class XPos(RoPE):
         cos, sin = self.rotary.tables(ctx.query_positions, dtype)
         power = (ctx.query_positions.to(cos.dtype) - self.centre)[..., None] / self.scale_base
         half = self.head_dim // 2
-        zeta = (torch.arange(half, dtype=power.dtype, device=power.device) / half + 0.4) / 1.4
-        scale = torch.cat([zeta, zeta]) ** power
+        scale = ((torch.arange(half, dtype=power.dtype, device=power.device) / half + 0.4) / 1.4) ** power
         ctx.tables.update(
             q_cos=(cos * scale)[:, None].to(dtype), q_sin=(sin * scale)[:, None].to(dtype),
             k_cos=(cos / scale)[:, None].to(dtype), k_sin=(sin / scale)[:, None].to(dtype),

@@ -19,6 +19,7 @@ from torch import nn
 
 from .base import LayerPositional, PositionalEncoding, PositionContext
 from .rotary import TapeRotaryEmbedding, group_queries
+from .rotation import rotate_pairs
 
 
 def uses_compact_state(config) -> bool:
@@ -53,14 +54,6 @@ def initial_blocks(angles: torch.Tensor, block_l: int, block_r: int, scale: floa
     return torch.cat(e.unbind(-4), dim=-1)  # (..., M, L, G*L) with R = G*L
 
 
-def rotate_by_state(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """Multiply each rotate-half pair (x_i, x_{i+d/2}) by the complex number (a_i, b_i) of the compact state
-    [a | b]: RoPE when a = cos, b = sin. Works on halves, so autograd keeps only x and the state."""
-    x1, x2 = x.chunk(2, dim=-1)
-    a, b = state.chunk(2, dim=-1)
-    return torch.cat([x1 * a - x2 * b, x2 * a + x1 * b], dim=-1)
-
-
 class TapeEncoding(PositionalEncoding):
     """Model-level TAPE: the initial state E0 from RoPE (angles in float32, transformers' scalings applied)."""
 
@@ -76,9 +69,7 @@ class TapeEncoding(PositionalEncoding):
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         if self.compact:
-            cos, sin = self.rotary.tables(ctx.query_positions, dtype)
-            half = cos.shape[-1] // 2
-            ctx.tables["e0"] = torch.cat([cos[..., :half], sin[..., :half]], dim=-1)
+            ctx.tables["e0"] = torch.cat(self.rotary.tables(ctx.query_positions, dtype), dim=-1)
             return
         groups = self.block_r // self.block_l
         wide = torch.promote_types(dtype, torch.float32)
@@ -145,9 +136,10 @@ class TapeLayer(LayerPositional):
         return self.head_dim**-0.5
 
     def transform_qk(self, q, k, state, ctx: PositionContext):
-        if self.compact:
-            q = rotate_by_state(group_queries(q, self.kv_heads), state[:, :, None]).flatten(1, 2)
-            return q, rotate_by_state(k, state)
+        if self.compact:  # each pair rotated by the complex number (a_i, b_i) of the state [a | b]
+            a, b = state.chunk(2, dim=-1)
+            q = rotate_pairs(group_queries(q, self.kv_heads), a[:, :, None], b[:, :, None], ctx.fast_paths)
+            return q.flatten(1, 2), rotate_pairs(k, a, b, ctx.fast_paths)
         return self._transform_blocks(q, state, grouped=True), self._transform_blocks(k, state, grouped=False)
 
     def _transform_blocks(self, x: torch.Tensor, state: torch.Tensor, grouped: bool) -> torch.Tensor:

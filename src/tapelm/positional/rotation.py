@@ -1,0 +1,73 @@
+"""Rotating each rotate-half pair (x_i, x_{i+d/2}) of a vector by a complex number (a_i, b_i), the step that RoPE
+(a, b = cos, sin) and TAPE (a, b = its compact state) share: (x1 + i x2)(a + i b).
+
+`rotate_halves` is the plain PyTorch reference. `HalvesRotation` computes the same function (fast path
+"fused-rotation"): the forward writes both halves into one output without temporaries, and the backward computes
+the gradient of x and of (a, b) in a few passes, summing over the dimensions (a, b) were broadcast along once,
+where autograd through the reference makes a temporary per product and a reduction per broadcast operand.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..fast_paths import enabled
+
+
+def rotate_halves(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x (..., d) rotated pairwise by (a, b) (..., d/2), broadcast against x's halves."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * a - x2 * b, x2 * a + x1 * b], dim=-1)
+
+
+class HalvesRotation(torch.autograd.Function):
+    """`rotate_halves` with a hand-written backward: dx = dy (a - i b), d(a + i b) = dy conj(x) summed over the
+    broadcast dimensions. Differentiable once."""
+
+    @staticmethod
+    def forward(ctx, x, a, b):
+        dtype = torch.promote_types(torch.promote_types(x.dtype, a.dtype), b.dtype)
+        half = x.shape[-1] // 2
+        y = x.new_empty(*torch.broadcast_shapes(x.shape[:-1], a.shape[:-1], b.shape[:-1]), 2 * half, dtype=dtype)
+        _turn(y, x, a, b, conjugate=False)
+        ctx.save_for_backward(x, a, b)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, a, b = ctx.saved_tensors
+        half = x.shape[-1] // 2
+        grad_x = grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.empty_like(dy)
+            _turn(grad_x, dy, a, b, conjugate=True)
+            grad_x = grad_x.sum_to_size(x.shape).to(x.dtype)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            dy1, dy2, x1, x2 = dy[..., :half], dy[..., half:], x[..., :half], x[..., half:]
+            grad_a = torch.mul(dy1, x1).addcmul_(dy2, x2).sum_to_size(a.shape).to(a.dtype)
+            grad_b = torch.mul(dy2, x1).addcmul_(dy1, x2, value=-1).sum_to_size(b.shape).to(b.dtype)
+        return grad_x, grad_a, grad_b
+
+
+def _turn(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conjugate: bool) -> None:
+    """out = x (a + i b), or x (a - i b) with `conjugate`, written half by half, each product rounded before the
+    sum as in the reference (so the forward pass gives the reference's very bits)."""
+    half = x.shape[-1] // 2
+    x1, x2, out1, out2 = x[..., :half], x[..., half:], out[..., :half], out[..., half:]
+    first, second = (torch.Tensor.add_, torch.Tensor.sub_) if conjugate else (torch.Tensor.sub_, torch.Tensor.add_)
+    first(torch.mul(x1, a, out=out1), x2 * b)
+    second(torch.mul(x2, a, out=out2), x1 * b)
+
+
+def rotate_pairs(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fast_paths: str = "auto") -> torch.Tensor:
+    """`rotate_halves`, through `HalvesRotation` where the fast path "fused-rotation" is on and autograd records the
+    call: not while compiling (the compiler fuses the reference itself), nor without gradients (a decoding step's few
+    features take longer through an autograd function than through the reference's products)."""
+    records = torch.is_grad_enabled() and (x.requires_grad or a.requires_grad or b.requires_grad)
+    if records and enabled("fused-rotation", x.device, fast_paths) and not torch.compiler.is_compiling():
+        return HalvesRotation.apply(x, a, b)
+    return rotate_halves(x, a, b)
+
+
+__all__ = ["HalvesRotation", "rotate_halves", "rotate_pairs"]
