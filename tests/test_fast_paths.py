@@ -155,6 +155,26 @@ def test_the_rotation_function_computes_the_reference_function(layout, angles_ne
             close(actual, expected, name)
 
 
+@pytest.mark.parametrize("angles_need_grad", [True, False])
+def test_the_rotation_function_keeps_no_more_than_the_reference(angles_need_grad):
+    """Between the passes: x and the angles for TAPE's state, only the angles for RoPE's tables (which need no
+    gradient), as autograd through the reference keeps."""
+    x = torch.randn(2, 3, 5, 8, device=DEVICE, requires_grad=True)
+    a, b = torch.randn(2, 1, 5, 8, device=DEVICE, requires_grad=angles_need_grad).chunk(2, dim=-1)
+    kept = []
+    for rotation in (rotate_halves, HalvesRotation.apply):
+        storages = {}
+
+        def pack(tensor):
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            rotation(x, a, b)
+        kept.append(storages)
+    assert kept[1] == kept[0]
+
+
 def test_the_rotation_function_keeps_the_input_dtypes():
     """bf16 q and k (autocast) rotated by float32 angles: a float32 output, as the reference gives, and each gradient
     in its input's dtype."""

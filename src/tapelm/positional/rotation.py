@@ -30,19 +30,21 @@ class HalvesRotation(torch.autograd.Function):
         half = x.shape[-1] // 2
         y = x.new_empty(*torch.broadcast_shapes(x.shape[:-1], a.shape[:-1], b.shape[:-1]), 2 * half, dtype=dtype)
         _turn(y, x, a, b, conjugate=False)
-        ctx.save_for_backward(x, a, b)
+        angles_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        ctx.save_for_backward(x if angles_need_grad else None, a, b)  # x only for the angles' gradient
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, a, b = ctx.saved_tensors
-        half = x.shape[-1] // 2
+        half = dy.shape[-1] // 2
         grad_x = grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_x = torch.empty_like(dy)
             _turn(grad_x, dy, a, b, conjugate=True)
-            grad_x = grad_x.sum_to_size(x.shape).to(x.dtype)
+            grad_x = grad_x.sum_to_size(ctx.x_shape).to(ctx.x_dtype)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             dy1, dy2, x1, x2 = dy[..., :half], dy[..., half:], x[..., :half], x[..., half:]
             grad_a = torch.mul(dy1, x1).addcmul_(dy2, x2).sum_to_size(a.shape).to(a.dtype)
