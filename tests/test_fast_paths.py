@@ -136,8 +136,8 @@ ROTATIONS = {  # x's shape and (a, b)'s: TAPE's grouped queries and keys, RoPE's
 @pytest.mark.parametrize("angles_need_grad", [True, False])
 @pytest.mark.parametrize("layout", list(ROTATIONS))
 def test_the_rotation_function_computes_the_reference_function(layout, angles_need_grad):
-    """HalvesRotation against rotate_halves: the very output, and the gradient of x and of (a, b), broadcast as the
-    encodings broadcast them, x a strided view as the projections give it."""
+    """HalvesRotation against rotate_halves: the very output, in x's memory layout, and the gradient of x and of
+    (a, b), broadcast as the encodings broadcast them, x a strided view as the projections give it."""
     x_shape, angle_shape = ROTATIONS[layout]
     x = random(*x_shape[:-3], x_shape[-2], x_shape[-3], x_shape[-1], seed=1).transpose(-2, -3).to(DTYPE)
     a, b = (random(*angle_shape, seed=seed).to(DTYPE) for seed in (2, 3))
@@ -149,6 +149,7 @@ def test_the_rotation_function_computes_the_reference_function(layout, angles_ne
         (out * weights).sum().backward()
         results.append((out, [t.grad for t in inputs]))
     assert torch.equal(results[1][0], results[0][0])  # each product rounded as the reference rounds it
+    assert results[0][0].stride() == results[1][0].stride() == x.stride()  # attention's output then keeps it too
     for name, actual, expected in zip("xab", results[1][1], results[0][1]):
         assert (actual is None) == (expected is None), name
         if expected is not None:

@@ -15,9 +15,20 @@ from ..fast_paths import enabled
 
 
 def rotate_halves(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """x (..., d) rotated pairwise by (a, b) (..., d/2), broadcast against x's halves."""
+    """x (..., d) rotated pairwise by (a, b) (..., d/2), which broadcast into x's halves."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * a - x2 * b, x2 * a + x1 * b], dim=-1)
+    y = _output_like(x, a, b)
+    half = x.shape[-1] // 2
+    y[..., :half] = x1 * a - x2 * b
+    y[..., half:] = x2 * a + x1 * b
+    return y
+
+
+def _output_like(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """An empty result in x's memory layout: q and k arrive as views of the projections' (B, N, heads, d) output, and
+    a rotation in that layout lets attention return its output there too, which the output projection then reads
+    without a copy."""
+    return torch.empty_like(x, dtype=torch.promote_types(torch.promote_types(x.dtype, a.dtype), b.dtype))
 
 
 class HalvesRotation(torch.autograd.Function):
@@ -26,13 +37,11 @@ class HalvesRotation(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, a, b):
-        dtype = torch.promote_types(torch.promote_types(x.dtype, a.dtype), b.dtype)
-        half = x.shape[-1] // 2
-        y = x.new_empty(*torch.broadcast_shapes(x.shape[:-1], a.shape[:-1], b.shape[:-1]), 2 * half, dtype=dtype)
+        y = _output_like(x, a, b)
         _turn(y, x, a, b, conjugate=False)
         angles_need_grad = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         ctx.save_for_backward(x if angles_need_grad else None, a, b)  # x only for the angles' gradient
-        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.x_dtype = x.dtype
         return y
 
     @staticmethod
@@ -44,7 +53,7 @@ class HalvesRotation(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.empty_like(dy)
             _turn(grad_x, dy, a, b, conjugate=True)
-            grad_x = grad_x.sum_to_size(ctx.x_shape).to(ctx.x_dtype)
+            grad_x = grad_x.to(ctx.x_dtype)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             dy1, dy2, x1, x2 = dy[..., :half], dy[..., half:], x[..., :half], x[..., half:]
             grad_a = torch.mul(dy1, x1).addcmul_(dy2, x2).sum_to_size(a.shape).to(a.dtype)
