@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
-import functools
 import importlib.util
 import json
 import statistics
@@ -344,22 +341,8 @@ def trains_only(row: str) -> bool:
 
 
 def _free(options: Options) -> None:
-    """Hand freed memory back between visits: the CUDA allocator's cache, or on the CPU the C allocator's free lists
-    where it is glibc's (without this, one process measuring every row kept growing: 12 GB at the small size)."""
     if options.device.type == "cuda":
         torch.cuda.empty_cache()
-    elif (trim := _malloc_trim()) is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    """glibc's `malloc_trim`, or None (another C library, another system)."""
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
 
 
 def _out_of_memory(error: BaseException) -> bool:
