@@ -2,9 +2,10 @@
 (a, b = cos, sin) and TAPE (a, b = its compact state) share: (x1 + i x2)(a + i b).
 
 `rotate_halves` is the plain PyTorch reference. `HalvesRotation` computes the same function (fast path
-"fused-rotation"): the forward writes both halves into one output without temporaries, and the backward computes
-the gradient of x and of (a, b) in a few passes, summing over the dimensions (a, b) were broadcast along once,
-where autograd through the reference makes a temporary per product and a reduction per broadcast operand.
+"fused-rotation"): the forward writes both halves straight into the output, each product rounded as the reference
+rounds it, and the backward computes the gradient of x and of (a, b) in a few passes, summing over the dimensions
+(a, b) were broadcast along once, where autograd through the reference makes a temporary per product and a
+reduction per broadcast operand.
 """
 
 from __future__ import annotations
