@@ -1,7 +1,9 @@
 """`tapelm bench training` measures what it says, and refuses bad input before any work."""
 
 import argparse
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -64,6 +66,23 @@ def test_speed_bench_trains_under_bf16_autocast_and_decodes_with_bf16_weights(tm
     # a bf16 cache holds half the bytes of the float32 one (TAPE's cache keeps E in the model's dtype)
     float32 = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path / "f32", CPU, progress=False)["sizes"]["tiny"]["results"]
     assert results["tape"]["cache_bytes_batch1"] * 2 == float32["tape"]["cache_bytes_batch1"]
+
+
+def test_counting_the_saved_bytes_frees_what_it_counted():
+    """The count of what autograd keeps leaves nothing alive: an output saved by the operation that made it (exp
+    saves its result) is freed once the count is taken. Counting by keeping the tensors themselves leaked every
+    graph it counted, a row's activations per row of `bench speed`."""
+    x = torch.randn(64, 64, requires_grad=True)
+    outputs = []
+
+    def forward():
+        y = x.exp()
+        outputs.append(weakref.ref(y))
+        return y.sum()
+
+    assert speed._saved_bytes(forward) == 64 * 64 * 4
+    gc.collect()
+    assert outputs[0]() is None
 
 
 def test_a_row_that_runs_out_of_memory_is_reported_not_raised(monkeypatch):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench speed's large size (12 layers x 768, 1,024 tokens) for every encoding and Llama, one process per row (each
 # beside RoPE, one repetition), so that each row's peak memory is its own: a single process measuring every row in
-# turn was killed at 24 GB. Writes docs/speed/large/ROW/speed-cpu-large.json per row and, beside it, the process's
-# peak resident memory in kB (peak-rss-kb.txt, from /usr/bin/time).
+# turn was killed at 24 GB (before the memory count stopped leaking its graphs; not rerun since). Writes
+# docs/speed/large/ROW/speed-cpu-large.json per row and, beside it, the process's peak resident memory in kB
+# (peak-rss-kb.txt, from /usr/bin/time).
 #
 #   bash docs/speed/large.sh [ROW ...]    measure (default: every encoding and Llama), then print the table
 #   bash docs/speed/large.sh --table      only print the table of ratios to RoPE from the JSON already written

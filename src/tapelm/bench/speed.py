@@ -144,13 +144,16 @@ def device_record(device: torch.device) -> dict:
 
 
 def _saved_bytes(fn) -> int:
-    """Bytes of distinct tensors autograd saves for backward while fn runs."""
+    """Bytes of distinct tensors autograd saves for backward while fn runs. Each is kept (so no storage is freed and
+    its address reused while counting) as a detached alias: the tensor itself would close a cycle through its own
+    grad_fn for an output saved by the operation that made it, which Python's collector cannot see, and the whole
+    graph would never be freed."""
     storages: dict[int, int] = {}
 
     def pack(tensor):
         storage = tensor.untyped_storage()
         storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        return tensor.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         fn()
