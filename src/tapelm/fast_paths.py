@@ -29,6 +29,9 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     # the rotary embedding, RMSNorm, SwiGLU and the output projection with the cross-entropy through fla's kernels
     # (tapelm.kernels.fused): CUDA only, not yet run under `pytest --device cuda`
     "fused-modules": (),
+    # TAPE's MLP-branch update of the state, one Triton program per token (tapelm.kernels.state_mixing): CUDA with
+    # Triton, not yet run under `pytest --device cuda`
+    "fused-state-mixing": (),
 }
 
 

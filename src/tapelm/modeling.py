@@ -113,10 +113,10 @@ class TapeDecoderLayer(GradientCheckpointingLayer):
         attn_out, attended, probs = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
                                                    cache, layout, output_attentions)
         hidden = hidden + attn_out
-        state = self.positional.after_attention(state, attended)
+        state = self.positional.after_attention(state, attended, ctx)
         mlp_out = self.mlp(self.post_attention_layernorm(hidden))
         hidden = hidden + mlp_out
-        return hidden, self.positional.after_mlp(state, layout.unpack(mlp_out)), probs
+        return hidden, self.positional.after_mlp(state, layout.unpack(mlp_out), ctx), probs
 
 
 def attention_modules(model: nn.Module) -> list[TapeAttention]:

@@ -95,12 +95,12 @@ class LayerPositional(CustomInit):
         """A tensor (B, Hkv, N, F) that the attention probabilities should mix alongside V, or None."""
         return None
 
-    def after_attention(self, state, attended: torch.Tensor | None):
+    def after_attention(self, state, attended: torch.Tensor | None, ctx: PositionContext):
         """The state after the attention sublayer. `attended` (B, H, N, F) is the attention output of the features
         value_extra added to the value stream (None when it gave nothing)."""
         return state
 
-    def after_mlp(self, state, mlp_out: torch.Tensor):
+    def after_mlp(self, state, mlp_out: torch.Tensor, ctx: PositionContext):
         """The state after the MLP sublayer; `mlp_out` (B, N, C) is what the MLP added to the residual stream."""
         return state
 

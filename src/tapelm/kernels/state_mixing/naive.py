@@ -1,0 +1,21 @@
+"""The reference: TAPE's per-token mixing of the positional state across KV heads in plain PyTorch."""
+
+from __future__ import annotations
+
+import torch
+
+
+def state_delta(state: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """delta[b, g, n] = sum_h mix[b, n, g, h] state[b, h, n]; state (B, Hkv, N, W), mix (B, N, Hkv, Hkv).
+
+    One (Hkv x Hkv) @ (Hkv x W) product per token: on the CPU 3-5x faster than a broadcast product summed over
+    heads."""
+    return torch.matmul(mix, state.transpose(1, 2)).transpose(1, 2)
+
+
+def mix_state_reference(state: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """The state after the update: state + `state_delta(state, mix)`."""
+    return state + state_delta(state, mix)
+
+
+__all__ = ["mix_state_reference", "state_delta"]

@@ -1,0 +1,106 @@
+"""TAPE's state-mixing kernels (tapelm.kernels.state_mixing) compute the reference function, forward and both
+gradients: in float64 under Triton's CPU interpreter (a subprocess with TRITON_INTERPRET=1, which is how CI runs
+them), on any strides the state arrives with (expanded over heads as the first layer's E0, the projections' token
+layout), with head counts and widths that are not powers of two; and a TAPE model routed through them gives the
+reference's loss and every gradient. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import DEVICE, tiny_model, tokens
+from tapelm import fast_paths
+
+pytestmark = pytest.mark.device
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
+
+BATCH, HEADS, LENGTH, WIDTH = 2, 3, 5, 6  # not powers of two: the kernels mask their tiles
+VIEWS = {
+    "contiguous": ((BATCH, HEADS, LENGTH, WIDTH), lambda state, mix: (state, mix)),
+    "expanded over heads": ((BATCH, 1, LENGTH, WIDTH), lambda state, mix: (state.expand(-1, HEADS, -1, -1), mix)),
+    "token-major": ((BATCH, LENGTH, HEADS, WIDTH), lambda state, mix: (state.transpose(1, 2), mix)),
+    "transposed map": ((BATCH, HEADS, LENGTH, WIDTH), lambda state, mix: (state, mix.transpose(-1, -2))),
+}
+"""Per layout: the shape of the state's leaf, and how the state (B, Hkv, N, W) and the per-token maps
+(B, N, Hkv, Hkv) are viewed from the two leaves (the first layer's E0 is expanded over heads; the projections
+give a token-major layout)."""
+
+
+def leaves(layout: str, device, dtype):
+    """The two leaf tensors of `layout`, drawn in float64 on the CPU."""
+    generator = torch.Generator().manual_seed(len(layout))
+    return tuple(torch.randn(*shape, dtype=torch.float64, generator=generator).to(device, dtype).requires_grad_()
+                 for shape in (VIEWS[layout][0], (BATCH, LENGTH, HEADS, HEADS)))
+
+
+def check_kernels(device, dtype, tolerance: float) -> None:
+    """The fused update against the reference (computed in float64) for every layout: output and gradients."""
+    from tapelm.kernels.state_mixing import mix_state_reference
+    from tapelm.kernels.state_mixing.fused import mix_state_fused
+
+    for layout, (_, view) in VIEWS.items():
+        tensors = leaves(layout, device, dtype)
+        out = mix_state_fused(*view(*tensors))
+        assert out.dtype == dtype and out.shape == (BATCH, HEADS, LENGTH, WIDTH), layout
+        grad = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+        fused = (out, *torch.autograd.grad(out, tensors, grad.to(dtype)))
+        wide = [tensor.detach().double().requires_grad_() for tensor in tensors]
+        reference_out = mix_state_reference(*view(*wide))
+        reference = (reference_out, *torch.autograd.grad(reference_out, wide, grad))
+        for name, actual, expected in zip(("output", "state gradient", "map gradient"), fused, reference):
+            torch.testing.assert_close(actual.double(), expected, atol=tolerance, rtol=tolerance,
+                                       msg=f"{layout}: {name}")
+
+
+def check_model(device, dtype, tolerance: float) -> None:
+    """A tiny TAPE model with the kernels on (routed in on the CPU, where the dispatch would not choose Triton)
+    against the reference paths: the loss and every parameter's gradient; the kernels ran."""
+    import tapelm.kernels.state_mixing as state_mixing
+    from tapelm.kernels.state_mixing import fused
+
+    calls = []
+    original_runs_on, original_fused = state_mixing.triton_runs_on, fused.mix_state_fused
+    state_mixing.triton_runs_on = lambda device: True
+    fused.mix_state_fused = lambda state, mix: calls.append(1) or original_fused(state, mix)
+    try:
+        ids = tokens(2, 9).to(device)
+        results = {}
+        for setting, setting_dtype in (("off", torch.float64), ("on", dtype)):
+            model = tiny_model("tape", dtype=setting_dtype, fast_paths=setting).to(device).train()
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            results[setting] = loss.double(), {name: p.grad.double() for name, p in model.named_parameters()}
+    finally:
+        state_mixing.triton_runs_on, fused.mix_state_fused = original_runs_on, original_fused
+    assert calls, "the model did not run the kernels"
+    for name, expected in [("loss", results["off"][0]), *results["off"][1].items()]:
+        actual = results["on"][0] if name == "loss" else results["on"][1][name]
+        torch.testing.assert_close(actual, expected, atol=tolerance, rtol=tolerance, msg=name)
+
+
+def test_the_kernels_compute_the_reference_function():
+    if DEVICE.type == "cuda":
+        check_kernels(DEVICE, torch.float32, 1e-5)
+        check_kernels(DEVICE, torch.bfloat16, 3e-2)
+        check_model(DEVICE, torch.bfloat16, 3e-2)
+        return
+    script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_state_mixing as t; "
+              "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); "
+              "t.check_model(cpu, torch.float64, 1e-12)")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_kernels_are_off_by_default_and_on_cuda_only():
+    from tapelm.kernels import triton_runs_on
+
+    assert not fast_paths.enabled("fused-state-mixing", torch.device("cuda"), "auto")  # not yet verified
+    assert fast_paths.enabled("fused-state-mixing", torch.device("cuda"), "on")
+    assert not triton_runs_on(torch.device("cpu"))
