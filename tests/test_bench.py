@@ -53,7 +53,7 @@ def test_speed_bench_measures_every_encoding_and_the_llama_peer(tmp_path):
     assert results["tape"]["cache_bytes_batch2"] == 2 * results["tape"]["cache_bytes_batch1"]
     assert results["llama"]["cache_bytes_batch1"] == results["rope"]["cache_bytes_batch1"]
     assert entry["ratios_to_rope"]["rope"]["train_step_s"]["mean"] == 1.0
-    assert report["options"] == {"device": "cpu", "dtype": "float32", "compile": False}
+    assert report["options"] == {"device": "cpu", "dtype": "float32", "compile": False, "fast_paths": "auto"}
     saved = json.loads((tmp_path / "speed-cpu-tiny.json").read_text())
     assert saved["sizes"]["tiny"]["results"]["tape"]["parameters"] == results["tape"]["parameters"]
     assert (tmp_path / "speed-cpu-tiny.png").read_bytes()[:4] == b"\x89PNG"
@@ -66,6 +66,16 @@ def test_speed_bench_trains_under_bf16_autocast_and_decodes_with_bf16_weights(tm
     # a bf16 cache holds half the bytes of the float32 one (TAPE's cache keeps E in the model's dtype)
     float32 = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path / "f32", CPU, progress=False)["sizes"]["tiny"]["results"]
     assert results["tape"]["cache_bytes_batch1"] * 2 == float32["tape"]["cache_bytes_batch1"]
+
+
+@pytest.mark.parametrize("setting", ["off", "on"])
+def test_the_fast_path_setting_reaches_every_tapelm_row_and_the_record(tmp_path, setting):
+    options = speed.Options(torch.device("cpu"), fast_paths=setting)
+    for row in ("rope", "tape", "tape-mlp-only"):
+        assert speed.Workload(speed.SIZES["tiny"], row, options).model.config.fast_paths == setting, row
+    report = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path, options, progress=False)
+    assert report["options"]["fast_paths"] == report["sizes"]["tiny"]["options"]["fast_paths"] == setting
+    assert f"fast paths {setting}" in speed.format_table(speed.SIZES["tiny"], report["sizes"]["tiny"])
 
 
 def test_counting_the_saved_bytes_frees_what_it_counted():
@@ -147,6 +157,15 @@ def test_speed_bench_refuses_bad_input_before_any_work(tmp_path, capsys, argv, m
     assert not (tmp_path / "out").exists()
 
 
+def test_speed_bench_refuses_an_unknown_fast_path_setting(tmp_path, capsys):
+    from tapelm.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "speed", "--sizes", "tiny", "--out", str(tmp_path / "out"), "--fast-paths", "fast"])
+    assert exit.value.code == 2 and "--fast-paths: invalid choice: 'fast'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
     """What CI runs of the GPU visit: the law tests, bench speed, paper-preset training and cached generation."""
     from tapelm.bench.doctor import TINY_TESTS
@@ -160,6 +179,7 @@ def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
         ("tests", "speed", "training", "generation"), "passed")
     assert parts["tests"]["counts"] == {"passed": len(TINY_TESTS) * len(PE_TYPES)}
     assert set(parts["speed"]["sizes"]["tiny"]["results"]) == {"rope", "tape", "llama"}
+    assert parts["speed"]["fast_paths"] == "on"  # the law tests, which run every fast path, passed
     for pe in ("tape", "rope"):
         assert parts["training"]["runs"][pe]["final_loss"] > 0
         assert parts["generation"]["models"][pe]["cached_equals_uncached"]
@@ -170,14 +190,17 @@ def test_a_failing_doctor_part_is_recorded_and_the_others_still_run(tmp_path, mo
     from tapelm.bench import doctor
     from tapelm.cli import main
 
-    def broken(*args):
+    settings = []
+
+    def broken(device, tiny, out, fast_paths):
+        settings.append(fast_paths)
         raise RuntimeError("Expected all tensors to be on the same device")
 
     monkeypatch.setattr(doctor, "run_speed", broken)
     assert main(["doctor", "--out", str(tmp_path), "--skip", "tests"]) == 1
     parts = json.loads((tmp_path / "doctor-cpu-tiny.json").read_text())["parts"]
     assert parts["speed"]["status"] == "failed" and "same device" in parts["speed"]["error"]
-    assert parts["tests"]["status"] == "skipped"
+    assert parts["tests"]["status"] == "skipped" and settings == ["auto"]  # no passed tests: the verified paths
     assert parts["training"]["status"] == parts["generation"]["status"] == "passed"
     assert "doctor: failed: speed" in capsys.readouterr().err
     assert main(["doctor", "--skip", "everything"]) == 2

@@ -4,7 +4,9 @@ On the device accelerate gives this process (the GPU when there is one), in four
 passes or fails, so one failing part does not hide the others:
 
 1. tests: the law tests on the device (`pytest --device DEVICE -m device`, from the source checkout's tests/);
-2. speed: `tapelm bench speed` for TAPE, RoPE and transformers' Llama at the GPU sizes, under bf16 autocast;
+2. speed: `tapelm bench speed` for TAPE, RoPE and transformers' Llama at the GPU sizes, under bf16 autocast, with
+   every fast path the device offers (`--fast-paths on`) when the law tests (which run them) passed, else with the
+   verified ones only;
 3. training: a short `--preset paper` run of TAPE and of RoPE on MQAR, evaluated over lengths;
 4. generation: each trained model's greedy decoding with a cache equals decoding without one; its tokens/s.
 
@@ -65,13 +67,14 @@ def run_tests(device: torch.device, tiny: bool) -> dict:
             **({"output_tail": (done.stdout + done.stderr)[-4000:]} if done.returncode else {})}
 
 
-def run_speed(device: torch.device, tiny: bool, out: Path) -> dict:
-    """bench speed for TAPE, RoPE and Llama: the tiny size, or the GPU sizes with 3 repetitions."""
+def run_speed(device: torch.device, tiny: bool, out: Path, fast_paths: str = "auto") -> dict:
+    """bench speed for TAPE, RoPE and Llama with the given fast-path setting: the tiny size, or the GPU sizes with 3
+    repetitions."""
     sizes = [speed.SIZES["tiny"]] if tiny else [replace(speed.SIZES[name], repeats=3, decode_tokens=32)
                                                  for name in speed.GPU_SIZES]
-    report = speed.run(sizes, ["rope", "tape", "llama"], out, speed.Options(device, bf16=True), progress=False,
-                       stem="doctor-speed")
-    return {"status": "passed", "sizes": {name: {"ratios_to_rope": entry["ratios_to_rope"],
+    report = speed.run(sizes, ["rope", "tape", "llama"], out, speed.Options(device, bf16=True, fast_paths=fast_paths),
+                       progress=False, stem="doctor-speed")
+    return {"status": "passed", "fast_paths": fast_paths, "sizes": {name: {"ratios_to_rope": entry["ratios_to_rope"],
                                                  "results": {row: {k: v for k, v in result.items() if k != "samples"}
                                                              for row, result in entry["results"].items()}}
                                           for name, entry in report["sizes"].items()}}
@@ -128,6 +131,11 @@ def run_generation(device: torch.device, runs: Path, new_tokens: int) -> dict:
     return {"status": status, "models": results}
 
 
+def _speed_fast_paths(record: dict) -> str:
+    """"on" when the law tests passed on this device (they run every fast path on), else "auto"."""
+    return "on" if record["parts"].get("tests", {}).get("status") == "passed" else "auto"
+
+
 def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = ()) -> dict:
     """Every part on this process's device; the record, also written to `out`/doctor-<device>.json after each
     part. A part that raises is recorded as failed with its traceback; the others still run."""
@@ -140,7 +148,7 @@ def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = ()) -> dict:
     with tempfile.TemporaryDirectory(prefix="tapelm-doctor-") as scratch:
         runs = Path(scratch)
         parts = {"tests": lambda: run_tests(device, tiny),
-                 "speed": lambda: run_speed(device, tiny, runs / "speed"),
+                 "speed": lambda: run_speed(device, tiny, runs / "speed", _speed_fast_paths(record)),
                  "training": lambda: run_training(tiny, runs),
                  "generation": lambda: run_generation(device, runs, 8 if tiny else 64)}
         for part, function in parts.items():

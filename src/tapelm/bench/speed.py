@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
-from ..config import PE_TYPES, TapeConfig
+from ..config import FAST_PATHS, PE_TYPES, TapeConfig
 from ..experiments.provenance import environment, installed_version
 from ..experiments.statistics import interval
 from ..experiments.variants import VARIANTS, resolve_variant
@@ -70,14 +70,14 @@ class SpeedSize:
     vocab: int = 256
     decode_batches: tuple[int, ...] = (1, 8)
 
-    def config(self, row: str) -> TapeConfig:
-        """An encoding or one of TAPE's variants (`tapelm.experiments.variants`). RandPE decodes on the given
-        positions (a cache cannot be continued otherwise); it trains as always."""
+    def config(self, row: str, fast_paths: str = "auto") -> TapeConfig:
+        """An encoding or one of TAPE's variants (`tapelm.experiments.variants`) with the given fast-path setting.
+        RandPE decodes on the given positions (a cache cannot be continued otherwise); it trains as always."""
         pe_type, options = resolve_variant(row)
         return TapeConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
                           num_key_value_heads=self.kv_heads, max_position_embeddings=max(4096, self.seq),
-                          pe_type=pe_type, randpe_eval_positions="given", **options)
+                          pe_type=pe_type, randpe_eval_positions="given", fast_paths=fast_paths, **options)
 
     def llama_config(self) -> LlamaConfig:
         return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
@@ -113,11 +113,13 @@ GPU_SIZES = ("paper-1k", "paper-4k", "gqa-2k")
 
 @dataclass(frozen=True)
 class Options:
-    """How every row is run: the device, bf16 autocast (training) and bf16 weights (decoding), compiled layers."""
+    """How every row is run: the device, bf16 autocast (training) and bf16 weights (decoding), compiled layers, and
+    the fast-path setting of tapelm's rows (`TapeConfig.fast_paths`; the peers have none)."""
 
     device: torch.device
     bf16: bool = False
     compile: bool = False
+    fast_paths: str = "auto"
 
     def autocast(self):
         if not self.bf16:
@@ -129,7 +131,8 @@ class Options:
             torch.cuda.synchronize(self.device)
 
     def record(self) -> dict:
-        return {**device_record(self.device), "dtype": "bf16" if self.bf16 else "float32", "compile": self.compile}
+        return {**device_record(self.device), "dtype": "bf16" if self.bf16 else "float32", "compile": self.compile,
+                "fast_paths": self.fast_paths}
 
 
 def device_record(device: torch.device) -> dict:
@@ -165,15 +168,16 @@ def _cache_bytes(cache) -> int:
                for layer in cache.layers)
 
 
-def build_model(size: SpeedSize, row: str) -> torch.nn.Module:
-    """A tapelm encoding or variant, or a peer (`PEERS`), at `size`, on the default device."""
+def build_model(size: SpeedSize, row: str, fast_paths: str = "auto") -> torch.nn.Module:
+    """A tapelm encoding or variant with the given fast-path setting, or a peer (`PEERS`), at `size`, on the default
+    device."""
     if row == "llama":
         return LlamaForCausalLM(size.llama_config())
     if row in FLA_PEERS:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_config(size.fla_config(row))
-    return TapeForCausalLM(size.config(row))
+    return TapeForCausalLM(size.config(row, fast_paths))
 
 
 class Workload:
@@ -183,7 +187,7 @@ class Workload:
         torch.manual_seed(seed)
         self.size, self.options = size, options
         with torch.device(options.device):
-            self.model = build_model(size, row)
+            self.model = build_model(size, row, options.fast_paths)
         if options.compile:
             if row == "llama" or row in FLA_PEERS:
                 for layer in self.model.model.layers:
@@ -460,7 +464,8 @@ def format_table(size: SpeedSize, report_entry: dict) -> str:
     lines = [f"{size.name}: {size.layers} layers / hidden {size.hidden} / {size.heads} heads ({size.kv_heads} kv) / "
              f"vocab {size.vocab} / seq {size.seq} / batch {size.batch}; decode after {size.decode_context} tokens; "
              f"{report_entry['options']['device']}, {report_entry['options']['dtype']}"
-             f"{', compiled layers' if report_entry['options']['compile'] else ''}; {size.repeats} repetitions",
+             f"{', compiled layers' if report_entry['options']['compile'] else ''}"
+             f"{_fast_paths_label(report_entry['options'])}; {size.repeats} repetitions",
              "",
              "| row | params | train step (ms) | x RoPE | tokens/s | TFLOP/s | train " + memory + " | x RoPE | "
              "prefill (ms) | x RoPE | " + " | ".join(f"{d} | x RoPE" for d in decode) + " | cache b1 (MB) | x RoPE |",
@@ -480,6 +485,11 @@ def format_table(size: SpeedSize, report_entry: dict) -> str:
             f"{_number(result, 'prefill_s', 1e3)} | {_ratio(r.get('prefill_s'))} | {decode_cells} | "
             f"{_number(result, f'cache_bytes_batch{first}', 2**-20)} | {_ratio(r.get(f'cache_bytes_batch{first}'))} |")
     return "\n".join(lines)
+
+
+def _fast_paths_label(options: dict) -> str:
+    setting = options.get("fast_paths", "auto")
+    return "" if setting == "auto" else f", fast paths {setting}"
 
 
 def plot(report: dict, path: Path) -> None:
@@ -573,7 +583,7 @@ def _bench_speed(args: argparse.Namespace) -> None:
             raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
         torch.set_num_threads(args.threads)
     device = check_device(args.device)
-    options = Options(device, bf16=args.dtype == "bf16", compile=args.compile)
+    options = Options(device, bf16=args.dtype == "bf16", compile=args.compile, fast_paths=args.fast_paths)
     if args.quick:
         sizes = ["quick"]
     else:
@@ -604,6 +614,10 @@ def add_arguments(bench) -> None:
                             "(default: %(default)s)")
     speed.add_argument("--compile", action="store_true",
                        help="train with compile_layers() (torch.compile per decoder layer; decoding stays eager)")
+    speed.add_argument("--fast-paths", choices=FAST_PATHS, default="auto",
+                       help="tapelm's fast paths for every tapelm row, RoPE's and TAPE's alike: auto (those verified "
+                            "on the device), on (every one the device offers: how a GPU visit measures the ones not "
+                            "yet verified), off (the reference paths) (default: %(default)s)")
     speed.add_argument("--repeats", type=int, help="repetitions (default: the size's; one gives no interval)")
     speed.add_argument("--out", default="bench-results", help="folder for the JSON and PNG (default: %(default)s)")
     speed.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
