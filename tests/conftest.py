@@ -9,6 +9,11 @@ instead of passing on the CPU and crashing on the GPU.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -99,6 +104,14 @@ def new_model(config: TapeConfig, seed: int = 0, device: torch.device | None = N
 def tiny_model(pe_type: str = "tape", dtype=torch.float32, seed: int = 0, **overrides) -> TapeForCausalLM:
     """A tiny model with random non-zero weights on the test device."""
     return randomize(new_model(tiny_config(pe_type, **overrides), seed), seed=seed).to(dtype).eval()
+
+
+def run_under_triton_interpreter(script: str) -> None:
+    """Run `script` in a fresh Python at the repository root under Triton's CPU interpreter (TRITON_INTERPRET=1,
+    which must be set before Triton is imported); fail with the end of its stderr."""
+    result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:

@@ -7,15 +7,10 @@ in a subprocess with TRITON_INTERPRET=1 (the rotary kernel's autotuner cannot ti
 one). Its RMSNorm and SwiGLU kernels do not run there: on the CPU those two parts are routed to plain functions,
 which checks their wiring. Under `pytest --device cuda` every part runs fla's kernels, in bf16."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from conftest import DEVICE
+from conftest import DEVICE, run_under_triton_interpreter
 
 pytestmark = pytest.mark.device
 
@@ -112,10 +107,7 @@ def test_fused_parts_compute_the_reference_function():
               "kernels = fused._kernels(); "
               "t.compare(torch.device('cpu'), torch.float32, 1e-4, "
               "(t.plain_rms_norm, t.plain_swiglu, kernels.linear_cross_entropy, kernels.rotary))")
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_under_triton_interpreter(script)
 
 
 def test_the_fused_parts_are_off_by_default_and_the_reference_elsewhere():

@@ -4,15 +4,10 @@ them), on any strides the state arrives with (expanded over heads as the first l
 layout), with head counts and widths that are not powers of two; and a TAPE model routed through them gives the
 reference's loss and every gradient. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from conftest import DEVICE, tiny_model, tokens
+from conftest import DEVICE, run_under_triton_interpreter, tiny_model, tokens
 from tapelm import fast_paths
 
 pytestmark = pytest.mark.device
@@ -92,10 +87,7 @@ def test_the_kernels_compute_the_reference_function():
     script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_state_mixing as t; "
               "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); "
               "t.check_model(cpu, torch.float64, 1e-12)")
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_under_triton_interpreter(script)
 
 
 def test_the_kernels_are_off_by_default_and_on_cuda_only():

@@ -12,20 +12,29 @@ import triton.language as tl
 
 
 @triton.jit
+def _token(length, width, HEADS: tl.constexpr, HEADS_P2: tl.constexpr, BLOCK_W: tl.constexpr):
+    """This program's token (b, n), the tile's head and column indices and its mask."""
+    token = tl.program_id(0).to(tl.int64)
+    heads, cols = tl.arange(0, HEADS_P2), tl.arange(0, BLOCK_W)
+    return token // length, token % length, heads, cols, (heads[:, None] < HEADS) & (cols[None, :] < width)
+
+
+@triton.jit
+def _load(pointer, offsets, mask, WIDE: tl.constexpr):
+    """Values at `pointer + offsets` (zero where masked) in the accumulation type: float64 or float32."""
+    return tl.load(pointer + offsets, mask=mask, other=0.0).to(tl.float64 if WIDE else tl.float32)
+
+
+@triton.jit
 def _mix_forward(state, mix, out, length, width,
                  s_b, s_h, s_n, s_w, m_b, m_n, m_g, m_h, o_b, o_h, o_n,
                  HEADS: tl.constexpr, HEADS_P2: tl.constexpr, BLOCK_W: tl.constexpr, WIDE: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
-    b, n = token // length, token % length
-    heads, cols = tl.arange(0, HEADS_P2), tl.arange(0, BLOCK_W)
-    tile = (heads[:, None] < HEADS) & (cols[None, :] < width)
-    acc_type = tl.float64 if WIDE else tl.float32
-    state_row = state + b * s_b + n * s_n
-    mix_row = mix + b * m_b + n * m_n
-    acc = tl.load(state_row + heads[:, None] * s_h + cols[None, :] * s_w, mask=tile, other=0.0).to(acc_type)
+    b, n, heads, cols, tile = _token(length, width, HEADS, HEADS_P2, BLOCK_W)
+    state_row, mix_row = state + b * s_b + n * s_n, mix + b * m_b + n * m_n
+    acc = _load(state_row, heads[:, None] * s_h + cols[None, :] * s_w, tile, WIDE)
     for h in tl.static_range(HEADS):
-        column = tl.load(mix_row + heads * m_g + h * m_h, mask=heads < HEADS, other=0.0).to(acc_type)
-        source = tl.load(state_row + h * s_h + cols * s_w, mask=cols < width, other=0.0).to(acc_type)
+        column = _load(mix_row, heads * m_g + h * m_h, heads < HEADS, WIDE)
+        source = _load(state_row, h * s_h + cols * s_w, cols < width, WIDE)
         acc += column[:, None] * source[None, :]
     tl.store(out + b * o_b + n * o_n + heads[:, None] * o_h + cols[None, :], acc.to(out.dtype.element_ty),
              mask=tile)
@@ -35,19 +44,13 @@ def _mix_forward(state, mix, out, length, width,
 def _mix_backward(grad, state, mix, grad_state, grad_mix, length, width,
                   d_b, d_h, d_n, d_w, s_b, s_h, s_n, s_w, m_b, m_n, m_g, m_h, gs_b, gs_h, gs_n, gm_b, gm_n, gm_g,
                   HEADS: tl.constexpr, HEADS_P2: tl.constexpr, BLOCK_W: tl.constexpr, WIDE: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
-    b, n = token // length, token % length
-    heads, cols = tl.arange(0, HEADS_P2), tl.arange(0, BLOCK_W)
-    tile = (heads[:, None] < HEADS) & (cols[None, :] < width)
-    acc_type = tl.float64 if WIDE else tl.float32
-    grad_row = grad + b * d_b + n * d_n
-    mix_row = mix + b * m_b + n * m_n
-    acc = tl.load(grad_row + heads[:, None] * d_h + cols[None, :] * d_w, mask=tile, other=0.0).to(acc_type)
-    source = tl.load(state + b * s_b + n * s_n + heads[:, None] * s_h + cols[None, :] * s_w, mask=tile,
-                     other=0.0).to(acc_type)
+    b, n, heads, cols, tile = _token(length, width, HEADS, HEADS_P2, BLOCK_W)
+    grad_row, mix_row = grad + b * d_b + n * d_n, mix + b * m_b + n * m_n
+    acc = _load(grad_row, heads[:, None] * d_h + cols[None, :] * d_w, tile, WIDE)
+    source = _load(state + b * s_b + n * s_n, heads[:, None] * s_h + cols[None, :] * s_w, tile, WIDE)
     for g in tl.static_range(HEADS):
-        grad_g = tl.load(grad_row + g * d_h + cols * d_w, mask=cols < width, other=0.0).to(acc_type)
-        row = tl.load(mix_row + g * m_g + heads * m_h, mask=heads < HEADS, other=0.0).to(acc_type)
+        grad_g = _load(grad_row, g * d_h + cols * d_w, cols < width, WIDE)
+        row = _load(mix_row, g * m_g + heads * m_h, heads < HEADS, WIDE)
         acc += row[:, None] * grad_g[None, :]  # d state_h += mix[g, h] d out_g
         tl.store(grad_mix + b * gm_b + n * gm_n + g * gm_g + heads, tl.sum(source * grad_g[None, :], axis=1),
                  mask=heads < HEADS)  # d mix[g, h] = <d out_g, state_h>
