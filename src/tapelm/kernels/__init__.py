@@ -9,9 +9,13 @@ import torch
 
 def fla_runs_on(device: torch.device) -> bool:
     """Whether fla's Triton kernels can run on `device`: CUDA, with fla installed (`pip install tapelm[gpu]`)."""
-    return device.type == "cuda" and importlib.util.find_spec("fla") is not None
+    return _cuda_with(device, "fla")
 
 
 def triton_runs_on(device: torch.device) -> bool:
     """Whether tapelm's own Triton kernels can run on `device`: CUDA, with Triton installed."""
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    return _cuda_with(device, "triton")
+
+
+def _cuda_with(device: torch.device, package: str) -> bool:
+    return device.type == "cuda" and importlib.util.find_spec(package) is not None

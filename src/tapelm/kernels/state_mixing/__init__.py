@@ -14,7 +14,7 @@ from .naive import mix_state_reference, state_delta
 def mix_state(state: torch.Tensor, mix: torch.Tensor, fast_paths: str = "auto") -> torch.Tensor:
     """`mix_state_reference`, through the kernels where the fast path is on and Triton runs on the state's device
     (not while compiling: the compiler fuses the reference itself)."""
-    if (triton_runs_on(state.device) and enabled("fused-state-mixing", state.device, fast_paths)
+    if (enabled("fused-state-mixing", state.device, fast_paths) and triton_runs_on(state.device)
             and not torch.compiler.is_compiling()):
         from .fused import mix_state_fused
 
