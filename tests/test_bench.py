@@ -53,7 +53,8 @@ def test_speed_bench_measures_every_encoding_and_the_llama_peer(tmp_path):
     assert results["tape"]["cache_bytes_batch2"] == 2 * results["tape"]["cache_bytes_batch1"]
     assert results["llama"]["cache_bytes_batch1"] == results["rope"]["cache_bytes_batch1"]
     assert entry["ratios_to_rope"]["rope"]["train_step_s"]["mean"] == 1.0
-    assert report["options"] == {"device": "cpu", "dtype": "float32", "compile": False, "fast_paths": "auto"}
+    assert report["options"] == {"device": "cpu", "dtype": "float32", "compile": False, "compile_backend": "inductor",
+                                 "fast_paths": "auto"}
     saved = json.loads((tmp_path / "speed-cpu-tiny.json").read_text())
     assert saved["sizes"]["tiny"]["results"]["tape"]["parameters"] == results["tape"]["parameters"]
     assert (tmp_path / "speed-cpu-tiny.png").read_bytes()[:4] == b"\x89PNG"
@@ -66,6 +67,31 @@ def test_speed_bench_trains_under_bf16_autocast_and_decodes_with_bf16_weights(tm
     # a bf16 cache holds half the bytes of the float32 one (TAPE's cache keeps E in the model's dtype)
     float32 = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path / "f32", CPU, progress=False)["sizes"]["tiny"]["results"]
     assert results["tape"]["cache_bytes_batch1"] * 2 == float32["tape"]["cache_bytes_batch1"]
+
+
+def test_compiled_rows_decode_with_a_static_cache_through_one_compiled_graph_per_batch(tmp_path):
+    """--compile: training through compiled layers, and a decode step that really runs compiled (not under the eager
+    stance that keeps compiled layers from recompiling) as one graph per decode batch on a static cache, for tapelm's
+    rows and transformers' Llama; PaTH, whose cache has no fixed shapes, decodes eagerly. Dynamo's own backend here
+    (the same graph capture as inductor's, no C++ build)."""
+    from torch._dynamo.utils import counters
+
+    options = speed.Options(torch.device("cpu"), compile=True, compile_backend="eager")
+    size = speed.SIZES["tiny"]
+    for row, compiled in (("tape", True), ("llama", True), ("path", False)):
+        workload = speed.Workload(size, row, options)
+        workload.train_step()
+        workload.for_decoding()
+        assert workload.compiles_decoding == compiled, row
+        torch._dynamo.reset()
+        counters.clear()
+        with torch.compiler.set_stance("force_eager"):  # as bench speed decodes: compiled layers stay eager
+            assert all(workload.decode(batch)[0] > 0 for batch in size.decode_batches), row
+        assert counters["stats"]["unique_graphs"] == (len(size.decode_batches) if compiled else 0), row
+        assert not counters["graph_break"], row
+    report = speed.run([size], ["tape"], tmp_path, options, progress=False)
+    assert report["options"]["compile"] and report["options"]["compile_backend"] == "eager"
+    assert report["sizes"]["tiny"]["results"]["tape"]["decode_tokens_per_s_batch2"] > 0
 
 
 @pytest.mark.parametrize("setting", ["off", "on"])

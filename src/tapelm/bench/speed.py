@@ -98,7 +98,7 @@ class SpeedSize:
 
 
 SIZES = {
-    "tiny": SpeedSize("tiny", 2, 32, 4, 2, 64, 16, 2, 24, 3, 2, decode_batches=(1, 2)),
+    "tiny": SpeedSize("tiny", 2, 32, 4, 2, 64, 16, 2, 24, 5, 2, decode_batches=(1, 2)),
     "quick": SpeedSize("quick", 6, 256, 8, 4, 688, 256, 8, 1024, 16, 3),
     "small": SpeedSize("small", 6, 256, 8, 4, 688, 512, 8, 2048, 32, 3),
     "large": SpeedSize("large", 12, 768, 12, 12, 2048, 1024, 1, 2048, 32, 3),
@@ -119,6 +119,7 @@ class Options:
     device: torch.device
     bf16: bool = False
     compile: bool = False
+    compile_backend: str = "inductor"  # the tests use dynamo's own "eager": the same graph capture, no C++ build
     fast_paths: str = "auto"
 
     def autocast(self):
@@ -132,7 +133,7 @@ class Options:
 
     def record(self) -> dict:
         return {**device_record(self.device), "dtype": "bf16" if self.bf16 else "float32", "compile": self.compile,
-                "fast_paths": self.fast_paths}
+                "compile_backend": self.compile_backend, "fast_paths": self.fast_paths}
 
 
 def device_record(device: torch.device) -> dict:
@@ -185,15 +186,15 @@ class Workload:
 
     def __init__(self, size: SpeedSize, row: str, options: Options, seed: int = 0):
         torch.manual_seed(seed)
-        self.size, self.options = size, options
+        self.size, self.row, self.options = size, row, options
         with torch.device(options.device):
             self.model = build_model(size, row, options.fast_paths)
         if options.compile:
             if row == "llama" or row in FLA_PEERS:
                 for layer in self.model.model.layers:
-                    layer.compile(dynamic=True)
+                    layer.compile(dynamic=True, backend=options.compile_backend)
             else:
-                self.model.compile_layers()
+                self.model.compile_layers(backend=options.compile_backend)
         fused = {"fused": True} if options.device.type == "cuda" else {}
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, **fused)
         generator = torch.Generator().manual_seed(seed)
@@ -238,10 +239,20 @@ class Workload:
         self.model.eval()
         if self.options.bf16:
             self.model.to(torch.bfloat16)
-        self.step = self.model
-        if self.compiles_decoding:
+        if self.compiles_decoding:  # the whole decode step as one graph: on a model whose layers are not compiled
+            self.model = self._uncompiled_copy()
             mode = "reduce-overhead" if self.options.device.type == "cuda" else None  # CUDA graphs on a GPU
-            self.step = torch.compile(self.model, dynamic=False, mode=mode)
+            self.step = torch.compile(self.model, dynamic=False, fullgraph=True, mode=mode,
+                                      backend=self.options.compile_backend)
+        else:
+            self.step = self.model
+
+    def _uncompiled_copy(self) -> torch.nn.Module:
+        """The model with the same weights and dtype, its layers not compiled, in eval mode."""
+        with torch.device(self.options.device):
+            copy = build_model(self.size, self.row, self.options.fast_paths)
+        copy.to(next(self.model.parameters()).dtype).load_state_dict(self.model.state_dict())
+        return copy.eval()
 
     @property
     def compiles_decoding(self) -> bool:
@@ -267,7 +278,8 @@ class Workload:
         """Tokens per second of greedy cached decoding (all rows) after the prompt, and the bytes of the cache after
         it (a static cache's whole buffers, which its attention reads). The prompt is prefilled in chunks of 512
         tokens (as serving does), so that encodings that build a logit-sized tensor per layer (CoPE's gates) fit at
-        batch 8; the first new token is not timed (it compiles the decode step, when it is compiled)."""
+        batch 8; the first new token is not timed, nor the first three of a compiled decode step (compiling, CUDA
+        graphs' warm-up and recording); a compiled step runs as one graph (`fullgraph`): a graph break is an error."""
         prompt = self.prompt[:batch]
         if self.compiles_decoding:
             cache = StaticCache(config=self.model.config, max_cache_len=prompt.shape[1] + self.size.decode_tokens + 1)
@@ -277,13 +289,17 @@ class Workload:
             logits = self._forward(prompt[:, start:start + 512], cache).logits
         token = logits[:, -1:].argmax(-1)
         cache_bytes = _cache_bytes(cache)
-        token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)  # compiles, when it does
-        self.options.synchronize()
-        start = time.perf_counter()
-        for _ in range(self.size.decode_tokens - 1):
-            token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)
-        self.options.synchronize()
-        return batch * (self.size.decode_tokens - 1) / (time.perf_counter() - start), cache_bytes
+        stance = "default" if self.compiles_decoding else "force_eager"  # eager: compiled layers' shapes change
+        untimed = 3 if self.compiles_decoding else 1  # compiling, then CUDA graphs' warm-up and recording
+        with torch.compiler.set_stance(stance):
+            for _ in range(untimed):
+                token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)
+            self.options.synchronize()
+            start = time.perf_counter()
+            for _ in range(self.size.decode_tokens - untimed):
+                token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)
+            self.options.synchronize()
+        return batch * (self.size.decode_tokens - untimed) / (time.perf_counter() - start), cache_bytes
 
 
 def _decode_key(batch: int) -> str:
@@ -613,7 +629,9 @@ def add_arguments(bench) -> None:
                        help="float32, or bf16: training under bf16 autocast, decoding with bf16 weights "
                             "(default: %(default)s)")
     speed.add_argument("--compile", action="store_true",
-                       help="train with compile_layers() (torch.compile per decoder layer; decoding stays eager)")
+                       help="train with compile_layers() (torch.compile per decoder layer), and decode with a static "
+                            "cache and the decode step compiled as one graph (CUDA graphs on a GPU; PaTH decodes "
+                            "eagerly)")
     speed.add_argument("--fast-paths", choices=FAST_PATHS, default="auto",
                        help="tapelm's fast paths for every tapelm row, RoPE's and TAPE's alike: auto (those verified "
                             "on the device), on (every one the device offers: how a GPU visit measures the ones not "
