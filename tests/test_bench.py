@@ -53,6 +53,10 @@ def test_speed_bench_measures_every_encoding_and_the_llama_peer(tmp_path):
     assert results["tape"]["cache_bytes_batch2"] == 2 * results["tape"]["cache_bytes_batch1"]
     assert results["llama"]["cache_bytes_batch1"] == results["rope"]["cache_bytes_batch1"]
     assert entry["ratios_to_rope"]["rope"]["train_step_s"]["mean"] == 1.0
+    for batch in size.decode_batches:  # TAPE reads more per decode step (E in its cache); Llama reads what RoPE reads
+        assert entry["ratios_to_rope"]["tape"][f"decode_bytes_bound_batch{batch}"]["mean"] < 1
+        assert entry["ratios_to_rope"]["llama"][f"decode_bytes_bound_batch{batch}"]["mean"] == 1
+    assert "(bytes bound 0." in speed.format_table(size, entry)
     assert report["options"] == {"device": "cpu", "dtype": "float32", "compile": False, "compile_backend": "inductor",
                                  "fast_paths": "auto"}
     saved = json.loads((tmp_path / "speed-cpu-tiny.json").read_text())

@@ -207,6 +207,13 @@ class Workload:
                       for p in module.parameters()}
         return sum(p.numel() for p in self.model.parameters() if id(p) not in embeddings)
 
+    def decode_weight_bytes(self) -> int:
+        """Bytes of the weights a decode step reads: every parameter in the decoding dtype but the input embeddings,
+        of which it reads one row per token (the output projection's it reads whole, tied or not)."""
+        output = self.model.get_output_embeddings().weight
+        read = self.non_embedding_parameters() + output.numel()
+        return read * (2 if self.options.bf16 else output.element_size())
+
     def train_step(self) -> float:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -318,6 +325,7 @@ def _alone(size: SpeedSize, row: str, options: Options) -> dict:
         workload.train_step()
         return {"train_memory_bytes": workload.training_memory(),
                 "parameters": sum(p.numel() for p in workload.model.parameters()),
+                "decode_weight_bytes": workload.decode_weight_bytes(),
                 "flops_per_token": size.flops_per_token(workload.non_embedding_parameters())}
     finally:
         del workload
@@ -443,7 +451,9 @@ def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool =
 
 def ratios_to_rope(size: SpeedSize, results: dict[str, dict]) -> dict[str, dict[str, dict]]:
     """Each row's ratio to RoPE: timings against RoPE's taken in alternation with them, per repetition (mean and
-    95% interval over repetitions); memory and cache bytes once (they do not vary)."""
+    95% interval over repetitions); memory and cache bytes once (they do not vary). `decode_bytes_bound_batchB` is
+    the tokens/s ratio a decoder bound by bytes would reach: RoPE's bytes read per decode step (weights and cache) over
+    the row's."""
     rope = results["rope"]
     ratios: dict[str, dict[str, dict]] = {}
     for row, result in results.items():
@@ -458,7 +468,16 @@ def ratios_to_rope(size: SpeedSize, results: dict[str, dict]) -> dict[str, dict[
         for key in ("train_memory_bytes", *(f"cache_bytes_batch{b}" for b in size.decode_batches)):
             if key in result:
                 ratios[row][key] = {"mean": result[key] / rope[key], "n": 1}
+        for batch in size.decode_batches:
+            if f"cache_bytes_batch{batch}" in result and "decode_weight_bytes" in result:
+                bound = _bytes_per_step(rope, batch) / _bytes_per_step(result, batch)
+                ratios[row][f"decode_bytes_bound_batch{batch}"] = {"mean": bound, "n": 1}
     return ratios
+
+
+def _bytes_per_step(result: dict, batch: int) -> int:
+    """Bytes a decode step at `batch` reads: the weights and the whole cache."""
+    return result["decode_weight_bytes"] + result[f"cache_bytes_batch{batch}"]
 
 
 def _ratio(entry: dict | None) -> str:
@@ -493,7 +512,7 @@ def format_table(size: SpeedSize, report_entry: dict) -> str:
         r = ratios.get(row, {})
         first = size.decode_batches[0]
         decode_cells = " | ".join(f"{_number(result, _decode_key(b))} | {_ratio(r.get(_decode_key(b)))}"
-                                  for b in size.decode_batches)
+                                  f"{_bound(r.get(f'decode_bytes_bound_batch{b}'))}" for b in size.decode_batches)
         lines.append(
             f"| {row} | {result['parameters'] / 1e6:.2f}M | {result['train_step_s'] * 1e3:,.1f} | "
             f"{_ratio(r.get('train_step_s'))} | {result['tokens_per_s']:,.0f} | {result['tflops']:.2f} | "
@@ -501,6 +520,11 @@ def format_table(size: SpeedSize, report_entry: dict) -> str:
             f"{_number(result, 'prefill_s', 1e3)} | {_ratio(r.get('prefill_s'))} | {decode_cells} | "
             f"{_number(result, f'cache_bytes_batch{first}', 2**-20)} | {_ratio(r.get(f'cache_bytes_batch{first}'))} |")
     return "\n".join(lines)
+
+
+def _bound(entry: dict | None) -> str:
+    """ (bytes bound B): the tokens/s ratio a decoder bound by the bytes it reads would reach; nothing where it is 1."""
+    return "" if entry is None or round(entry["mean"], 2) == 1 else f" (bytes bound {entry['mean']:.2f})"
 
 
 def _fast_paths_label(options: dict) -> str:
