@@ -1,21 +1,48 @@
 #!/usr/bin/env bash
-# A GPU visit in one command: what the issue "TAPE at nearly RoPE's cost" and the CUDA fast paths wait for. Not yet
-# run on a GPU (no session has been lent one since it was written).
+# A GPU visit in stages that fit the device tool's limits (15 minutes of device time a session, 10 a command, 8 files
+# back): what the issue "TAPE at nearly RoPE's cost" and the CUDA fast paths wait for.
 #
 # Here, once, in the repository root (the GPU machine reaches no package registry):
 #   echo /.whl/ >> .git/info/exclude && bash docs/gpu/visit.sh prepare
 # fetches into .whl/ the wheels tapelm needs beyond the GPU image's packages (its torch, Triton, accelerate, peft,
-# huggingface_hub and tokenizers stay). There, as the device tool's one command, carrying .whl, within its limit:
-#   bash docs/gpu/visit.sh run "$OUT"
-# writes under OUT: tapelm doctor's JSON (the law tests on the GPU, which run every fast path on; bench speed for
-# RoPE, TAPE and Llama at the GPU sizes, with every fast path on when those tests passed; a paper-preset training;
-# cached generation), bench speed of TAPE with compile_layers() and the compiled decode step at 1,024 x 16, and the
-# logs. Commit what comes back under docs/gpu/ with the device named, and move each fast path whose tests passed
-# into `tapelm.fast_paths.VERIFIED`.
+# huggingface_hub and tokenizers stay). There, as the device tool's command, carrying .whl:
+#   bash docs/gpu/visit.sh run "$OUT" SECONDS STAGE...
+# runs the stages in order, each only while it fits in SECONDS (each stage's own limit is below), and after each one
+# packs everything it wrote into OUT/visit.tgz (the logs and JSON; unpack it under docs/gpu/<device>/). Stages:
+#   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), on 8
+#                pytest workers; its JSON decides the fast-path setting of the stages after it (on when passed)
+#   eager-1k     bench speed, 12 x 768 at 1,024 x 16, bf16 autocast: RoPE, TAPE and transformers' Llama
+#   reference-1k the same, RoPE and TAPE, every fast path off (the plain PyTorch paths: what the fast paths give)
+#   compiled-1k  the same with --compile (compiled layers; a static cache and a compiled decode step), RoPE and TAPE
+#   eager-4k     bench speed at 4,096 x 4, RoPE and TAPE
+#   gqa-2k       bench speed of the 24 x 1,024 GQA model at 2,048 x 8, RoPE and TAPE
+# Commit what comes back under docs/gpu/ with the device named, and move each fast path whose tests passed into
+# `tapelm.fast_paths.VERIFIED`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 wheels=(transformers==5.24.0 flash-linear-attention==0.6.0 fla-core==0.6.0 parameterized==0.9.0 dill==0.4.1
         "regex>=2025.10.22")
+declare -A limit=([tests]=170 [eager-1k]=120 [reference-1k]=70 [compiled-1k]=200 [eager-4k]=70 [gqa-2k]=90)
+
+bench() {  # bench speed at SIZE with fast paths FAST into folder NAME; more arguments are passed on
+  local name=$1 size=$2 fast=$3
+  shift 3
+  python3 -m tapelm.cli bench speed --device cuda --dtype bf16 --sizes "$size" --fast-paths "$fast" --no-progress \
+    --out "$work/$name" "$@"
+}
+
+stage() {  # run stage NAME; FAST is the fast-path setting the tests earned
+  case $1 in
+    tests) PYTEST_ADDOPTS="-n 8" python3 -m tapelm.cli doctor --out "$work/tests" --skip speed training generation ;;
+    eager-1k) bench eager-1k paper-1k "$fast" --pe tape llama --repeats 3 ;;
+    reference-1k) bench reference-1k paper-1k off --pe tape --repeats 2 ;;
+    compiled-1k) bench compiled-1k paper-1k "$fast" --pe tape --repeats 2 --compile ;;
+    eager-4k) bench eager-4k paper-4k "$fast" --pe tape --repeats 2 ;;
+    gqa-2k) bench gqa-2k gqa-2k "$fast" --pe tape --repeats 2 ;;
+    *) echo "unknown stage $1" >&2; return 2 ;;
+  esac
+}
+
 case "${1:-}" in
   prepare)
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -23,20 +50,38 @@ case "${1:-}" in
       -d .whl "${wheels[@]}"
     ;;
   run)
-    out=${2:?usage: visit.sh run OUT_DIR}
+    out=${2:?usage: visit.sh run OUT_DIR SECONDS STAGE...} budget=${3:?seconds}
+    shift 3
+    deadline=$((SECONDS + budget)) work=$(mktemp -d) fast=auto status=0
     mkdir -p "$out"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
-    status=0
-    timeout 400 python3 -m tapelm.cli doctor --out "$out" 2>&1 | tee "$out/doctor.log" || status=1
-    timeout 150 python3 -m tapelm.cli bench speed --device cuda --dtype bf16 --compile --fast-paths on \
-      --sizes paper-1k --pe tape --repeats 3 --no-progress --out "$out" 2>&1 | tee "$out/compiled.log" || status=1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$work/device.txt"
+    python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)" \
+      | tee -a "$work/device.txt"
+    for name in "$@"; do
+      if ((SECONDS + ${limit[$name]:-0} > deadline)); then
+        echo "== $name: skipped, $((deadline - SECONDS)) s left of the visit, the stage may take ${limit[$name]:-?} s"
+        continue
+      fi
+      echo "== $name (fast paths $fast; at most ${limit[$name]} s)"
+      started=$SECONDS
+      timeout "${limit[$name]}" bash -c "$(declare -f bench stage); work=$work fast=$fast stage $name" \
+        > "$work/$name.log" 2>&1
+      code=$?
+      echo "== $name: exit $code after $((SECONDS - started)) s"
+      tail -n 25 "$work/$name.log"
+      ((code == 0)) || status=1
+      if [[ $name == tests ]] && grep -q '"status": "passed"' "$work"/tests/doctor-*.json 2>/dev/null; then
+        fast=on
+      fi
+      tar czf "$out/visit.tgz" -C "$work" .
+    done
     exit $status
     ;;
   *)
-    echo "usage: visit.sh prepare | run OUT_DIR" >&2
+    echo "usage: visit.sh prepare | run OUT_DIR SECONDS STAGE..." >&2
     exit 2
     ;;
 esac
