@@ -284,7 +284,7 @@ def _tape_layer(layer, fixed_shapes: bool):
 
 def has_fixed_shapes(cache: Cache | None) -> bool:
     """Whether `cache` hands attention whole fixed-size buffers (a static cache of `FixedShapeCacheLayer`s)."""
-    return cache is not None and bool(cache.layers) and isinstance(cache.layers[0], FixedShapeCacheLayer)
+    return cache is not None and len(cache.layers) > 0 and isinstance(cache.layers[0], FixedShapeCacheLayer)
 
 
 def capacity(cache: Cache) -> int:
