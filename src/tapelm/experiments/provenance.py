@@ -22,22 +22,30 @@ def installed_version(package: str) -> str | None:
         return None
 
 
+def _git(*args: str) -> str | None:
+    """git's output in tapelm's source folder, or None where that is no git checkout."""
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def environment() -> dict:
-    """Commit, versions and machine, recorded with every result."""
+    """Commit (and whether tapelm's source has uncommitted changes, which the commit then does not identify),
+    versions and machine, recorded with every result."""
     import transformers
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    commit = _git("rev-parse", "HEAD")
+    changes = _git("status", "--porcelain", "--untracked-files=no", "--", str(Path(__file__).parents[1]))
     cpu = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                  if line.startswith("model name")]
         cpu = names[0] if names else cpu
-    return {"commit": commit, "tapelm": installed_version("tapelm") or "source tree (not installed)", "torch": torch.__version__,
+    return {"commit": commit or "unknown", "source_differs_from_commit": None if changes is None else bool(changes),
+            "tapelm": installed_version("tapelm") or "source tree (not installed)", "torch": torch.__version__,
             "transformers": transformers.__version__, "python": sys.version.split()[0],
             "machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
             "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
