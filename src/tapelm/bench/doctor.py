@@ -48,23 +48,25 @@ def source_tests() -> Path | None:
     return tests if (tests / "conftest.py").is_file() else None
 
 
-def run_tests(device: torch.device, tiny: bool) -> dict:
-    """The law tests on `device` in a subprocess; pytest's counts and exit status."""
+def run_tests(device: torch.device, tiny: bool, log: Path) -> dict:
+    """The law tests on `device` in a subprocess, its output written to `log` as it runs (so a visit cut short still
+    shows how far they got, and the slowest tests); pytest's counts and exit status."""
     tests = source_tests()
     if tests is None:
         return {"status": "skipped", "reason": "the law tests live in the source checkout's tests/, which this "
                                                "installed tapelm does not have"}
     selection = [str(tests / name) for name in TINY_TESTS] if tiny else [str(tests), "-m", "device"]
     command = [sys.executable, "-m", "pytest", *selection, "--device", str(device), "-q", "-p", "no:cacheprovider",
-               "--rootdir", str(tests.parent)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=tests.parent)
-    lines = done.stdout.strip().splitlines()
+               "--durations=20", "--rootdir", str(tests.parent)]
+    with log.open("w") as output:
+        done = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, text=True, cwd=tests.parent)
+    lines = log.read_text().strip().splitlines()
     counts = {kind: int(number) for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)",
                                                                 lines[-1] if lines else "")}
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     return {"status": "passed" if done.returncode == 0 else "failed", "returncode": done.returncode,
-            "counts": counts, "failures": failures[:50], "selection": "tiny" if tiny else "-m device",
-            **({"output_tail": (done.stdout + done.stderr)[-4000:]} if done.returncode else {})}
+            "counts": counts, "failures": failures[:50], "selection": "tiny" if tiny else "-m device", "log": log.name,
+            **({"output_tail": "\n".join(lines)[-4000:]} if done.returncode else {})}
 
 
 def run_speed(device: torch.device, tiny: bool, out: Path, fast_paths: str = "auto") -> dict:
@@ -147,7 +149,7 @@ def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = ()) -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tapelm-doctor-") as scratch:
         runs = Path(scratch)
-        parts = {"tests": lambda: run_tests(device, tiny),
+        parts = {"tests": lambda: run_tests(device, tiny, path.with_name(path.stem + "-tests.log")),
                  "speed": lambda: run_speed(device, tiny, runs / "speed", _speed_fast_paths(record)),
                  "training": lambda: run_training(tiny, runs),
                  "generation": lambda: run_generation(device, runs, 8 if tiny else 64)}
