@@ -40,7 +40,10 @@ bench() {  # bench speed at SIZE with fast paths FAST into folder NAME; more arg
 
 stage() {  # run stage NAME; FAST is the fast-path setting the tests earned
   case $1 in
-    tests) PYTEST_ADDOPTS="-n 8" python3 -m tapelm.cli doctor --out "$work/tests" --skip speed training generation ;;
+    tests)  # 8 workers; with pytest-timeout (on the GPU image) a test that hangs fails after 120 s instead
+      local options="-n 8"
+      python3 -c "import pytest_timeout" 2>/dev/null && options="$options --timeout 120"
+      PYTEST_ADDOPTS=$options python3 -m tapelm.cli doctor --out "$work/tests" --skip speed training generation ;;
     eager-1k) bench eager-1k paper-1k "$fast" --pe tape llama --repeats 3 ;;
     reference-1k) bench reference-1k paper-1k off --pe tape --repeats 2 ;;
     fast-1k) bench fast-1k paper-1k on --pe tape --repeats 3 ;;
