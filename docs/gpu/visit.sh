@@ -8,9 +8,12 @@
 # huggingface_hub and tokenizers stay). There, as the device tool's command, carrying .whl:
 #   bash docs/gpu/visit.sh run "$OUT" SECONDS STAGE...
 # runs the stages in order, each only while it fits in SECONDS (each stage's own limit is below), and after each one
-# packs everything it wrote into OUT/visit.tgz (the logs and JSON; unpack it under docs/gpu/<device>/). Stages:
+# packs everything it wrote into OUT/visit.tgz (the logs and JSON; unpack it under docs/gpu/<device>/). The stages
+# after `tests` run with the fast paths the tests earned (on when they passed), the others with VISIT_FAST_PATHS
+# (auto, on or off; default auto). Stages:
 #   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), on 8
-#                pytest workers; its JSON decides the fast-path setting of the stages after it (on when passed)
+#                pytest workers, each test named in the log as it ends; it takes what is left of SECONDS, up to 480 s,
+#                and runs only if 150 s are left
 #   eager-1k     bench speed, 12 x 768 at 1,024 x 16, bf16 autocast: RoPE, TAPE and transformers' Llama
 #   reference-1k the same, RoPE and TAPE, every fast path off (the plain PyTorch paths: what the fast paths give)
 #   fast-1k      the same, RoPE and TAPE, every fast path on whether or not the tests passed (a measurement of the
@@ -29,7 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 wheels=(transformers==5.24.0 flash-linear-attention==0.6.0 fla-core==0.6.0 parameterized==0.9.0 dill==0.4.1
         "regex>=2025.10.22")
-declare -A limit=([tests]=480 [eager-1k]=120 [reference-1k]=70 [fast-1k]=110 [compiled-1k]=240 [eager-4k]=70 [gqa-2k]=90)
+declare -A limit=([tests]=150 [eager-1k]=120 [reference-1k]=70 [fast-1k]=110 [compiled-1k]=240 [eager-4k]=70 [gqa-2k]=90)
 
 bench() {  # bench speed at SIZE with fast paths FAST into folder NAME; more arguments are passed on
   local name=$1 size=$2 fast=$3
@@ -40,9 +43,9 @@ bench() {  # bench speed at SIZE with fast paths FAST into folder NAME; more arg
 
 stage() {  # run stage NAME; FAST is the fast-path setting the tests earned
   case $1 in
-    tests)  # 8 workers; with pytest-timeout (on the GPU image) a test that hangs fails after 120 s instead
-      local options="-n 8"
-      python3 -c "import pytest_timeout" 2>/dev/null && options="$options --timeout 120"
+    tests)  # 8 workers; with pytest-timeout (on the GPU image) a test that hangs fails after 240 s instead
+      local options="-n 8 -v"
+      python3 -c "import pytest_timeout" 2>/dev/null && options="$options --timeout 240"
       PYTEST_ADDOPTS=$options python3 -m tapelm.cli doctor --out "$work/tests" --skip speed training generation ;;
     eager-1k) bench eager-1k paper-1k "$fast" --pe tape llama --repeats 3 ;;
     reference-1k) bench reference-1k paper-1k off --pe tape --repeats 2 ;;
@@ -63,7 +66,7 @@ case "${1:-}" in
   run)
     out=${2:?usage: visit.sh run OUT_DIR SECONDS STAGE...} budget=${3:?seconds}
     shift 3
-    deadline=$((SECONDS + budget)) work=$(mktemp -d) fast=auto status=0
+    deadline=$((SECONDS + budget)) work=$(mktemp -d) fast=${VISIT_FAST_PATHS:-auto} status=0
     mkdir -p "$out"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl || exit 1
@@ -76,9 +79,11 @@ case "${1:-}" in
         echo "== $name: skipped, $((deadline - SECONDS)) s left of the visit, the stage may take ${limit[$name]:-?} s"
         continue
       fi
-      echo "== $name (fast paths $fast; at most ${limit[$name]} s)"
+      seconds=${limit[$name]}
+      [[ $name == tests ]] && seconds=$((deadline - SECONDS < 480 ? deadline - SECONDS : 480))
+      echo "== $name (fast paths $fast; at most $seconds s)"
       started=$SECONDS
-      timeout "${limit[$name]}" bash -c "$(declare -f bench stage); work=$work fast=$fast stage $name" \
+      timeout "$seconds" bash -c "$(declare -f bench stage); work=$work fast=$fast stage $name" \
         > "$work/$name.log" 2>&1
       code=$?
       echo "== $name: exit $code after $((SECONDS - started)) s"
