@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from device_checks import OwnCodeElsewhere
 from tapelm import PE_TYPES, TapeConfig, TapeForCausalLM
@@ -104,6 +105,16 @@ def new_model(config: TapeConfig, seed: int = 0, device: torch.device | None = N
 def tiny_model(pe_type: str = "tape", dtype=torch.float32, seed: int = 0, **overrides) -> TapeForCausalLM:
     """A tiny model with random non-zero weights on the test device."""
     return randomize(new_model(tiny_config(pe_type, **overrides), seed), seed=seed).to(dtype).eval()
+
+
+def decode_in_chunks(model, ids, chunks):
+    """Logits of `ids` fed through a cache in consecutive chunks of the given sizes."""
+    cache, outputs, start = DynamicCache(config=model.config), [], 0
+    for size in chunks:
+        out = model(ids[:, start:start + size], cache=cache, use_cache=True)
+        cache, start = out.cache, start + size
+        outputs.append(out.logits)
+    return torch.cat(outputs, dim=1)
 
 
 def run_under_triton_interpreter(script: str) -> None:

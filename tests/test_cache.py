@@ -4,20 +4,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import DEVICE, tiny_model, tokens
+from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
 from tapelm import PE_TYPES
 
 pytestmark = pytest.mark.device
-
-
-def decode_in_chunks(model, ids, chunks):
-    """Logits of `ids` fed through a cache in consecutive chunks of the given sizes."""
-    cache, outputs, start = DynamicCache(config=model.config), [], 0
-    for size in chunks:
-        out = model(ids[:, start:start + size], cache=cache, use_cache=True)
-        cache, start = out.cache, start + size
-        outputs.append(out.logits)
-    return torch.cat(outputs, dim=1)
 
 
 def test_cache_parity(pe_type):

@@ -1,10 +1,11 @@
 """Every fast path computes its reference's function: the attention calls alone and whole models, forward and every
-gradient, in float64 on the CPU (within bf16's tolerance on a device, where the kernels only take half precision);
-a checkpoint trained on either path gives the same logits on the other."""
+gradient, in float64 on the CPU (on a device, where the kernels take half precision, as accurately as the reference
+path in that precision: tests/accuracy.py); a checkpoint trained on either path gives the same logits on the other."""
 
 import pytest
 import torch
 
+from accuracy import compare_paths, outputs
 from conftest import DEVICE, tiny_model, tokens
 from tapelm import fast_paths
 from tapelm.attention import AttentionMask, StreamCpuFlash, attend_stream, padded_attention, unpadded_attention
@@ -56,15 +57,15 @@ def test_attention_fast_paths_equal_the_padded_reference(path, kv_heads, mask_ki
               random(batch, kv_heads, length, width, seed=3)]
     weights = (random(batch, 4, length, d, seed=4), random(batch, 4, length, width - d, seed=5))
     mask = masks(batch, length)[mask_kind]
-    results = {}
-    for name, dtype in (("reference", torch.float64), (path, DTYPE)):
-        leaves = [x.to(dtype).requires_grad_() for x in inputs]
-        values, extra = stream_outputs(name, *leaves, mask, d)
+
+    def run(setting, dtype):
+        leaves = [x.to(dtype, copy=True).requires_grad_() for x in inputs]
+        values, extra = stream_outputs(path if setting == "on" else "reference", *leaves, mask, d)
         ((values * weights[0].to(dtype)).sum() + (extra * weights[1].to(dtype)).sum()).backward()
-        results[name] = (values, extra, *(leaf.grad for leaf in leaves))
-    for what, actual, expected in zip(("values", "extra", "q grad", "k grad", "stream grad"), results[path],
-                                      results["reference"]):
-        close(actual.detach(), expected.detach(), what)
+        return {"values": values.detach(), "extra": extra.detach(),
+                **{f"{name} grad": leaf.grad for name, leaf in zip(("q", "k", "stream"), leaves)}}
+
+    compare_paths(run, DTYPE)
 
 
 def saved_bytes(model, ids) -> int:
@@ -116,16 +117,19 @@ def test_a_model_on_its_fast_paths_computes_the_reference_function(variant, batc
     """TAPE with every fast path the device offers (`fast_paths="on"`) against the reference paths ("off"): logits
     and every parameter's gradient."""
     ids = tokens(2, 16)
-    results = {}
-    for setting, dtype in (("off", torch.float64), ("on", DTYPE)):
-        model = tiny_model("tape", dtype=dtype, fast_paths=setting, **TAPE_VARIANTS[variant]).train()
-        logits = model(ids, labels=ids, **batch_inputs(batch, ids)).logits
-        weights = random(*logits.shape, seed=7).to(dtype)
-        (logits * weights).sum().backward()
-        results[setting] = (logits.detach(), {name: p.grad for name, p in model.named_parameters()})
-    close(results["on"][0], results["off"][0], "logits")
-    for name, grad in results["off"][1].items():
-        close(results["on"][1][name], grad, name)
+    compare_paths(lambda setting, dtype: trained_pass(tiny_model("tape", dtype=dtype, fast_paths=setting,
+                                                                 **TAPE_VARIANTS[variant]), ids, batch), DTYPE)
+
+
+def trained_pass(model, ids, batch, seed=7):
+    """Logits, the loss (fused with the output projection where "fused-modules" runs) and every gradient of one
+    training pass whose backward weighs the logits at random and adds the loss."""
+    model.train()
+    inputs = batch_inputs(batch, ids)
+    logits = model(ids, **inputs).logits
+    loss = model(ids, labels=ids, **inputs).loss
+    ((logits * random(*logits.shape, seed=seed).to(logits.dtype)).sum() + loss).backward()
+    return outputs(model, logits=logits, loss=loss)
 
 
 ROTATIONS = {  # x's shape and (a, b)'s: TAPE's grouped queries and keys, RoPE's tables over heads, one token
@@ -193,15 +197,8 @@ def test_the_rotation_function_keeps_the_input_dtypes():
 def test_rotary_encodings_on_their_fast_paths_compute_the_reference_function(encoding):
     """RoPE and xPos with every fast path the device offers against the reference paths, on a padded batch."""
     ids = tokens(2, 16)
-    results = {}
-    for setting, dtype in (("off", torch.float64), ("on", DTYPE)):
-        model = tiny_model(encoding, dtype=dtype, fast_paths=setting).train()
-        logits = model(ids, **batch_inputs("padded", ids)).logits
-        (logits * random(*logits.shape, seed=7).to(dtype)).sum().backward()
-        results[setting] = (logits.detach(), {name: p.grad for name, p in model.named_parameters()})
-    close(results["on"][0], results["off"][0], "logits")
-    for name, grad in results["off"][1].items():
-        close(results["on"][1][name], grad, name)
+    compare_paths(lambda setting, dtype: trained_pass(tiny_model(encoding, dtype=dtype, fast_paths=setting), ids,
+                                                      "padded"), DTYPE)
 
 
 def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
@@ -228,6 +225,16 @@ def test_fast_paths_run_where_verified_unless_switched():
         tiny_model("tape", fast_paths="fast")
 
 
+def test_the_triton_kernels_take_half_and_single_precision_only(monkeypatch):
+    """They compute in float32: a float64 model keeps its precision on the reference paths, on any device."""
+    from tapelm import kernels
+
+    monkeypatch.setattr(kernels, "_cuda_with", lambda device, package: True)  # as on a GPU with fla and Triton
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        x = torch.ones(1, dtype=dtype, device=DEVICE)
+        assert kernels.fla_takes(x) == kernels.triton_takes(x) == (dtype != torch.float64), dtype
+
+
 BIASED = {"t5": {}, "t5 shared": {"pe_type": "t5", "t5_shared": True}, "fire": {},
           "fire shared": {"pe_type": "fire", "fire_shared": True}, "cope": {}, "fox": {}, "path": {}}
 
@@ -245,16 +252,8 @@ def test_attention_over_blocks_of_queries_computes_the_reference_function(encodi
     monkeypatch.setattr(path, "CHUNK", 4)
     options = {"pe_type": encoding, **BIASED[encoding]}
     ids = tokens(2, 16)
-    results = {}
-    for setting, dtype in (("off", torch.float64), ("on", DTYPE)):
-        model = tiny_model(dtype=dtype, fast_paths=setting, **options).train()
-        logits = model(ids, **batch_inputs(batch, ids)).logits
-        weights = random(*logits.shape, seed=8).to(dtype)
-        (logits * weights).sum().backward()
-        results[setting] = (logits.detach(), {name: p.grad for name, p in model.named_parameters()})
-    close(results["on"][0], results["off"][0], "logits")
-    for name, grad in results["off"][1].items():
-        close(results["on"][1][name], grad, name)
+    compare_paths(lambda setting, dtype: trained_pass(tiny_model(dtype=dtype, fast_paths=setting, **options), ids,
+                                                      batch, seed=8), DTYPE)
 
 
 @pytest.mark.parametrize("encoding", ["cope", "path"])

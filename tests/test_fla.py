@@ -3,12 +3,14 @@
 On the CPU the adapter (layouts, log gates, Householder vectors, packed documents and padding as variable-length
 segments, cached decoding) is routed to fla's naive ops, which run there (its kernels do not run under Triton's CPU
 interpreter), one segment at a time where fla's kernels take `cu_seqlens`. fla's naive ops compute in float32, so the
-float64 model is held to float32's tolerance. Under `pytest --device cuda` the same tests run fla's kernels in bf16."""
+float64 model is held to float32's tolerance. Under `pytest --device cuda` the same tests run fla's kernels in bf16,
+held to the reference path's own accuracy in bf16 (tests/accuracy.py)."""
 
 import pytest
 import torch
 
-from conftest import DEVICE, tiny_model, tokens
+from accuracy import compare_paths, outputs
+from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
 from tapelm.attention import AttentionMask
 from tapelm.kernels import fla
 
@@ -19,14 +21,9 @@ naive_forgetting = pytest.importorskip("fla.ops.forgetting_attn.naive")
 
 ON_GPU = DEVICE.type == "cuda"
 DTYPE = torch.bfloat16 if ON_GPU else torch.float64
-TOLERANCE = 3e-2 if ON_GPU else 1e-4
-"""Largest error allowed, as a fraction of the reference tensor's largest entry (float32 or bf16 rounding,
-amplified through two layers)."""
-
-
-def close(actual, expected, what):
-    error = (actual.double() - expected).abs().max().item()
-    assert error <= TOLERANCE * expected.abs().max().item(), f"{what}: {error:.3g} against {expected.abs().max():.3g}"
+NAIVE_TOLERANCE = 1e-4
+"""Largest error allowed on the CPU, as a fraction of the reference tensor's largest entry (fla's naive ops round
+to float32, amplified through two layers)."""
 
 
 def per_segment(op):
@@ -66,8 +63,8 @@ def recorded(ops, calls):
 def routed(monkeypatch):
     """The calls that reached fla: its kernels on CUDA, its naive ops elsewhere."""
     calls = []
-    ops = recorded(fla.operations(DEVICE) if ON_GPU else NAIVE, calls)
-    monkeypatch.setattr(fla, "operations", lambda device: ops)
+    ops = recorded(fla.operations(torch.empty(0, device=DEVICE, dtype=DTYPE)) if ON_GPU else NAIVE, calls)
+    monkeypatch.setattr(fla, "operations", lambda tensor: ops)
     return calls
 
 
@@ -96,36 +93,33 @@ def test_fla_computes_the_reference_function(pe_type, batch, routed):
     cuts the batch."""
     ids = tokens(2, 20)
     inputs = batch_inputs(batch, ids)
-    results = {}
-    for setting, dtype in (("off", torch.float64), ("on", DTYPE)):
+
+    def run(setting, dtype):
         net = model(pe_type, setting, dtype)
         logits = net(ids, **inputs).logits
         weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64,
                               device="cpu")
         (logits * weights.to(DEVICE, dtype)).sum().backward()
-        results[setting] = (logits.detach(), {name: p.grad for name, p in net.named_parameters()})
+        return outputs(net, logits=logits)
+
+    compare_paths(run, DTYPE, exact=NAIVE_TOLERANCE)
     assert [name for name, _ in routed] == [pe_type] * 2  # one call per layer, none while the reference ran
     assert all((cuts is None) == (batch == "plain") for _, cuts in routed)
-    close(results["on"][0], results["off"][0], "logits")
-    for name, grad in results["off"][1].items():
-        close(results["on"][1][name], grad, name)
 
 
 @pytest.mark.parametrize("pe_type", ["fox", "path"])
 def test_fla_prefill_then_cached_decoding_equals_the_reference(pe_type, routed):
     """The prompt through fla fills tapelm's own cache (FoX's cumulative gates, PaTH's carried keys); the decoding
-    steps read it on the reference path: greedy tokens and the last step's logits equal the reference's."""
-    ids = tokens(2, 12)
-    outputs = {}
-    for setting, dtype in (("off", torch.float64), ("on", DTYPE)):
-        net = model(pe_type, setting, dtype).eval()
+    steps read it on the reference path: the logits of the prompt and of six tokens decoded one at a time (the same
+    tokens on both paths) equal the reference's."""
+    ids = tokens(2, 18)
+
+    def run(setting, dtype):
         with torch.no_grad():
-            outputs[setting] = net.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True,
-                                            return_dict_in_generate=True)
+            return {"logits": decode_in_chunks(model(pe_type, setting, dtype).eval(), ids, [12] + [1] * 6)}
+
+    compare_paths(run, DTYPE, exact=NAIVE_TOLERANCE)
     assert [name for name, _ in routed] == [pe_type] * 2  # the prefill only
-    if not ON_GPU:
-        assert torch.equal(outputs["on"].sequences, outputs["off"].sequences)
-    close(outputs["on"].logits[-1], outputs["off"].logits[-1], "last step's logits")
 
 
 def test_fla_is_off_by_default_and_falls_back_where_it_cannot_take_the_call(routed):

@@ -73,7 +73,7 @@ def test_the_padding_free_collator_feeds_the_model(pe_type, flash_kwargs, positi
     docs = documents()
     collator = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs, return_position_ids=position_ids)
     batch = collator([{"input_ids": doc[0].tolist()} for doc in docs], return_tensors="pt")
-    out = model(**batch)
+    out = model(**{name: value.to(DEVICE) if torch.is_tensor(value) else value for name, value in batch.items()})
     torch.testing.assert_close(out.logits, torch.cat([model(doc).logits for doc in docs], dim=1), atol=1e-10, rtol=0)
     summed = sum(model(doc, labels=doc).loss * (doc.shape[1] - 1) for doc in docs)
     targets = sum(doc.shape[1] - 1 for doc in docs)

@@ -7,6 +7,7 @@ reference's loss and every gradient. Under `pytest --device cuda` the kernels ru
 import pytest
 import torch
 
+from accuracy import compare_paths, outputs
 from conftest import DEVICE, run_under_triton_interpreter, tiny_model, tokens
 from tapelm import fast_paths
 
@@ -52,47 +53,46 @@ def check_kernels(device, dtype, tolerance: float) -> None:
                                        msg=f"{layout}: {name}")
 
 
-def check_model(device, dtype, tolerance: float) -> None:
+def check_model(device, dtype) -> None:
     """A tiny TAPE model with the kernels on (routed in on the CPU, where the dispatch would not choose Triton)
-    against the reference paths: the loss and every parameter's gradient; the kernels ran."""
+    against the reference paths: the loss and every parameter's gradient (tests/accuracy.py); the kernels ran."""
     import tapelm.kernels.state_mixing as state_mixing
     from tapelm.kernels.state_mixing import fused
 
     calls = []
-    original_runs_on, original_fused = state_mixing.triton_runs_on, fused.mix_state_fused
-    state_mixing.triton_runs_on = lambda device: True
+    original_takes, original_fused = state_mixing.triton_takes, fused.mix_state_fused
+    state_mixing.triton_takes = lambda state: True
     fused.mix_state_fused = lambda state, mix: calls.append(1) or original_fused(state, mix)
+    ids = tokens(2, 9).to(device)
+
+    def run(setting, setting_dtype):
+        model = tiny_model("tape", dtype=setting_dtype, fast_paths=setting).to(device).train()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        return outputs(model, loss=loss)
+
     try:
-        ids = tokens(2, 9).to(device)
-        results = {}
-        for setting, setting_dtype in (("off", torch.float64), ("on", dtype)):
-            model = tiny_model("tape", dtype=setting_dtype, fast_paths=setting).to(device).train()
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            results[setting] = loss.double(), {name: p.grad.double() for name, p in model.named_parameters()}
+        compare_paths(run, dtype)
     finally:
-        state_mixing.triton_runs_on, fused.mix_state_fused = original_runs_on, original_fused
+        state_mixing.triton_takes, fused.mix_state_fused = original_takes, original_fused
     assert calls, "the model did not run the kernels"
-    for name, expected in [("loss", results["off"][0]), *results["off"][1].items()]:
-        actual = results["on"][0] if name == "loss" else results["on"][1][name]
-        torch.testing.assert_close(actual, expected, atol=tolerance, rtol=tolerance, msg=name)
 
 
 def test_the_kernels_compute_the_reference_function():
     if DEVICE.type == "cuda":
         check_kernels(DEVICE, torch.float32, 1e-5)
         check_kernels(DEVICE, torch.bfloat16, 3e-2)
-        check_model(DEVICE, torch.bfloat16, 3e-2)
+        check_model(DEVICE, torch.bfloat16)
         return
     script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_state_mixing as t; "
               "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); "
-              "t.check_model(cpu, torch.float64, 1e-12)")
+              "t.check_model(cpu, torch.float64)")
     run_under_triton_interpreter(script)
 
 
 def test_the_kernels_are_off_by_default_and_on_cuda_only():
-    from tapelm.kernels import triton_runs_on
+    from tapelm.kernels import triton_takes
 
     assert not fast_paths.enabled("fused-state-mixing", torch.device("cuda"), "auto")  # not yet verified
     assert fast_paths.enabled("fused-state-mixing", torch.device("cuda"), "on")
-    assert not triton_runs_on(torch.device("cpu"))
+    assert not triton_takes(torch.ones(1, device="cpu"))

@@ -10,7 +10,8 @@
 # runs the stages in order, each only while it fits in SECONDS (each stage's own limit is below), and after each one
 # packs everything it wrote into OUT/visit.tgz (the logs and JSON; unpack it under docs/gpu/<device>/). The stages
 # after `tests` run with the fast paths the tests earned (on when they passed), the others with VISIT_FAST_PATHS
-# (auto, on or off; default auto). Stages:
+# (auto, on or off; default auto). VISIT_TESTS (a pytest -k expression) and VISIT_WORKERS (default 8) shape the tests.
+# Stages:
 #   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), on 8
 #                pytest workers, each test named in the log as it ends; it takes what is left of SECONDS, up to 480 s,
 #                and runs only if 150 s are left
@@ -43,9 +44,11 @@ bench() {  # bench speed at SIZE with fast paths FAST into folder NAME; more arg
 
 stage() {  # run stage NAME; FAST is the fast-path setting the tests earned
   case $1 in
-    tests)  # 8 workers; with pytest-timeout (on the GPU image) a test that hangs fails after 240 s instead
-      local options="-n 8 -v"
+    tests)  # 8 workers; with pytest-timeout (on the GPU image) a test that hangs fails after 240 s instead;
+      # VISIT_TESTS, a pytest -k expression, keeps only the tests it names (e.g. a rerun of the files that failed)
+      local options="-n ${VISIT_WORKERS:-8} -v"
       python3 -c "import pytest_timeout" 2>/dev/null && options="$options --timeout 240"
+      [[ -n ${VISIT_TESTS:-} ]] && options="$options -k '$VISIT_TESTS'"
       PYTEST_ADDOPTS=$options python3 -m tapelm.cli doctor --out "$work/tests" --skip speed training generation ;;
     eager-1k) bench eager-1k paper-1k "$fast" --pe tape llama --repeats 3 ;;
     reference-1k) bench reference-1k paper-1k off --pe tape --repeats 2 ;;

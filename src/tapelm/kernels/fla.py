@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import AttentionMask
-from . import fla_runs_on
+from . import fla_takes
 
 PATH_HEAD_SIZES = (16, 32, 64, 128)
 """Head sizes fla's PaTH kernel takes (q, k and v)."""
@@ -40,9 +40,10 @@ class FlaOps:
     path_head_sizes: tuple[int, ...] = PATH_HEAD_SIZES
 
 
-def operations(device: torch.device) -> FlaOps | None:
-    """fla's kernels for `device`: on CUDA with fla installed, else None (the reference runs)."""
-    return _kernels() if fla_runs_on(device) else None
+def operations(x: torch.Tensor) -> FlaOps | None:
+    """fla's kernels for tensors like `x`: on CUDA with fla installed, in half or single precision; else None (the
+    reference runs)."""
+    return _kernels() if fla_takes(x) else None
 
 
 @functools.cache
@@ -82,8 +83,9 @@ def segments(mask: AttentionMask, batch: int, queries: int, keys: int) -> torch.
 
 
 def _heads_last(x: torch.Tensor, segmented: bool) -> torch.Tensor:
-    """(B, H, N, ...) to fla's (B, N, H, ...), one row of B x N tokens when the batch runs as segments."""
-    x = x.transpose(1, 2)
+    """(B, H, N, ...) to fla's (B, N, H, ...), contiguous (the kernels index it so), one row of B x N tokens when the
+    batch runs as segments."""
+    x = x.transpose(1, 2).contiguous()
     return x.reshape(1, -1, *x.shape[2:]) if segmented else x
 
 

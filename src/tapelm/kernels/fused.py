@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from ..fast_paths import enabled
-from . import fla_runs_on
+from . import fla_takes
 
 IGNORE_INDEX = -100
 
@@ -37,9 +37,10 @@ class FusedOps:
     rotary: Callable[..., torch.Tensor]
 
 
-def operations(device: torch.device) -> FusedOps | None:
-    """fla's fused kernels for `device`: on CUDA with fla installed, else None (the reference runs)."""
-    return _kernels() if fla_runs_on(device) else None
+def operations(x: torch.Tensor) -> FusedOps | None:
+    """fla's fused kernels for tensors like `x`: on CUDA with fla installed, in half or single precision; else None
+    (the reference runs)."""
+    return _kernels() if fla_takes(x) else None
 
 
 @functools.cache
@@ -70,8 +71,8 @@ def _kernels() -> FusedOps:
 
 
 def fused_operations(x: torch.Tensor, setting: str) -> FusedOps | None:
-    """The fused kernels for `x`'s device under the config's `fast_paths` setting, or None."""
-    return operations(x.device) if enabled("fused-modules", x.device, setting) else None
+    """The fused kernels for `x` under the config's `fast_paths` setting, or None."""
+    return operations(x) if enabled("fused-modules", x.device, setting) else None
 
 
 class RMSNorm(LlamaRMSNorm):

@@ -76,7 +76,7 @@ class FoXLayer(LayerPositional):
         every = every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
 
         def kernel(q, k, v, mask, scale):
-            ops = fla.operations(q.device)
+            ops = fla.operations(q)
             return None if ops is None else fla.forgetting_attention(ops, q, k, v, log_f, mask, scale)
 
         bias = RowBias(lambda start, end, keys: (cumulative[..., start:end, :] - every[..., :keys]).to(q.dtype),

@@ -222,7 +222,7 @@ class PaTHLayer(LayerPositional):
 
         def kernel(_zero_queries, _cached_keys, v, mask, _scale):
             """fla's PaTH attention reads the raw queries and keys."""
-            ops = fla.operations(q.device)
+            ops = fla.operations(q)
             return None if ops is None else fla.path_attention(ops, q, raw_keys, v, w, beta, mask, scale)
 
         if cache is not None:

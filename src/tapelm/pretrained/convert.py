@@ -170,7 +170,8 @@ def save(model: TapeForCausalLM, tokenizer: PreTrainedTokenizerBase | None, dst:
 def to_llama(model: TapeForCausalLM, max_position_embeddings: int | None = None):
     """The `LlamaForCausalLM` computing exactly what a RoPE `TapeForCausalLM` computes (every weight copied), e.g. to
     hand a base model tapelm trained to any Llama-family tool; `max_position_embeddings` overrides the window its
-    config states (the length it was trained at). ValueError for a model that is not plain RoPE."""
+    config states (the length it was trained at). On the model's device, in its dtype; ValueError for a model that is
+    not plain RoPE."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = model.config
@@ -181,7 +182,9 @@ def to_llama(model: TapeForCausalLM, max_position_embeddings: int | None = None)
               if name not in ("qkv_bias", "causal", "max_position_embeddings")}
     llama_config = LlamaConfig(**fields, max_position_embeddings=max_position_embeddings
                                or config.max_position_embeddings, initializer_range=config.initializer_range)
-    llama = LlamaForCausalLM(llama_config).to(next(model.parameters()).dtype)
+    weight = next(model.parameters())
+    with torch.device(weight.device):
+        llama = LlamaForCausalLM(llama_config).to(weight.dtype)
     llama.load_state_dict(model.state_dict(), strict=True)
     llama.generation_config = model.generation_config
     return llama.eval()

@@ -7,14 +7,14 @@ from __future__ import annotations
 import torch
 
 from ...fast_paths import enabled
-from .. import triton_runs_on
+from .. import triton_takes
 from .naive import mix_state_reference, state_delta
 
 
 def mix_state(state: torch.Tensor, mix: torch.Tensor, fast_paths: str = "auto") -> torch.Tensor:
-    """`mix_state_reference`, through the kernels where the fast path is on and Triton runs on the state's device
-    (not while compiling: the compiler fuses the reference itself)."""
-    if (enabled("fused-state-mixing", state.device, fast_paths) and triton_runs_on(state.device)
+    """`mix_state_reference`, through the kernels where the fast path is on and they take the state (CUDA, half or
+    single precision; not while compiling: the compiler fuses the reference itself)."""
+    if (enabled("fused-state-mixing", state.device, fast_paths) and triton_takes(state)
             and not torch.compiler.is_compiling()):
         from .fused import mix_state_fused
 
