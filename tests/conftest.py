@@ -41,11 +41,30 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--device {DEVICE}: this PyTorch ({torch.__version__}) sees no CUDA device")
     if DEVICE.type not in ("cpu", "cuda"):
         raise pytest.UsageError(f"--device {DEVICE} is not supported; use cpu or cuda[:index]")
+    if DEVICE.type == "cuda":
+        _one_configuration_per_autotuned_kernel()
     config.addinivalue_line("markers", "device: a law test that runs on `pytest --device`")
     config.addinivalue_line("markers", "compiles: a test that runs torch.compile (no device-watching mode around it)")
     for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
                  "torch_compile_test"):
         config.addinivalue_line("markers", f"{mark}: a mark of transformers' common tests")
+
+
+def _one_configuration_per_autotuned_kernel():
+    """Each Triton kernel a library autotunes (fla's) compiles its first configuration only. The law tests check the
+    function, which no configuration changes; autotuning every kernel in every pytest worker took minutes on the H100
+    (docs/gpu/h100-2026-11-26-b/). Set before fla is imported, which builds its autotuners as it loads."""
+    import sys
+
+    from triton.runtime.autotuner import Autotuner
+
+    assert "fla" not in sys.modules, "fla was imported before the law tests could set its autotuning"
+    build = Autotuner.__init__
+
+    def first_configuration(self, fn, arg_names, configs, *args, **kwargs):
+        build(self, fn, arg_names, configs[:1], *args, **kwargs)
+
+    Autotuner.__init__ = first_configuration
 
 
 def pytest_collection_modifyitems(config, items):

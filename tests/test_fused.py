@@ -117,3 +117,16 @@ def test_the_fused_parts_are_off_by_default_and_the_reference_elsewhere():
     assert fused.fused_operations(x, "auto") is None  # not yet verified on any device
     assert fused.fused_operations(x, "off") is None
     assert (fused.fused_operations(x, "on") is None) == (DEVICE.type != "cuda")
+
+
+def test_the_fused_parts_run_in_passes_with_gradients_only(monkeypatch):
+    """Prefill and decoding take the reference, which was faster there on the H100."""
+    from tapelm.kernels import fused
+
+    monkeypatch.setattr(fused, "fla_takes", lambda x: True)  # as on a GPU with fla
+    monkeypatch.setattr(fused, "_kernels", lambda: "fla's kernels")
+    x = torch.ones(2, device=DEVICE)
+    assert fused.fused_operations(x, "on") == "fla's kernels"
+    assert fused.fused_operations(x, "off") is None
+    with torch.no_grad():
+        assert fused.fused_operations(x, "on") is None

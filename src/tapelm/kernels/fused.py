@@ -4,9 +4,9 @@ product, and the output projection with the cross-entropy (no full logits tensor
 The reference is plain PyTorch: tapelm's `positional.rotation.rotate_halves`, transformers' `LlamaRMSNorm`,
 `LlamaMLP` and causal-LM loss. The modules below keep their parameters (same state_dict names and shapes) and run
 fla's kernels where the fast path "fused-modules" is on (`tapelm.fast_paths`; CUDA only, off until a GPU run passes)
-and fla is installed (`pip install tapelm[gpu]`). The fused loss keeps the model's loss semantics: the label shift,
-`ignore_index`, and the sum divided by `num_items_in_batch` under gradient accumulation. While training with labels
-it returns no logits.
+and fla is installed (`pip install tapelm[gpu]`), in passes with gradients (training). The fused loss keeps the
+model's loss semantics: the label shift, `ignore_index`, and the sum divided by `num_items_in_batch` under gradient
+accumulation. While training with labels it returns no logits.
 """
 
 from __future__ import annotations
@@ -71,7 +71,11 @@ def _kernels() -> FusedOps:
 
 
 def fused_operations(x: torch.Tensor, setting: str) -> FusedOps | None:
-    """The fused kernels for `x` under the config's `fast_paths` setting, or None."""
+    """The fused kernels for `x` under the config's `fast_paths` setting in a pass with gradients, or None. Without
+    gradients (prefill, decoding) the reference runs: there, on the H100, fla's kernels made RoPE's eager prefill 1.9x
+    and its decoding 1.6x slower (docs/gpu/h100-2026-11-26-b/)."""
+    if not torch.is_grad_enabled():
+        return None
     return operations(x) if enabled("fused-modules", x.device, setting) else None
 
 
