@@ -30,7 +30,8 @@ give a token-major layout)."""
 def leaves(layout: str, device, dtype):
     """The two leaf tensors of `layout`, drawn in float64 on the CPU."""
     generator = torch.Generator().manual_seed(len(layout))
-    return tuple(torch.randn(*shape, dtype=torch.float64, generator=generator).to(device, dtype).requires_grad_()
+    return tuple(torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu").to(device, dtype)
+                 .requires_grad_()
                  for shape in (VIEWS[layout][0], (BATCH, LENGTH, HEADS, HEADS)))
 
 
@@ -96,3 +97,21 @@ def test_the_kernels_are_off_by_default_and_on_cuda_only():
     assert not fast_paths.enabled("fused-state-mixing", torch.device("cuda"), "auto")  # not yet verified
     assert fast_paths.enabled("fused-state-mixing", torch.device("cuda"), "on")
     assert not triton_takes(torch.ones(1, device="cpu"))
+
+
+@pytest.mark.parametrize("layout", list(VIEWS))
+def test_a_single_token_mixes_as_it_does_among_many(layout):
+    """The decoding step's broadcast product (one token) equals the per-token batched product over a sequence, output
+    and gradients, in float64."""
+    from tapelm.kernels.state_mixing import state_delta
+
+    tensors = leaves(layout, DEVICE, torch.float64)
+    state, mix = VIEWS[layout][1](*tensors)
+    whole = state_delta(state, mix)
+    grads = torch.autograd.grad(whole.sum(), tensors)
+    for n in range(LENGTH):
+        one = state_delta(state[:, :, n:n + 1], mix[:, n:n + 1])
+        torch.testing.assert_close(one, whole[:, :, n:n + 1], atol=1e-12, rtol=0)
+    singles = torch.cat([state_delta(state[:, :, n:n + 1], mix[:, n:n + 1]) for n in range(LENGTH)], dim=2)
+    for actual, expected in zip(torch.autograd.grad(singles.sum(), tensors), grads):
+        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)

@@ -162,6 +162,8 @@ class TapeLayer(LayerPositional):
         if self.per_head:
             weighted = attended * self.attn_gain.to(attended.dtype)[:, None, None]
             delta = group_queries(weighted, self.kv_heads).sum(2)
+        elif attended.shape[-2] == 1:  # a decoding step: a broadcast product, fused by a compiled step
+            delta = (self.attn_mix.to(attended.dtype)[None, :, :, None, None] * attended[:, None]).sum(2)
         else:  # one (Hkv x H) @ (H x N * F) product per sequence
             batch, heads, length, width = attended.shape
             weight = self.attn_mix.to(attended.dtype).expand(batch, -1, -1)
@@ -174,7 +176,9 @@ class TapeLayer(LayerPositional):
         z = F.silu(self.gate(mlp_out))
         # W_down diag(z) W_up is one Hkv x Hkv map per token (cheaper than materialising W_up E), computed as z @ K with K[i, (g, h)] = W_down[g, i] W_up[i, h]: autograd keeps only z
         pairs = (self.mix_down.t()[:, :, None] * self.mix_up[:, None, :]).flatten(1).to(z.dtype)
-        mix = (z @ pairs).unflatten(-1, (self.kv_heads, self.kv_heads))
+        # a decoding step: a broadcast product, which a compiled step fuses with z's activation
+        mix = (z[..., None] * pairs).sum(-2) if z.shape[-2] == 1 else z @ pairs
+        mix = mix.unflatten(-1, (self.kv_heads, self.kv_heads))
         if self.dense:
             return state + state_delta(state, mix) @ self.mlp_dense
         return mix_state(state, mix, ctx.fast_paths)
