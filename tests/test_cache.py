@@ -194,6 +194,22 @@ def test_a_compiled_decode_step_on_a_static_cache_never_recompiles(pe_type):
     assert model._compiled_call is not None  # the decode steps went through the compiled call
 
 
+@pytest.mark.compiles
+def test_a_compiled_decode_step_computes_the_full_pass():
+    """TAPE's compiled decoding step (its broadcast products over heads; dynamo's own backend) on a static cache: the
+    logits of a full pass, in float64."""
+    from transformers import StaticCache
+
+    torch._dynamo.reset()
+    model = tiny_model("tape", dtype=torch.float64)
+    ids = tokens(2, 12)
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    step = torch.compile(model, backend="eager", fullgraph=True, dynamic=False)
+    logits = [model(ids[:, :6], cache=cache, use_cache=True).logits]
+    logits += [step(ids[:, n:n + 1], cache=cache, use_cache=True).logits for n in range(6, 12)]
+    torch.testing.assert_close(torch.cat(logits, dim=1), model(ids).logits, atol=1e-10, rtol=0)
+
+
 def test_path_decodes_a_static_cache_eagerly():
     """PaTH reads its cached keys as a sequence: generate does not compile its decode step (TAPE's it does)."""
     from transformers import StaticCache

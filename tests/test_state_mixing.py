@@ -99,19 +99,19 @@ def test_the_kernels_are_off_by_default_and_on_cuda_only():
     assert not triton_takes(torch.ones(1, device="cpu"))
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("layout", list(VIEWS))
-def test_a_single_token_mixes_as_it_does_among_many(layout):
-    """The decoding step's broadcast product (one token) equals the per-token batched product over a sequence, output
-    and gradients, in float64."""
+def test_a_compiled_decoding_step_mixes_as_a_sequence_does(layout):
+    """One token compiled (the broadcast product) equals the per-token batched product over a sequence, output and
+    gradients, in float64."""
     from tapelm.kernels.state_mixing import state_delta
 
     tensors = leaves(layout, DEVICE, torch.float64)
     state, mix = VIEWS[layout][1](*tensors)
     whole = state_delta(state, mix)
     grads = torch.autograd.grad(whole.sum(), tensors)
-    for n in range(LENGTH):
-        one = state_delta(state[:, :, n:n + 1], mix[:, n:n + 1])
-        torch.testing.assert_close(one, whole[:, :, n:n + 1], atol=1e-12, rtol=0)
-    singles = torch.cat([state_delta(state[:, :, n:n + 1], mix[:, n:n + 1]) for n in range(LENGTH)], dim=2)
+    step = torch.compile(state_delta, backend="eager", fullgraph=True, dynamic=False)
+    singles = torch.cat([step(state[:, :, n:n + 1], mix[:, n:n + 1]) for n in range(LENGTH)], dim=2)
+    torch.testing.assert_close(singles, whole, atol=1e-12, rtol=0)
     for actual, expected in zip(torch.autograd.grad(singles.sum(), tensors), grads):
         torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.state_mixing import mix_state, state_delta
+from ..kernels.state_mixing import fused_when_compiled, mix_state, state_delta
 from .base import LayerPositional, PositionalEncoding, PositionContext
 from .rotary import TapeRotaryEmbedding, group_queries
 from .rotation import rotate_pairs
@@ -162,7 +162,7 @@ class TapeLayer(LayerPositional):
         if self.per_head:
             weighted = attended * self.attn_gain.to(attended.dtype)[:, None, None]
             delta = group_queries(weighted, self.kv_heads).sum(2)
-        elif attended.shape[-2] == 1:  # a decoding step: a broadcast product, fused by a compiled step
+        elif fused_when_compiled(attended.shape[-2]):
             delta = (self.attn_mix.to(attended.dtype)[None, :, :, None, None] * attended[:, None]).sum(2)
         else:  # one (Hkv x H) @ (H x N * F) product per sequence
             batch, heads, length, width = attended.shape
@@ -176,8 +176,7 @@ class TapeLayer(LayerPositional):
         z = F.silu(self.gate(mlp_out))
         # W_down diag(z) W_up is one Hkv x Hkv map per token (cheaper than materialising W_up E), computed as z @ K with K[i, (g, h)] = W_down[g, i] W_up[i, h]: autograd keeps only z
         pairs = (self.mix_down.t()[:, :, None] * self.mix_up[:, None, :]).flatten(1).to(z.dtype)
-        # a decoding step: a broadcast product, which a compiled step fuses with z's activation
-        mix = (z[..., None] * pairs).sum(-2) if z.shape[-2] == 1 else z @ pairs
+        mix = (z[..., None] * pairs).sum(-2) if fused_when_compiled(z.shape[-2]) else z @ pairs
         mix = mix.unflatten(-1, (self.kv_heads, self.kv_heads))
         if self.dense:
             return state + state_delta(state, mix) @ self.mlp_dense
