@@ -21,8 +21,8 @@ from transformers import StaticCache
 from tapelm.bench.speed import SIZES, build_model
 from tapelm.experiments.provenance import environment
 
-FUSED = re.compile(r"\b(cpp_fused_\w+)\(|\b(triton_\w+)\.run\(")
-LIBRARY = re.compile(r"\bextern_kernels\.(\w+)\(|\btorch\.ops\.aten\.(\w+)\.")
+FUSED = re.compile(r"^(cpp_fused_\w+)\(|^(triton_\w+)\.run\(")
+LIBRARY = re.compile(r"^(?:\w+ = )?(?:extern_kernels\.(\w+)|torch\.ops\.aten\.(\w+)\.\w+)\(")
 
 
 def step_code(row: str, size_name: str, device: torch.device) -> str:
@@ -42,9 +42,9 @@ def step_code(row: str, size_name: str, device: torch.device) -> str:
 
 def count(code: str) -> dict:
     """The kernels the generated `call` launches, fused and library, with the library ones by name."""
-    call = code[code.index("def call("):]
-    fused = [match.group(1) or match.group(2) for match in FUSED.finditer(call)]
-    library = Counter(match.group(1) or match.group(2) for match in LIBRARY.finditer(call))
+    lines = [line.strip() for line in code[code.index("def call("):].splitlines()]
+    fused = [match.group(1) or match.group(2) for match in map(FUSED.match, lines) if match]
+    library = Counter(match.group(1) or match.group(2) for match in map(LIBRARY.match, lines) if match)
     return {"kernels": len(fused) + sum(library.values()), "fused": len(fused), "library": dict(sorted(library.items()))}
 
 
