@@ -30,7 +30,9 @@
 # autotunes each kernel inside the first stage that reaches it (fast-1k did not finish in 110 s, hence its 240 s).
 # The law tests took 265 s on 8 workers while every worker autotuned fla's kernels (16 workers were slower still);
 # the conftest now compiles one configuration per autotuned kernel under --device cuda. So give the tests a call of
-# their own first, `run "$OUT" 300 tests`, then the measurements in a second call.
+# their own first, `run "$OUT" 300 tests`, then the measurements in a second call on the warm machine:
+# `VISIT_FAST_PATHS=on run "$OUT" 500 compiled-1k fast-1k` (on where the tests passed, else auto). compiled-1k comes
+# first: it measures the compiled decoding ratio docs/SPEED.md predicts from the kernel counts.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 wheels=(transformers==5.24.0 flash-linear-attention==0.6.0 fla-core==0.6.0 parameterized==0.9.0 dill==0.4.1
