@@ -7,8 +7,9 @@ import torch
 
 from accuracy import compare_paths, outputs
 from conftest import DEVICE, tiny_model, tokens
-from tapelm import fast_paths
-from tapelm.attention import AttentionMask, StreamCpuFlash, attend_stream, padded_attention, unpadded_attention
+from tapelm import attention, fast_paths
+from tapelm.attention import (AttentionMask, attend, attend_stream, padded_attention, stream_attention_backward,
+                              unpadded_attention)
 from tapelm.positional.rotation import HalvesRotation, rotate_halves
 
 pytestmark = pytest.mark.device
@@ -36,9 +37,11 @@ def masks(batch, length):
 
 
 def stream_outputs(path, q, k, stream, mask, value_width):
-    """(V's output, the rest's output) by one way of attending."""
+    """(V's output, the rest's output, empty for a stream as wide as q) by one way of attending."""
     if path == "stream":
         return attend_stream(q, k, stream, value_width, mask, None, 0.3, fast_paths="on")
+    if path == "attend":
+        return attend(q, k, stream, mask, None, 0.3, fast_paths="on"), None
     out = {"reference": padded_attention, "unpadded": unpadded_attention}[path](q, k, stream, mask.valid,
                                                                                    mask.is_causal, 0.3)
     return out[..., :value_width], out[..., value_width:]
@@ -46,26 +49,55 @@ def stream_outputs(path, q, k, stream, mask, value_width):
 
 @pytest.mark.parametrize("mask_kind", ["causal flag", "no mask", "padding"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
-@pytest.mark.parametrize("path", ["stream", "unpadded"])
+@pytest.mark.parametrize("path", ["stream", "attend", "unpadded"])
 def test_attention_fast_paths_equal_the_padded_reference(path, kv_heads, mask_kind):
-    """The CPU stream kernel (on the CPU) and the unpadded call (every device: on the CPU SDPA's math kernel, on
-    CUDA the kernels that take a wider value): outputs and the gradients of q, k and the stream."""
-    if path == "stream" and DEVICE.type != "cpu":
-        pytest.skip("StreamCpuFlash runs on the CPU only")
-    batch, length, d, width = 2, 11, 8, 24
+    """The CPU flash function for a wider stream ("stream") and for a value as wide as q and k ("attend"), both on
+    the CPU, and the unpadded call (every device: on the CPU SDPA's math kernel, on CUDA the kernels that take a
+    wider value): outputs and the gradients of q, k and the stream."""
+    if path != "unpadded" and DEVICE.type != "cpu":
+        pytest.skip("CpuFlashAttention runs on the CPU only")
+    compare_stream_attention(path, kv_heads, mask_kind, DTYPE)
+
+
+@pytest.mark.parametrize("mask_kind", ["causal flag", "no mask"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("path", ["stream", "attend"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_cpu_backward_over_blocks_of_queries_computes_the_reference_gradients(mask_kind, kv_heads, path, dtype,
+                                                                                   monkeypatch):
+    """`stream_attention_backward` (float32 and float64 without a mask tensor) over blocks of 8 queries, the last
+    one short: in float32 as accurately as the reference path in float32."""
+    if DEVICE.type != "cpu":
+        pytest.skip("CpuFlashAttention runs on the CPU only")
+    monkeypatch.setattr(attention, "STREAM_BACKWARD_BLOCK", 8)
+    calls = []
+    monkeypatch.setattr(attention, "stream_attention_backward",
+                        lambda *args: calls.append(1) or stream_attention_backward(*args))
+    compare_stream_attention(path, kv_heads, mask_kind, dtype, length=37, d=16)
+    assert calls
+
+
+def compare_stream_attention(path, kv_heads, mask_kind, dtype, length=11, d=8):
+    """A path's outputs and the gradients of q, k and the stream against the padded reference (`compare_paths`):
+    the stream 3 d wide, or d for "attend"."""
+    batch, width = 2, d if path == "attend" else 3 * d
+    mask = masks(batch, length)[mask_kind]
     inputs = [random(batch, 4, length, d, seed=1), random(batch, kv_heads, length, d, seed=2),
               random(batch, kv_heads, length, width, seed=3)]
     weights = (random(batch, 4, length, d, seed=4), random(batch, 4, length, width - d, seed=5))
-    mask = masks(batch, length)[mask_kind]
 
     def run(setting, dtype):
         leaves = [x.to(dtype, copy=True).requires_grad_() for x in inputs]
         values, extra = stream_outputs(path if setting == "on" else "reference", *leaves, mask, d)
-        ((values * weights[0].to(dtype)).sum() + (extra * weights[1].to(dtype)).sum()).backward()
-        return {"values": values.detach(), "extra": extra.detach(),
-                **{f"{name} grad": leaf.grad for name, leaf in zip(("q", "k", "stream"), leaves)}}
+        loss = (values * weights[0].to(dtype)).sum()
+        named = {"values": values.detach()}
+        if width > d:
+            loss = loss + (extra * weights[1].to(dtype)).sum()
+            named["extra"] = extra.detach()
+        loss.backward()
+        return {**named, **{f"{name} grad": leaf.grad for name, leaf in zip(("q", "k", "stream"), leaves)}}
 
-    compare_paths(run, DTYPE)
+    compare_paths(run, dtype)
 
 
 def saved_bytes(model, ids) -> int:
@@ -84,14 +116,13 @@ def saved_bytes(model, ids) -> int:
 def test_the_cpu_stream_kernel_keeps_less_for_the_backward_pass():
     """What it is for: no zero-padded q and k, and no copy of V's output, kept between the passes."""
     if DEVICE.type != "cpu":
-        pytest.skip("StreamCpuFlash runs on the CPU only")
+        pytest.skip("CpuFlashAttention runs on the CPU only")
     saved = {}
     for setting in ("off", "on"):
         model = tiny_model("tape", num_hidden_layers=3).train()
         model.config.fast_paths = setting
         saved[setting] = saved_bytes(model, tokens(4, 64))
     assert saved["on"] < saved["off"], saved
-    assert StreamCpuFlash.takes(torch.ones(1, device="cpu"), AttentionMask(None, True), None)
 
 
 TAPE_VARIANTS = {"heads": {}, "per-head": {"tape_attn_mixing": "per_head"}, "grouped": {"num_key_value_heads": 4},
@@ -216,8 +247,8 @@ def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
 
 def test_fast_paths_run_where_verified_unless_switched():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert fast_paths.enabled("cpu-flash-wide-values", cpu, "auto")
-    assert not fast_paths.enabled("cpu-flash-wide-values", cpu, "off")
+    assert fast_paths.enabled("cpu-flash-attention", cpu, "auto")
+    assert not fast_paths.enabled("cpu-flash-attention", cpu, "off")
     assert fast_paths.enabled("cuda-unpadded-attention", cuda, "on")
     assert fast_paths.enabled("cuda-unpadded-attention", cuda, "auto") == ("cuda" in
                                                                            fast_paths.VERIFIED["cuda-unpadded-attention"])

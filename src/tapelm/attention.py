@@ -8,9 +8,12 @@ against 2-3x for a naive concatenation or two calls. `attend_stream` returns the
 the stream apart (the output projection reads the first, TAPE's update the second). Fast paths compute the same
 function (`tapelm.fast_paths`):
 
-- on the CPU, `StreamCpuFlash` calls the same flash kernel, keeps only the unpadded q and k for the backward pass
-  (the padded copies are made again there) and writes the two outputs in the layouts their readers take without a
-  copy: about 10 MB less memory a layer at bench speed's small size;
+- on the CPU, `CpuFlashAttention` calls the same flash kernel. For a wider stream it keeps only the unpadded q and k
+  for the backward pass and writes the two outputs in the layouts their readers take without a copy (about 10 MB
+  less memory a layer at bench speed's small size). In float32 and float64 without a mask tensor its backward pass
+  (`stream_attention_backward`) is plain matrix products over blocks of queries, with q k^T at q's width where the
+  flash kernel's backward pads q and k; it runs for every encoding that attends without a learned bias, so RoPE
+  and TAPE train on the same kernels;
 - on CUDA, the attention call without padding, on the kernels that take a wider value (cuDNN, memory-efficient);
 - everywhere, for a logit bias given as a `RowBias` (one the encoding can build for any block of queries: T5, FIRE,
   CoPE, FoX, PaTH), attention a block of queries at a time, each block's bias built inside an activation checkpoint, so
@@ -109,6 +112,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
     if v.shape[-1] > q.shape[-1] and q.device.type == "cuda" and enabled("cuda-unpadded-attention", q.device,
                                                                           fast_paths):
         return unpadded_attention(q, k, v, float_mask, mask.is_causal, scale)
+    if (v.shape[-1] >= q.shape[-1] and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+            and _takes_cpu_flash(q, mask, bias, fast_paths)):
+        return _cpu_flash_attention(q, k, v, v.shape[-1], mask, bias, scale)[0]
     return padded_attention(q, k, v, float_mask, mask.is_causal, scale)
 
 
@@ -119,15 +125,28 @@ def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_
     the rest of the stream (B, H, N, F), or None when the stream is V alone."""
     if stream.shape[-1] == value_width:
         return attend(q, k, stream, mask, bias, scale, eager, fast_paths), None
-    if (not eager and q.shape[-2] > 1 and enabled("cpu-flash-wide-values", q.device, fast_paths)
-            and StreamCpuFlash.takes(q, mask, bias)):
-        dtype = _sdpa_dtype(q, k, stream)
-        float_mask = _with_bias(mask, bias)
-        return StreamCpuFlash.apply(q.to(dtype), k.to(dtype), stream.to(dtype),
-                                    float_mask if float_mask is None or float_mask.dtype == torch.bool
-                                    else float_mask.to(dtype), mask.is_causal, scale, value_width)
+    if not eager and q.shape[-2] > 1 and _takes_cpu_flash(q, mask, bias, fast_paths):
+        return _cpu_flash_attention(q, k, stream, value_width, mask, bias, scale)
     out = attend(q, k, stream, mask, bias, scale, eager, fast_paths)
     return out[..., :value_width], out[..., value_width:]
+
+
+def _takes_cpu_flash(q: torch.Tensor, mask: AttentionMask, bias, fast_paths: str) -> bool:
+    """Fast path "cpu-flash-attention": a CPU tensor of a dtype the kernel takes, and no bias that needs a gradient
+    (a learned bias)."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+            and (bias is None or (isinstance(bias, torch.Tensor) and not bias.requires_grad))
+            and enabled("cpu-flash-attention", q.device, fast_paths))
+
+
+def _cpu_flash_attention(q, k, stream, value_width: int, mask: AttentionMask, bias, scale: float):
+    """`CpuFlashAttention` in the dtype SDPA would compute in, the bias folded into the mask."""
+    dtype = _sdpa_dtype(q, k, stream)
+    float_mask = _with_bias(mask, bias)
+    if float_mask is not None and float_mask.dtype != torch.bool:
+        float_mask = float_mask.to(dtype)
+    return CpuFlashAttention.apply(q.to(dtype), k.to(dtype), stream.to(dtype), float_mask, mask.is_causal, scale,
+                                   value_width)
 
 
 def chunked_bias_attention(q, k, v, mask: AttentionMask, bias: RowBias, scale: float, fast_paths: str):
@@ -177,28 +196,25 @@ def unpadded_attention(q, k, v, attn_mask, is_causal, scale):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
 
 
-class StreamCpuFlash(torch.autograd.Function):
-    """The reference's padded flash call on the CPU for a value stream wider than q and k. It keeps only the
-    unpadded q and k for the backward pass (which pads them again and calls the kernel's own backward) and returns
-    the output of V in the layout the output projection reads as a view (tokens outside heads) and the rest of the
-    stream contiguous, keeping those two instead of the kernel's output. Same kernel, same function."""
-
-    @staticmethod
-    def takes(q: torch.Tensor, mask: AttentionMask, bias: torch.Tensor | None) -> bool:
-        """A CPU tensor of a dtype the kernel takes, and no bias that needs a gradient (a learned bias)."""
-        return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-                and (bias is None or (isinstance(bias, torch.Tensor) and not bias.requires_grad)))
+class CpuFlashAttention(torch.autograd.Function):
+    """SDPA's CPU flash kernel, for a value stream as wide as q and k or wider (then q and k are zero-padded to its
+    width for the call, as in the reference path). Returns the output of the first `value_width` features (for a
+    wider stream in the layout the output projection reads as a view: tokens outside heads) and of the rest
+    (contiguous), or None. It keeps only the unpadded q and k for the backward pass, and those two outputs instead of
+    the kernel's. The backward pass is `stream_attention_backward` where it applies (float32 or float64, no mask
+    tensor), else the kernel's own backward, q and k padded again. Same function."""
 
     @staticmethod
     def forward(ctx, q, k, stream, attn_mask, is_causal, scale, value_width):
         if attn_mask is not None and attn_mask.dtype == torch.bool:  # the kernel takes an additive mask in q's dtype
             attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill_(~attn_mask, float("-inf"))
-        width = stream.shape[-1]
         out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            F.pad(q, (0, width - q.shape[-1])), F.pad(k, (0, width - k.shape[-1])), stream, 0.0, is_causal,
-            attn_mask=attn_mask, scale=scale)
-        values = out[..., :value_width].transpose(1, 2).contiguous().transpose(1, 2)
-        extra = out[..., value_width:].contiguous()
+            *_padded_to(stream.shape[-1], q, k), stream, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+        if value_width == stream.shape[-1]:
+            values, extra = out, None
+        else:
+            values = out[..., :value_width].transpose(1, 2).contiguous().transpose(1, 2)
+            extra = out[..., value_width:].contiguous()
         ctx.save_for_backward(q, k, stream, values, extra, logsumexp, attn_mask)
         ctx.is_causal, ctx.scale = is_causal, scale
         return values, extra
@@ -207,14 +223,68 @@ class StreamCpuFlash(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_values, grad_extra):
         q, k, stream, values, extra, logsumexp, attn_mask = ctx.saved_tensors
-        width = stream.shape[-1]
-        grad_values = torch.zeros_like(values) if grad_values is None else grad_values
-        grad_extra = torch.zeros_like(extra) if grad_extra is None else grad_extra
+        outputs = [values] if extra is None else [values, extra]
+        grads = [torch.zeros_like(out) if grad is None else grad for out, grad in zip(outputs, (grad_values, grad_extra))]
+        grad_out = grads[0] if extra is None else torch.cat(grads, dim=-1)
+        if attn_mask is None and q.dtype in (torch.float32, torch.float64):
+            delta = sum((grad * out).sum(-1) for grad, out in zip(grads, outputs))
+            grad_q, grad_k, grad_stream = stream_attention_backward(grad_out, q, k, stream, logsumexp, delta,
+                                                                    ctx.is_causal, ctx.scale)
+            return grad_q, grad_k, grad_stream, None, None, None, None
+        out = values if extra is None else torch.cat(outputs, dim=-1)
         grad_q, grad_k, grad_stream = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            torch.cat([grad_values, grad_extra], dim=-1), F.pad(q, (0, width - q.shape[-1])),
-            F.pad(k, (0, width - k.shape[-1])), stream, torch.cat([values, extra], dim=-1), logsumexp, 0.0,
-            ctx.is_causal, attn_mask=attn_mask, scale=ctx.scale)
+            grad_out, *_padded_to(stream.shape[-1], q, k), stream, out, logsumexp, 0.0, ctx.is_causal,
+            attn_mask=attn_mask, scale=ctx.scale)
         return grad_q[..., : q.shape[-1]], grad_k[..., : k.shape[-1]], grad_stream, None, None, None, None
+
+
+def _padded_to(width: int, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Each tensor zero-padded in its last dimension to `width` (one as wide already is itself)."""
+    return [x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in tensors]
+
+
+STREAM_BACKWARD_BLOCK = 64
+"""Queries per block of `stream_attention_backward`: at bench speed's small size 64 was faster than 32 and than 128
+(docs/speed/stream_backward.py times them)."""
+
+
+def stream_attention_backward(grad_out, q, k, stream, logsumexp, delta, is_causal: bool, scale: float,
+                              block: int | None = None):
+    """The gradients of q, k and the stream of softmax(q k^T * scale) stream (GQA; causal, or every key), given the
+    output's gradient, the forward pass's log-sum-exp per query (B, H, N) and delta = rowsum(grad_out * out)
+    (B, H, N). A block of queries at a time, over the keys it sees: the probabilities are made again from q k^T at
+    q's width, then dS = P * (grad_out stream^T - delta), dq = scale dS k, dk = scale dS^T q, dstream = P^T grad_out.
+    Each block's products run over the G query heads of a KV head at once (no copies of k or the stream)."""
+    block = block or STREAM_BACKWARD_BLOCK
+    length, (batch, kv_heads, keys, width) = q.shape[2], stream.shape
+    groups, rows = q.shape[1] // kv_heads, batch * kv_heads
+    q_g, grad_g = _by_kv_head(q, kv_heads), _by_kv_head(grad_out, kv_heads)
+    minus_lse = _by_kv_head(-logsumexp.to(q.dtype)[..., None], kv_heads)
+    minus_delta = _by_kv_head(-delta[..., None], kv_heads)
+    k_rows, stream_rows = k.reshape(rows, keys, -1), stream.reshape(rows, keys, width)
+    grad_q = torch.empty_like(q_g)
+    grad_k, grad_stream = torch.zeros_like(k_rows), torch.zeros_like(stream_rows)
+    for start in range(0, length, block):
+        end = min(start + block, length)
+        seen = min(end, keys) if is_causal else keys
+        q_block, grad_block = q_g[:, :, start:end].flatten(1, 2), grad_g[:, :, start:end].flatten(1, 2)
+        probs = torch.baddbmm(minus_lse[:, :, start:end].flatten(1, 2), q_block, k_rows[:, :seen].transpose(1, 2),
+                              alpha=scale).exp_()
+        if is_causal:  # keys after each query, within the block's own span
+            later = torch.ones(end - start, seen - start, dtype=torch.bool, device=q.device).triu(1)
+            probs.view(rows, groups, end - start, seen)[..., start:].masked_fill_(later, 0.0)
+        grad_stream[:, :seen].baddbmm_(probs.transpose(1, 2), grad_block)
+        grad_logits = probs.mul_(torch.baddbmm(minus_delta[:, :, start:end].flatten(1, 2), grad_block,
+                                               stream_rows[:, :seen].transpose(1, 2)))
+        grad_q[:, :, start:end] = torch.bmm(grad_logits, k_rows[:, :seen]).view(rows, groups, end - start, -1)
+        grad_k[:, :seen].baddbmm_(grad_logits.transpose(1, 2), q_block)
+    return (grad_q.mul_(scale).view(q.shape), grad_k.mul_(scale).view(k.shape),
+            grad_stream.view(stream.shape))
+
+
+def _by_kv_head(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """(B, H, N, ...) -> (B * Hkv, H / Hkv, N, ...): the query heads of each KV head together."""
+    return x.unflatten(1, (kv_heads, -1)).flatten(0, 1)
 
 
 def attend_with_probabilities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,

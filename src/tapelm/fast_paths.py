@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 VERIFIED: dict[str, tuple[str, ...]] = {
-    # CPU flash attention for a value stream wider than q and k, keeping only the unpadded q and k for the backward
-    # pass (tapelm.attention.StreamCpuFlash)
-    "cpu-flash-wide-values": ("cpu",),
+    # SDPA's CPU flash kernel through tapelm.attention.CpuFlashAttention: for a value stream wider than q and k it
+    # keeps only the unpadded q and k for the backward pass; without a mask tensor the backward pass is plain matrix
+    # products over blocks of queries (tapelm.attention.stream_attention_backward)
+    "cpu-flash-attention": ("cpu",),
     # attention without zero-padding q and k, on the CUDA kernels that take a wider value (cuDNN, memory-efficient):
     # not yet run under `pytest --device cuda`
     "cuda-unpadded-attention": (),
