@@ -244,8 +244,8 @@ def _padded_to(width: int, *tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 STREAM_BACKWARD_BLOCK = 64
-"""Queries per block of `stream_attention_backward`: at bench speed's small size 64 was faster than 32 and than 128
-(docs/speed/stream_backward.py times them)."""
+"""Queries per block of `stream_attention_backward`: for TAPE's stream 64 was the fastest of 32, 64 and 128 at bench
+speed's small and large sizes, and for a value as wide as q as fast as 32 (docs/speed/stream_backward.py)."""
 
 
 def stream_attention_backward(grad_out, q, k, stream, logsumexp, delta, is_causal: bool, scale: float,
