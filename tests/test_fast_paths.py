@@ -232,6 +232,31 @@ def test_rotary_encodings_on_their_fast_paths_compute_the_reference_function(enc
                                                       "padded"), DTYPE)
 
 
+@pytest.mark.compiles
+@pytest.mark.parametrize("pe_type", ["tape", "rope"])
+def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradients(pe_type, monkeypatch):
+    """`compile_layers()` (dynamic shapes, AOTAutograd tracing the backward pass) on a batch without padding: the
+    blockwise attention backward is traced, and every gradient equals the eager model's in float64."""
+    if DEVICE.type != "cpu":
+        pytest.skip("CpuFlashAttention runs on the CPU only")
+    monkeypatch.setattr(attention, "STREAM_BACKWARD_BLOCK", 8)
+    calls = []
+    monkeypatch.setattr(attention, "stream_attention_backward",
+                        lambda *args: calls.append(1) or stream_attention_backward(*args))
+    ids = tokens(2, 21)
+    grads = {}
+    for compiled in (False, True):
+        model = tiny_model(pe_type, dtype=torch.float64).train()
+        if compiled:
+            torch._dynamo.reset()
+            model.compile_layers(backend="aot_eager")
+        model(ids, labels=ids).loss.backward()
+        grads[compiled] = {name: param.grad for name, param in model.named_parameters()}
+    assert calls
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, atol=1e-12, rtol=0, msg=name)
+
+
 def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
     """The fast paths add no parameter and change no name: a model saved with them loads with them off."""
     model = tiny_model("tape", dtype=torch.float64, fast_paths="on")
