@@ -59,22 +59,29 @@ def test_attention_fast_paths_equal_the_padded_reference(path, kv_heads, mask_ki
     compare_stream_attention(path, kv_heads, mask_kind, DTYPE)
 
 
-@pytest.mark.parametrize("mask_kind", ["causal flag", "no mask"])
-@pytest.mark.parametrize("kv_heads", [4, 2])
-@pytest.mark.parametrize("path", ["stream", "attend"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_the_cpu_backward_over_blocks_of_queries_computes_the_reference_gradients(mask_kind, kv_heads, path, dtype,
-                                                                                   monkeypatch):
-    """`stream_attention_backward` (float32 and float64 without a mask tensor) over blocks of 8 queries, the last
-    one short: in float32 as accurately as the reference path in float32."""
+@pytest.fixture
+def blockwise_calls(monkeypatch):
+    """On the CPU, `stream_attention_backward` over blocks of 8 queries, its calls counted (a list, one entry a
+    call)."""
     if DEVICE.type != "cpu":
         pytest.skip("CpuFlashAttention runs on the CPU only")
     monkeypatch.setattr(attention, "STREAM_BACKWARD_BLOCK", 8)
     calls = []
     monkeypatch.setattr(attention, "stream_attention_backward",
                         lambda *args: calls.append(1) or stream_attention_backward(*args))
+    return calls
+
+
+@pytest.mark.parametrize("mask_kind", ["causal flag", "no mask"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("path", ["stream", "attend"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_cpu_backward_over_blocks_of_queries_computes_the_reference_gradients(mask_kind, kv_heads, path, dtype,
+                                                                                   blockwise_calls):
+    """`stream_attention_backward` (float32 and float64 without a mask tensor) over blocks of 8 queries, the last
+    one short: in float32 as accurately as the reference path in float32."""
     compare_stream_attention(path, kv_heads, mask_kind, dtype, length=37, d=16)
-    assert calls
+    assert blockwise_calls
 
 
 def compare_stream_attention(path, kv_heads, mask_kind, dtype, length=11, d=8):
@@ -234,15 +241,9 @@ def test_rotary_encodings_on_their_fast_paths_compute_the_reference_function(enc
 
 @pytest.mark.compiles
 @pytest.mark.parametrize("pe_type", ["tape", "rope"])
-def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradients(pe_type, monkeypatch):
+def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradients(pe_type, blockwise_calls):
     """`compile_layers()` (dynamic shapes, AOTAutograd tracing the backward pass) on a batch without padding: the
     blockwise attention backward is traced, and every gradient equals the eager model's in float64."""
-    if DEVICE.type != "cpu":
-        pytest.skip("CpuFlashAttention runs on the CPU only")
-    monkeypatch.setattr(attention, "STREAM_BACKWARD_BLOCK", 8)
-    calls = []
-    monkeypatch.setattr(attention, "stream_attention_backward",
-                        lambda *args: calls.append(1) or stream_attention_backward(*args))
     ids = tokens(2, 21)
     grads = {}
     for compiled in (False, True):
@@ -252,7 +253,7 @@ def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradient
             model.compile_layers(backend="aot_eager")
         model(ids, labels=ids).loss.backward()
         grads[compiled] = {name: param.grad for name, param in model.named_parameters()}
-    assert calls
+    assert blockwise_calls
     for name, grad in grads[False].items():
         torch.testing.assert_close(grads[True][name], grad, atol=1e-12, rtol=0, msg=name)
 
