@@ -276,8 +276,8 @@ def test_fast_paths_run_where_verified_unless_switched():
     assert fast_paths.enabled("cpu-flash-attention", cpu, "auto")
     assert not fast_paths.enabled("cpu-flash-attention", cpu, "off")
     assert fast_paths.enabled("cuda-unpadded-attention", cuda, "on")
-    assert fast_paths.enabled("cuda-unpadded-attention", cuda, "auto") == ("cuda" in
-                                                                           fast_paths.VERIFIED["cuda-unpadded-attention"])
+    verified = "cuda" in fast_paths.VERIFIED["cuda-unpadded-attention"]
+    assert fast_paths.enabled("cuda-unpadded-attention", cuda, "auto") == verified
     with pytest.raises(ValueError, match="fast_paths='fast' is not allowed; choose one of: auto, on, off"):
         tiny_model("tape", fast_paths="fast")
 

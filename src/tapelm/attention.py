@@ -224,7 +224,8 @@ class CpuFlashAttention(torch.autograd.Function):
     def backward(ctx, grad_values, grad_extra):
         q, k, stream, values, extra, logsumexp, attn_mask = ctx.saved_tensors
         outputs = [values] if extra is None else [values, extra]
-        grads = [torch.zeros_like(out) if grad is None else grad for out, grad in zip(outputs, (grad_values, grad_extra))]
+        grads = [torch.zeros_like(out) if grad is None else grad
+                 for out, grad in zip(outputs, (grad_values, grad_extra))]
         grad_out = grads[0] if extra is None else torch.cat(grads, dim=-1)
         if attn_mask is None and q.dtype in (torch.float32, torch.float64):
             delta = sum((grad * out).sum(-1) for grad, out in zip(grads, outputs))
