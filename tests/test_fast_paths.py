@@ -8,7 +8,7 @@ import torch
 from accuracy import compare_paths, outputs
 from conftest import DEVICE, tiny_model, tokens
 from tapelm import attention, fast_paths
-from tapelm.attention import (AttentionMask, attend, attend_stream, padded_attention, stream_attention_backward,
+from tapelm.attention import (AttentionMask, attend_stream, padded_attention, stream_attention_backward,
                               unpadded_attention)
 from tapelm.positional.rotation import HalvesRotation, rotate_halves
 
@@ -32,16 +32,16 @@ def masks(batch, length):
     padded = causal.expand(batch, 1, -1, -1).clone()
     padded[0, :, :, :3] = False
     padded[0, 0, :3, :3] = torch.eye(3, dtype=torch.bool, device=DEVICE)  # padding tokens see themselves
+    empty = padded.clone()
+    empty[1, :, 4, :] = False  # a query that sees no key (the flash kernel gives it output 0)
     return {"causal flag": AttentionMask(None, True), "no mask": AttentionMask(None, False),
-            "padding": AttentionMask(padded, False)}
+            "padding": AttentionMask(padded, False), "a query sees nothing": AttentionMask(empty, False)}
 
 
 def stream_outputs(path, q, k, stream, mask, value_width):
     """(V's output, the rest's output, empty for a stream as wide as q) by one way of attending."""
     if path == "stream":
         return attend_stream(q, k, stream, value_width, mask, None, 0.3, fast_paths="on")
-    if path == "attend":
-        return attend(q, k, stream, mask, None, 0.3, fast_paths="on"), None
     out = {"reference": padded_attention, "unpadded": unpadded_attention}[path](q, k, stream, mask.valid,
                                                                                    mask.is_causal, 0.3)
     return out[..., :value_width], out[..., value_width:]
@@ -49,12 +49,11 @@ def stream_outputs(path, q, k, stream, mask, value_width):
 
 @pytest.mark.parametrize("mask_kind", ["causal flag", "no mask", "padding"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
-@pytest.mark.parametrize("path", ["stream", "attend", "unpadded"])
+@pytest.mark.parametrize("path", ["stream", "unpadded"])
 def test_attention_fast_paths_equal_the_padded_reference(path, kv_heads, mask_kind):
-    """The CPU flash function for a wider stream ("stream") and for a value as wide as q and k ("attend"), both on
-    the CPU, and the unpadded call (every device: on the CPU SDPA's math kernel, on CUDA the kernels that take a
-    wider value): outputs and the gradients of q, k and the stream."""
-    if path != "unpadded" and DEVICE.type != "cpu":
+    """The CPU flash function for a wider stream (on the CPU) and the unpadded call (every device: on the CPU SDPA's
+    math kernel, on CUDA the kernels that take a wider value): outputs and the gradients of q, k and the stream."""
+    if path == "stream" and DEVICE.type != "cpu":
         pytest.skip("CpuFlashAttention runs on the CPU only")
     compare_stream_attention(path, kv_heads, mask_kind, DTYPE)
 
@@ -72,22 +71,22 @@ def blockwise_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("mask_kind", ["causal flag", "no mask"])
+@pytest.mark.parametrize("mask_kind", ["causal flag", "no mask", "padding", "a query sees nothing"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
-@pytest.mark.parametrize("path", ["stream", "attend"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_the_cpu_backward_over_blocks_of_queries_computes_the_reference_gradients(mask_kind, kv_heads, path, dtype,
+def test_the_cpu_backward_over_blocks_of_queries_computes_the_reference_gradients(mask_kind, kv_heads, dtype,
                                                                                    blockwise_calls):
-    """`stream_attention_backward` (float32 and float64 without a mask tensor) over blocks of 8 queries, the last
-    one short: in float32 as accurately as the reference path in float32."""
-    compare_stream_attention(path, kv_heads, mask_kind, dtype, length=37, d=16)
+    """`stream_attention_backward` (float32 and float64) over blocks of 8 queries, the last one short, with SDPA's
+    causal flag, every key, or a mask tensor (padding; a query that sees no key): in float32 as accurately as the
+    reference path in float32."""
+    compare_stream_attention("stream", kv_heads, mask_kind, dtype, length=37, d=16)
     assert blockwise_calls
 
 
 def compare_stream_attention(path, kv_heads, mask_kind, dtype, length=11, d=8):
-    """A path's outputs and the gradients of q, k and the stream against the padded reference (`compare_paths`):
-    the stream 3 d wide, or d for "attend"."""
-    batch, width = 2, d if path == "attend" else 3 * d
+    """A path's outputs and the gradients of q, k and a stream 3 d wide against the padded reference
+    (`compare_paths`)."""
+    batch, width = 2, 3 * d
     mask = masks(batch, length)[mask_kind]
     inputs = [random(batch, 4, length, d, seed=1), random(batch, kv_heads, length, d, seed=2),
               random(batch, kv_heads, length, width, seed=3)]
@@ -96,13 +95,9 @@ def compare_stream_attention(path, kv_heads, mask_kind, dtype, length=11, d=8):
     def run(setting, dtype):
         leaves = [x.to(dtype, copy=True).requires_grad_() for x in inputs]
         values, extra = stream_outputs(path if setting == "on" else "reference", *leaves, mask, d)
-        loss = (values * weights[0].to(dtype)).sum()
-        named = {"values": values.detach()}
-        if width > d:
-            loss = loss + (extra * weights[1].to(dtype)).sum()
-            named["extra"] = extra.detach()
-        loss.backward()
-        return {**named, **{f"{name} grad": leaf.grad for name, leaf in zip(("q", "k", "stream"), leaves)}}
+        ((values * weights[0].to(dtype)).sum() + (extra * weights[1].to(dtype)).sum()).backward()
+        return {"values": values.detach(), "extra": extra.detach(),
+                **{f"{name} grad": leaf.grad for name, leaf in zip(("q", "k", "stream"), leaves)}}
 
     compare_paths(run, dtype)
 
@@ -240,14 +235,13 @@ def test_rotary_encodings_on_their_fast_paths_compute_the_reference_function(enc
 
 
 @pytest.mark.compiles
-@pytest.mark.parametrize("pe_type", ["tape", "rope"])
-def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradients(pe_type, blockwise_calls):
+def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradients(blockwise_calls):
     """`compile_layers()` (dynamic shapes, AOTAutograd tracing the backward pass) on a batch without padding: the
     blockwise attention backward is traced, and every gradient equals the eager model's in float64."""
     ids = tokens(2, 21)
     grads = {}
     for compiled in (False, True):
-        model = tiny_model(pe_type, dtype=torch.float64).train()
+        model = tiny_model("tape", dtype=torch.float64).train()
         if compiled:
             torch._dynamo.reset()
             model.compile_layers(backend="aot_eager")

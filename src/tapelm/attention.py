@@ -10,10 +10,10 @@ function (`tapelm.fast_paths`):
 
 - on the CPU, `CpuFlashAttention` calls the same flash kernel. For a wider stream it keeps only the unpadded q and k
   for the backward pass and writes the two outputs in the layouts their readers take without a copy (about 10 MB
-  less memory a layer at bench speed's small size). In float32 and float64 without a mask tensor its backward pass
+  less memory a layer at bench speed's small size). In float32 and float64 the backward pass of a wider stream
   (`stream_attention_backward`) is plain matrix products over blocks of queries, with q k^T at q's width where the
-  flash kernel's backward pads q and k; it runs for every encoding that attends without a learned bias, so RoPE
-  and TAPE train on the same kernels;
+  flash kernel's backward pads q and k. A value as wide as q keeps the kernel's own backward, which has no padding
+  to remove; the blockwise pass was not reliably faster there (docs/speed/stream_backward.py);
 - on CUDA, the attention call without padding, on the kernels that take a wider value (cuDNN, memory-efficient);
 - everywhere, for a logit bias given as a `RowBias` (one the encoding can build for any block of queries: T5, FIRE,
   CoPE, FoX, PaTH), attention a block of queries at a time, each block's bias built inside an activation checkpoint, so
@@ -112,9 +112,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
     if v.shape[-1] > q.shape[-1] and q.device.type == "cuda" and enabled("cuda-unpadded-attention", q.device,
                                                                           fast_paths):
         return unpadded_attention(q, k, v, float_mask, mask.is_causal, scale)
-    if (v.shape[-1] >= q.shape[-1] and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-            and _takes_cpu_flash(q, mask, bias, fast_paths)):
-        return _cpu_flash_attention(q, k, v, v.shape[-1], mask, bias, scale)[0]
     return padded_attention(q, k, v, float_mask, mask.is_causal, scale)
 
 
@@ -197,12 +194,11 @@ def unpadded_attention(q, k, v, attn_mask, is_causal, scale):
 
 
 class CpuFlashAttention(torch.autograd.Function):
-    """SDPA's CPU flash kernel, for a value stream as wide as q and k or wider (then q and k are zero-padded to its
-    width for the call, as in the reference path). Returns the output of the first `value_width` features (for a
-    wider stream in the layout the output projection reads as a view: tokens outside heads) and of the rest
-    (contiguous), or None. It keeps only the unpadded q and k for the backward pass, and those two outputs instead of
-    the kernel's. The backward pass is `stream_attention_backward` where it applies (float32 or float64, no mask
-    tensor), else the kernel's own backward, q and k padded again. Same function."""
+    """SDPA's CPU flash kernel for a value stream wider than q and k, q and k zero-padded to its width for the call
+    as in the reference path. Returns the output of the first `value_width` features in the layout the output
+    projection reads as a view (tokens outside heads) and of the rest contiguous. It keeps only the unpadded q and k
+    for the backward pass, and those two outputs instead of the kernel's. In float32 and float64 the backward pass
+    is `stream_attention_backward`, else the kernel's own backward (q and k padded again). Same function."""
 
     @staticmethod
     def forward(ctx, q, k, stream, attn_mask, is_causal, scale, value_width):
@@ -210,11 +206,8 @@ class CpuFlashAttention(torch.autograd.Function):
             attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill_(~attn_mask, float("-inf"))
         out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             *_padded_to(stream.shape[-1], q, k), stream, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
-        if value_width == stream.shape[-1]:
-            values, extra = out, None
-        else:
-            values = out[..., :value_width].transpose(1, 2).contiguous().transpose(1, 2)
-            extra = out[..., value_width:].contiguous()
+        values = out[..., :value_width].transpose(1, 2).contiguous().transpose(1, 2)
+        extra = out[..., value_width:].contiguous()
         ctx.save_for_backward(q, k, stream, values, extra, logsumexp, attn_mask)
         ctx.is_causal, ctx.scale = is_causal, scale
         return values, extra
@@ -223,16 +216,15 @@ class CpuFlashAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_values, grad_extra):
         q, k, stream, values, extra, logsumexp, attn_mask = ctx.saved_tensors
-        outputs = [values] if extra is None else [values, extra]
-        grads = [torch.zeros_like(out) if grad is None else grad
-                 for out, grad in zip(outputs, (grad_values, grad_extra))]
-        grad_out = grads[0] if extra is None else torch.cat(grads, dim=-1)
-        if attn_mask is None and q.dtype in (torch.float32, torch.float64):
-            delta = sum((grad * out).sum(-1) for grad, out in zip(grads, outputs))
+        grad_values = torch.zeros_like(values) if grad_values is None else grad_values
+        grad_extra = torch.zeros_like(extra) if grad_extra is None else grad_extra
+        grad_out = torch.cat([grad_values, grad_extra], dim=-1)
+        if q.dtype in (torch.float32, torch.float64):
+            delta = (grad_values * values).sum(-1) + (grad_extra * extra).sum(-1)
             grad_q, grad_k, grad_stream = stream_attention_backward(grad_out, q, k, stream, logsumexp, delta,
-                                                                    ctx.is_causal, ctx.scale)
+                                                                    ctx.is_causal, ctx.scale, attn_mask)
             return grad_q, grad_k, grad_stream, None, None, None, None
-        out = values if extra is None else torch.cat(outputs, dim=-1)
+        out = torch.cat([values, extra], dim=-1)
         grad_q, grad_k, grad_stream = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, *_padded_to(stream.shape[-1], q, k), stream, out, logsumexp, 0.0, ctx.is_causal,
             attn_mask=attn_mask, scale=ctx.scale)
@@ -240,22 +232,24 @@ class CpuFlashAttention(torch.autograd.Function):
 
 
 def _padded_to(width: int, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Each tensor zero-padded in its last dimension to `width` (one as wide already is itself)."""
-    return [x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in tensors]
+    """Each tensor zero-padded in its last dimension to `width`."""
+    return [F.pad(x, (0, width - x.shape[-1])) for x in tensors]
 
 
 STREAM_BACKWARD_BLOCK = 64
 """Queries per block of `stream_attention_backward`: for TAPE's stream 64 was the fastest of 32, 64 and 128 at bench
-speed's small and large sizes, and for a value as wide as q as fast as 32 (docs/speed/stream_backward.py)."""
+speed's small and large sizes (docs/speed/stream_backward.py)."""
 
 
 def stream_attention_backward(grad_out, q, k, stream, logsumexp, delta, is_causal: bool, scale: float,
-                              block: int | None = None):
-    """The gradients of q, k and the stream of softmax(q k^T * scale) stream (GQA; causal, or every key), given the
-    output's gradient, the forward pass's log-sum-exp per query (B, H, N) and delta = rowsum(grad_out * out)
-    (B, H, N). A block of queries at a time, over the keys it sees: the probabilities are made again from q k^T at
-    q's width, then dS = P * (grad_out stream^T - delta), dq = scale dS k, dk = scale dS^T q, dstream = P^T grad_out.
-    Each block's products run over the G query heads of a KV head at once (no copies of k or the stream)."""
+                              attn_mask: torch.Tensor | None = None, block: int | None = None):
+    """The gradients of q, k and the stream of softmax(q k^T * scale + attn_mask) stream (GQA; causal, every key,
+    or an additive mask (B or 1, 1 or H, N, T) with -inf where a key is hidden), given the output's gradient, the
+    forward pass's log-sum-exp per query (B, H, N) and delta = rowsum(grad_out * out) (B, H, N). A block of queries
+    at a time, over the keys up to the last one it sees: the probabilities are made again from q k^T at q's width,
+    then dS = P * (grad_out stream^T - delta), dq = scale dS k, dk = scale dS^T q, dstream = P^T grad_out. Each
+    block's products run over the G query heads of a KV head at once (no copies of k or the stream). A query that
+    sees no key has probabilities 0, as in the flash kernel (whose log-sum-exp is 0 there)."""
     block = block or STREAM_BACKWARD_BLOCK
     length, (batch, kv_heads, keys, width) = q.shape[2], stream.shape
     groups, rows = q.shape[1] // kv_heads, batch * kv_heads
@@ -269,8 +263,17 @@ def stream_attention_backward(grad_out, q, k, stream, logsumexp, delta, is_causa
         end = min(start + block, length)
         seen = min(end, keys) if is_causal else keys
         q_block, grad_block = q_g[:, :, start:end].flatten(1, 2), grad_g[:, :, start:end].flatten(1, 2)
+        if attn_mask is not None:
+            visible = attn_mask[..., start:end, :] > float("-inf")
+            seen = _seen_keys(visible) if bool(visible.any()) else 1
         probs = torch.baddbmm(minus_lse[:, :, start:end].flatten(1, 2), q_block, k_rows[:, :seen].transpose(1, 2),
-                              alpha=scale).exp_()
+                              alpha=scale)
+        if attn_mask is not None:  # (B or 1, 1 or H, n, seen) added over (B, Hkv, G, n, seen) by broadcasting
+            rows_mask = attn_mask[..., start:end, :seen]
+            rows_mask = (rows_mask.unflatten(1, (kv_heads, groups)) if rows_mask.shape[1] > 1
+                         else rows_mask.unsqueeze(2))
+            probs.view(batch, kv_heads, groups, end - start, seen).add_(rows_mask)
+        probs.exp_()
         if is_causal:  # keys after each query, within the block's own span
             later = torch.ones(end - start, seen - start, dtype=torch.bool, device=q.device).triu(1)
             probs.view(rows, groups, end - start, seen)[..., start:].masked_fill_(later, 0.0)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 VERIFIED: dict[str, tuple[str, ...]] = {
-    # SDPA's CPU flash kernel through tapelm.attention.CpuFlashAttention: for a value stream wider than q and k it
-    # keeps only the unpadded q and k for the backward pass; without a mask tensor the backward pass is plain matrix
-    # products over blocks of queries (tapelm.attention.stream_attention_backward)
+    # SDPA's CPU flash kernel for a value stream wider than q and k (tapelm.attention.CpuFlashAttention), keeping
+    # only the unpadded q and k for the backward pass, which in float32 and float64 is plain matrix products over
+    # blocks of queries at q's width (tapelm.attention.stream_attention_backward)
     "cpu-flash-attention": ("cpu",),
     # attention without zero-padding q and k, on the CUDA kernels that take a wider value (cuDNN, memory-efficient):
     # not yet run under `pytest --device cuda`
