@@ -39,7 +39,7 @@ def masks(batch, length):
 
 
 def stream_outputs(path, q, k, stream, mask, value_width):
-    """(V's output, the rest's output, empty for a stream as wide as q) by one way of attending."""
+    """(V's output, the rest's output) by one way of attending."""
     if path == "stream":
         return attend_stream(q, k, stream, value_width, mask, None, 0.3, fast_paths="on")
     out = {"reference": padded_attention, "unpadded": unpadded_attention}[path](q, k, stream, mask.valid,
@@ -235,19 +235,28 @@ def test_rotary_encodings_on_their_fast_paths_compute_the_reference_function(enc
 
 
 @pytest.mark.compiles
-def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradients(blockwise_calls):
-    """`compile_layers()` (dynamic shapes, AOTAutograd tracing the backward pass) on a batch without padding: the
-    blockwise attention backward is traced, and every gradient equals the eager model's in float64."""
+@pytest.mark.parametrize("batch", ["plain", "padded"])
+def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradients(batch, monkeypatch):
+    """`compile_layers()` (dynamic shapes, AOTAutograd tracing the backward pass) on a batch without padding and on
+    a padded one (a mask tensor): the blockwise attention backward (blocks of 8) is traced without a graph break,
+    and every gradient equals the eager model's in float64."""
+    from torch._dynamo.utils import counters
+
+    if DEVICE.type != "cpu":
+        pytest.skip("CpuFlashAttention runs on the CPU only")
+    monkeypatch.setattr(attention, "STREAM_BACKWARD_BLOCK", 8)
+
     ids = tokens(2, 21)
     grads = {}
     for compiled in (False, True):
         model = tiny_model("tape", dtype=torch.float64).train()
         if compiled:
             torch._dynamo.reset()
+            counters.clear()
             model.compile_layers(backend="aot_eager")
-        model(ids, labels=ids).loss.backward()
+        model(ids, labels=ids, **batch_inputs(batch, ids)).loss.backward()
         grads[compiled] = {name: param.grad for name, param in model.named_parameters()}
-    assert blockwise_calls
+    assert not counters["graph_break"], dict(counters["graph_break"])
     for name, grad in grads[False].items():
         torch.testing.assert_close(grads[True][name], grad, atol=1e-12, rtol=0, msg=name)
 

@@ -122,28 +122,15 @@ def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_
     the rest of the stream (B, H, N, F), or None when the stream is V alone."""
     if stream.shape[-1] == value_width:
         return attend(q, k, stream, mask, bias, scale, eager, fast_paths), None
-    if not eager and q.shape[-2] > 1 and _takes_cpu_flash(q, mask, bias, fast_paths):
-        return _cpu_flash_attention(q, k, stream, value_width, mask, bias, scale)
+    if (not eager and q.shape[-2] > 1 and enabled("cpu-flash-attention", q.device, fast_paths)
+            and CpuFlashAttention.takes(q, mask, bias)):
+        dtype = _sdpa_dtype(q, k, stream)
+        float_mask = _with_bias(mask, bias)
+        return CpuFlashAttention.apply(q.to(dtype), k.to(dtype), stream.to(dtype),
+                                       float_mask if float_mask is None or float_mask.dtype == torch.bool
+                                       else float_mask.to(dtype), mask.is_causal, scale, value_width)
     out = attend(q, k, stream, mask, bias, scale, eager, fast_paths)
     return out[..., :value_width], out[..., value_width:]
-
-
-def _takes_cpu_flash(q: torch.Tensor, mask: AttentionMask, bias, fast_paths: str) -> bool:
-    """Fast path "cpu-flash-attention": a CPU tensor of a dtype the kernel takes, and no bias that needs a gradient
-    (a learned bias)."""
-    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-            and (bias is None or (isinstance(bias, torch.Tensor) and not bias.requires_grad))
-            and enabled("cpu-flash-attention", q.device, fast_paths))
-
-
-def _cpu_flash_attention(q, k, stream, value_width: int, mask: AttentionMask, bias, scale: float):
-    """`CpuFlashAttention` in the dtype SDPA would compute in, the bias folded into the mask."""
-    dtype = _sdpa_dtype(q, k, stream)
-    float_mask = _with_bias(mask, bias)
-    if float_mask is not None and float_mask.dtype != torch.bool:
-        float_mask = float_mask.to(dtype)
-    return CpuFlashAttention.apply(q.to(dtype), k.to(dtype), stream.to(dtype), float_mask, mask.is_causal, scale,
-                                   value_width)
 
 
 def chunked_bias_attention(q, k, v, mask: AttentionMask, bias: RowBias, scale: float, fast_paths: str):
@@ -168,10 +155,12 @@ def chunked_bias_attention(q, k, v, mask: AttentionMask, bias: RowBias, scale: f
 
 
 def _seen_keys(valid: torch.Tensor) -> int:
-    """1 + the last key any query of `valid` (B, 1, n, T) sees (T while compiling: no branch on data)."""
+    """1 + the last key any query of `valid` (B, 1 or H, n, T) sees, at least 1 (T while compiling: no branch on
+    data)."""
     if torch.compiler.is_compiling():
         return valid.shape[-1]
-    return int(valid.flatten(0, -2).any(0).nonzero()[-1]) + 1
+    seen = valid.flatten(0, -2).any(0).nonzero()
+    return int(seen[-1]) + 1 if len(seen) else 1
 
 
 def padded_attention(q, k, v, attn_mask, is_causal, scale):
@@ -199,6 +188,12 @@ class CpuFlashAttention(torch.autograd.Function):
     projection reads as a view (tokens outside heads) and of the rest contiguous. It keeps only the unpadded q and k
     for the backward pass, and those two outputs instead of the kernel's. In float32 and float64 the backward pass
     is `stream_attention_backward`, else the kernel's own backward (q and k padded again). Same function."""
+
+    @staticmethod
+    def takes(q: torch.Tensor, mask: AttentionMask, bias: torch.Tensor | None) -> bool:
+        """A CPU tensor of a dtype the kernel takes, and no bias that needs a gradient (a learned bias)."""
+        return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+                and (bias is None or (isinstance(bias, torch.Tensor) and not bias.requires_grad)))
 
     @staticmethod
     def forward(ctx, q, k, stream, attn_mask, is_causal, scale, value_width):
@@ -261,11 +256,11 @@ def stream_attention_backward(grad_out, q, k, stream, logsumexp, delta, is_causa
     grad_k, grad_stream = torch.zeros_like(k_rows), torch.zeros_like(stream_rows)
     for start in range(0, length, block):
         end = min(start + block, length)
-        seen = min(end, keys) if is_causal else keys
+        if attn_mask is None:
+            seen = min(end, keys) if is_causal else keys
+        else:
+            seen = _seen_keys(attn_mask[..., start:end, :] > float("-inf"))
         q_block, grad_block = q_g[:, :, start:end].flatten(1, 2), grad_g[:, :, start:end].flatten(1, 2)
-        if attn_mask is not None:
-            visible = attn_mask[..., start:end, :] > float("-inf")
-            seen = _seen_keys(visible) if bool(visible.any()) else 1
         probs = torch.baddbmm(minus_lse[:, :, start:end].flatten(1, 2), q_block, k_rows[:, :seen].transpose(1, 2),
                               alpha=scale)
         if attn_mask is not None:  # (B or 1, 1 or H, n, seen) added over (B, Hkv, G, n, seen) by broadcasting
