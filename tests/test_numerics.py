@@ -134,3 +134,32 @@ def test_bf16_autocast_cached_decoding_equals_the_full_pass(pe_type):
             start += size
         bf16_error = rms(full - reference(ids, position_ids=positions).logits)
     assert rms(torch.cat(chunks, dim=1) - full) <= 1.5 * bf16_error
+
+
+@pytest.mark.parametrize("tokens_in_step", [1, 5])
+def test_tape_state_updates_keep_the_state_in_float32_under_bf16_autocast(tokens_in_step):
+    """TAPE's state is a residual stream: under bf16 autocast each update's product runs in bf16 and its sum with the
+    state in float32. With a state of size 100 and updates of size about 1, rounding the state to bf16 in the sum (as
+    one autocast `baddbmm` would) errs by ~0.4; the products' bf16 rounding alone by ~0.01."""
+    model = tiny_model("tape", dtype=torch.float32).to(DEVICE)
+    layer, config = model.model.layers[0].positional, model.config
+    with torch.no_grad():
+        layer.mix_up.mul_(0.01)  # the MLP update's product is of the state itself: maps of size ~0.01
+    generator = torch.Generator().manual_seed(0)
+
+    def draw(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu")).to(DEVICE)
+
+    state = draw(2, config.num_key_value_heads, tokens_in_step, config.head_dim, scale=100.0)
+    attended = draw(2, config.num_attention_heads, tokens_in_step, config.head_dim)
+    mlp_out = draw(2, tokens_in_step, config.hidden_size)
+    ctx = PositionContext(query_positions=torch.zeros(2, tokens_in_step, dtype=torch.long, device=DEVICE))
+    layer.double()
+    expected = (layer.after_attention(state, attended, ctx), layer.after_mlp(state, mlp_out, ctx))
+    layer.float()
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        actual = (layer.after_attention(state.float(), attended.bfloat16(), ctx),
+                  layer.after_mlp(state.float(), mlp_out.float(), ctx))
+    for name, got, want in zip(("attention update", "MLP update"), actual, expected):
+        assert got.dtype == torch.float32, name
+        assert (got.double() - want).abs().max() < 0.05, name
