@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.state_mixing import fused_when_compiled, mix_state, state_delta
+from ..kernels.state_mixing import fused_when_compiled, mix_state, plus_product, state_delta
 from .base import LayerPositional, PositionalEncoding, PositionContext
 from .rotary import TapeRotaryEmbedding, group_queries
 from .rotation import rotate_pairs
@@ -164,20 +164,30 @@ class TapeLayer(LayerPositional):
             delta = group_queries(weighted, self.kv_heads).sum(2)
         elif fused_when_compiled(attended.shape[-2]):
             delta = (self.attn_mix.to(attended.dtype)[None, :, :, None, None] * attended[:, None]).sum(2)
-        else:  # one (Hkv x H) @ (H x N * F) product per sequence
+        else:  # one (Hkv x H) @ (H x N * F) product per sequence, the sum with the state in the same call
             batch, heads, length, width = attended.shape
             weight = self.attn_mix.to(attended.dtype).expand(batch, -1, -1)
-            delta = torch.bmm(weight, attended.reshape(batch, heads, -1)).view(batch, self.kv_heads, length, width)
+            attended = attended.reshape(batch, heads, -1)
+            if not self.dense:
+                return plus_product(state.reshape(batch, self.kv_heads, -1), weight, attended).view(state.shape)
+            delta = torch.bmm(weight, attended).view(batch, self.kv_heads, length, width)
         return state + (delta @ self.attn_dense if self.dense else delta)
 
     def after_mlp(self, state, mlp_out, ctx: PositionContext):
         if not self.mlp_update:
             return state
-        z = F.silu(self.gate(mlp_out))
-        # W_down diag(z) W_up is one Hkv x Hkv map per token (cheaper than materialising W_up E), computed as z @ K with K[i, (g, h)] = W_down[g, i] W_up[i, h]: autograd keeps only z
-        pairs = (self.mix_down.t()[:, :, None] * self.mix_up[:, None, :]).flatten(1).to(z.dtype)
-        mix = (z[..., None] * pairs).sum(-2) if fused_when_compiled(z.shape[-2]) else z @ pairs
-        mix = mix.unflatten(-1, (self.kv_heads, self.kv_heads))
+        mix = self._token_maps(F.silu(self.gate(mlp_out)))
         if self.dense:
             return state + state_delta(state, mix) @ self.mlp_dense
         return mix_state(state, mix, ctx.fast_paths)
+
+    def _token_maps(self, z: torch.Tensor) -> torch.Tensor:
+        """The MLP update's map W_down diag(z) W_up of each token (cheaper than materialising W_up E): z (B, N, I) ->
+        (B, N, Hkv, Hkv). A sequence's as z @ K with K[i, (g, h)] = W_down[g, i] W_up[i, h] (autograd keeps only z);
+        one token's, in an eager decoding step, as (W_down diag(z)) W_up: two operations where building K takes more."""
+        tokens = z.shape[-2]
+        if tokens == 1 and not fused_when_compiled(tokens):
+            return ((self.mix_down * z[:, 0, None, :]).to(z.dtype) @ self.mix_up.to(z.dtype))[:, None]
+        pairs = (self.mix_down.t()[:, :, None] * self.mix_up[:, None, :]).flatten(1).to(z.dtype)
+        mix = (z[..., None] * pairs).sum(-2) if fused_when_compiled(tokens) else z @ pairs
+        return mix.unflatten(-1, (self.kv_heads, self.kv_heads))

@@ -8,7 +8,7 @@ import torch
 
 from ...fast_paths import enabled
 from .. import triton_takes
-from .naive import fused_when_compiled, mix_state_reference, state_delta
+from .naive import fused_when_compiled, mix_state_reference, plus_product, state_delta
 
 
 def mix_state(state: torch.Tensor, mix: torch.Tensor, fast_paths: str = "auto") -> torch.Tensor:
@@ -22,4 +22,4 @@ def mix_state(state: torch.Tensor, mix: torch.Tensor, fast_paths: str = "auto") 
     return mix_state_reference(state, mix)
 
 
-__all__ = ["fused_when_compiled", "mix_state", "mix_state_reference", "state_delta"]
+__all__ = ["fused_when_compiled", "mix_state", "mix_state_reference", "plus_product", "state_delta"]
