@@ -164,7 +164,8 @@ def _saved_bytes(fn) -> int:
     return sum(storages.values())
 
 
-def _cache_bytes(cache) -> int:
+def cache_bytes(cache) -> int:
+    """Bytes a cache holds: its keys and its value streams (a static cache's whole buffers)."""
     return sum(layer.held_bytes() if hasattr(layer, "held_bytes") else layer.keys.nbytes + layer.values.nbytes
                for layer in cache.layers)
 
@@ -295,7 +296,7 @@ class Workload:
         for start in range(0, prompt.shape[1], 512):
             logits = self._forward(prompt[:, start:start + 512], cache).logits
         token = logits[:, -1:].argmax(-1)
-        cache_bytes = _cache_bytes(cache)
+        held = cache_bytes(cache)
         stance = "default" if self.compiles_decoding else "force_eager"  # eager: compiled layers' shapes change
         untimed = 3 if self.compiles_decoding else 1  # compiling, then CUDA graphs' warm-up and recording
         with torch.compiler.set_stance(stance):
@@ -306,7 +307,7 @@ class Workload:
             for _ in range(self.size.decode_tokens - untimed):
                 token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)
             self.options.synchronize()
-        return batch * (self.size.decode_tokens - untimed) / (time.perf_counter() - start), cache_bytes
+        return batch * (self.size.decode_tokens - untimed) / (time.perf_counter() - start), held
 
 
 def _decode_key(batch: int) -> str:
