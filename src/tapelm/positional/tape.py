@@ -187,7 +187,7 @@ class TapeLayer(LayerPositional):
         one token's, in an eager decoding step, as (W_down diag(z)) W_up: two operations where building K takes more."""
         tokens = z.shape[-2]
         if tokens == 1 and not fused_when_compiled(tokens):
-            return ((self.mix_down * z[:, 0, None, :]).to(z.dtype) @ self.mix_up.to(z.dtype))[:, None]
+            return (self.mix_down * z.unsqueeze(-2)).to(z.dtype) @ self.mix_up.to(z.dtype)
         pairs = (self.mix_down.t()[:, :, None] * self.mix_up[:, None, :]).flatten(1).to(z.dtype)
         mix = (z[..., None] * pairs).sum(-2) if fused_when_compiled(tokens) else z @ pairs
         return mix.unflatten(-1, (self.kv_heads, self.kv_heads))
