@@ -163,3 +163,19 @@ def test_tape_state_updates_keep_the_state_in_float32_under_bf16_autocast(tokens
     for name, got, want in zip(("attention update", "MLP update"), actual, expected):
         assert got.dtype == torch.float32, name
         assert (got.double() - want).abs().max() < 0.05, name
+
+
+def test_tape_attention_update_takes_features_of_another_dtype_than_the_state():
+    """A float32 state updated from bf16 attended features without autocast (a base model whose projections compute
+    in bf16, as quantised ones do): the sum is taken in float32, as state + the bf16 product."""
+    model = tiny_model("tape", dtype=torch.float32).to(DEVICE)
+    layer, config = model.model.layers[0].positional, model.config
+    generator = torch.Generator().manual_seed(0)
+    state = torch.randn(2, config.num_key_value_heads, 3, config.head_dim, generator=generator, device="cpu")
+    attended = torch.randn(2, config.num_attention_heads, 3, config.head_dim, generator=generator, device="cpu")
+    state, attended = state.to(DEVICE), attended.to(DEVICE, torch.bfloat16)
+    ctx = PositionContext(query_positions=torch.zeros(2, 3, dtype=torch.long, device=DEVICE))
+    updated = layer.after_attention(state, attended, ctx)
+    product = torch.einsum("gh,bhnf->bgnf", layer.attn_mix.bfloat16(), attended)
+    assert updated.dtype == torch.float32
+    torch.testing.assert_close(updated, state + product, rtol=0, atol=0.05 * product.abs().max().item())

@@ -36,9 +36,10 @@ def mix_state_reference(state: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
 
 def plus_product(total: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     """total + first @ second (batched) as one operation (`baddbmm`): a decoding step's few features take less time
-    in one call than in two. Under autocast as two, the product in autocast's dtype and the sum in total's: autocast
-    would run `baddbmm`, the sum included, in half precision, rounding the state every layer."""
-    if torch.is_autocast_enabled(total.device.type):
+    in one call than in two. Under autocast, or with a product of another dtype than total's, as two: the product in
+    its dtype, the sum in total's promoted with it (autocast would run `baddbmm`, the sum included, in half precision,
+    rounding the state every layer)."""
+    if torch.is_autocast_enabled(total.device.type) or second.dtype != total.dtype:
         return total + torch.bmm(first, second)
     return torch.baddbmm(total, first, second)
 
