@@ -136,13 +136,20 @@ def test_bf16_autocast_cached_decoding_equals_the_full_pass(pe_type):
     assert rms(torch.cat(chunks, dim=1) - full) <= 1.5 * bf16_error
 
 
+def tape_layer_and_context(tokens: int):
+    """The first layer's TAPE hooks of a tiny float32 model with random weights, its config, and a context for a
+    step of `tokens` tokens in a batch of 2."""
+    model = tiny_model("tape", dtype=torch.float32).to(DEVICE)
+    ctx = PositionContext(query_positions=torch.zeros(2, tokens, dtype=torch.long, device=DEVICE))
+    return model.model.layers[0].positional, model.config, ctx
+
+
 @pytest.mark.parametrize("tokens_in_step", [1, 5])
 def test_tape_state_updates_keep_the_state_in_float32_under_bf16_autocast(tokens_in_step):
     """TAPE's state is a residual stream: under bf16 autocast each update's product runs in bf16 and its sum with the
     state in float32. With a state of size 100 and updates of size about 1, rounding the state to bf16 in the sum (as
     one autocast `baddbmm` would) errs by ~0.4; the products' bf16 rounding alone by ~0.01."""
-    model = tiny_model("tape", dtype=torch.float32).to(DEVICE)
-    layer, config = model.model.layers[0].positional, model.config
+    layer, config, ctx = tape_layer_and_context(tokens_in_step)
     with torch.no_grad():
         layer.mix_up.mul_(0.01)  # the MLP update's product is of the state itself: maps of size ~0.01
     generator = torch.Generator().manual_seed(0)
@@ -153,7 +160,6 @@ def test_tape_state_updates_keep_the_state_in_float32_under_bf16_autocast(tokens
     state = draw(2, config.num_key_value_heads, tokens_in_step, config.head_dim, scale=100.0)
     attended = draw(2, config.num_attention_heads, tokens_in_step, config.head_dim)
     mlp_out = draw(2, tokens_in_step, config.hidden_size)
-    ctx = PositionContext(query_positions=torch.zeros(2, tokens_in_step, dtype=torch.long, device=DEVICE))
     layer.double()
     expected = (layer.after_attention(state, attended, ctx), layer.after_mlp(state, mlp_out, ctx))
     layer.float()
@@ -168,13 +174,11 @@ def test_tape_state_updates_keep_the_state_in_float32_under_bf16_autocast(tokens
 def test_tape_attention_update_takes_features_of_another_dtype_than_the_state():
     """A float32 state updated from bf16 attended features without autocast (a base model whose projections compute
     in bf16, as quantised ones do): the sum is taken in float32, as state + the bf16 product."""
-    model = tiny_model("tape", dtype=torch.float32).to(DEVICE)
-    layer, config = model.model.layers[0].positional, model.config
+    layer, config, ctx = tape_layer_and_context(3)
     generator = torch.Generator().manual_seed(0)
     state = torch.randn(2, config.num_key_value_heads, 3, config.head_dim, generator=generator, device="cpu")
     attended = torch.randn(2, config.num_attention_heads, 3, config.head_dim, generator=generator, device="cpu")
     state, attended = state.to(DEVICE), attended.to(DEVICE, torch.bfloat16)
-    ctx = PositionContext(query_positions=torch.zeros(2, 3, dtype=torch.long, device=DEVICE))
     updated = layer.after_attention(state, attended, ctx)
     product = torch.einsum("gh,bhnf->bgnf", layer.attn_mix.bfloat16(), attended)
     assert updated.dtype == torch.float32

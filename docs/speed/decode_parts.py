@@ -65,6 +65,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--out", type=Path, default=Path("docs/speed/decode-parts.json"))
     args = parser.parse_args()
+    if min(args.contexts) < 1 or args.repeats < 2:
+        parser.error(f"--contexts must be at least 1 (got {args.contexts}) and --repeats at least 2 for an interval "
+                     f"(got {args.repeats})")
     size, options = SIZES[args.size], Options(device=torch.device("cpu"))
     workloads = {row: Workload(size, row, options) for row in ("rope", "tape")}
     for workload in workloads.values():
