@@ -13,8 +13,8 @@
 # (auto, on or off; default auto). VISIT_TESTS (a pytest -k expression) and VISIT_WORKERS (default 8) shape the tests.
 # Stages:
 #   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), on 8
-#                pytest workers, each test named in the log as it ends; it takes what is left of SECONDS, up to 480 s,
-#                and runs only if 150 s are left
+#                pytest workers, each test named in the log as it ends; it takes what is left of SECONDS, up to
+#                VISIT_TESTS_SECONDS (default 480) so that later stages keep their time, and runs only if 150 s are left
 #   eager-1k     bench speed, 12 x 768 at 1,024 x 16, bf16 autocast: RoPE, TAPE and transformers' Llama
 #   reference-1k the same, RoPE and TAPE, every fast path off (the plain PyTorch paths: what the fast paths give)
 #   fast-1k      the same, RoPE and TAPE, every fast path on whether or not the tests passed (a measurement of the
@@ -87,7 +87,8 @@ case "${1:-}" in
         continue
       fi
       seconds=${limit[$name]}
-      [[ $name == tests ]] && seconds=$((deadline - SECONDS < 480 ? deadline - SECONDS : 480))
+      cap=${VISIT_TESTS_SECONDS:-480}
+      [[ $name == tests ]] && seconds=$((deadline - SECONDS < cap ? deadline - SECONDS : cap))
       echo "== $name (fast paths $fast; at most $seconds s)"
       started=$SECONDS
       timeout "$seconds" bash -c "$(declare -f bench stage); work=$work fast=$fast stage $name" \
