@@ -8,7 +8,9 @@ maps one forward pass onto fla's calls:
   asks), the logit scale;
 - the mask: a batch whose mask is causal within contiguous segments of each row (packed documents; padding, each
   padding token a segment of its own, since tapelm's mask lets it see only itself) runs as one row of variable-length
-  sequences (`cu_seqlens`); each row one causal sequence runs as it is.
+  sequences (`cu_seqlens`); each row one causal sequence runs as it is for FoX, and as one segment a row for PaTH
+  (fla 0.6's PaTH kernel without `cu_seqlens` raised an illegal memory access on an H100 at 2 rows of 20 tokens, heads
+  of 16, grouped queries: docs/gpu/h100-2026-11-27/).
 
 Cached tokens, a mask of any other shape, head sizes fla's PaTH kernel lacks, or a device without fla leave the call
 to the reference (the functions return None). The kernels run on CUDA with fla installed (`pip install tapelm[gpu]`)
@@ -115,9 +117,10 @@ def path_attention(ops: FlaOps, q, k, v, w: torch.Tensor, beta: torch.Tensor, ma
     cuts = segments(mask, q.shape[0], q.shape[-2], k.shape[-2])
     if cuts is False:
         return None
-    segmented = cuts is not None
-    out = ops.path(_heads_last(q, segmented), _heads_last(k, segmented), _heads_last(v, segmented),
-                   _heads_last(w, segmented).float(), _heads_last(beta, segmented).float(), scale, cuts)
+    if cuts is None:  # each row one sequence: fla 0.6's PaTH kernel without cu_seqlens failed on a GPU
+        cuts = torch.arange(0, q.shape[0] * q.shape[-2] + 1, q.shape[-2], device=q.device)
+    out = ops.path(_heads_last(q, True), _heads_last(k, True), _heads_last(v, True), _heads_last(w, True).float(),
+                   _heads_last(beta, True).float(), scale, cuts)
     return _heads_first(out, q.shape[0]).to(v.dtype)
 
 
