@@ -58,6 +58,22 @@ def test_attention_fast_paths_equal_the_padded_reference(path, kv_heads, mask_ki
     compare_stream_attention(path, kv_heads, mask_kind, DTYPE)
 
 
+@pytest.mark.parametrize("queries", [1, 3])
+def test_unpadded_attention_over_cached_keys_runs_without_cudnn_and_equals_the_reference(queries, monkeypatch):
+    """Queries over more keys (a decoding step, a prompt continued) leave cuDNN out, which would build a graph for
+    each new key length; queries over their own keys may run it. The output is the padded reference's."""
+    requested = []
+    monkeypatch.setattr(attention, "sdpa_kernel", lambda backends, sdpa_kernel=attention.sdpa_kernel:
+                        requested.append(list(backends)) or sdpa_kernel(backends))
+    q, k, stream = (random(2, heads, length, width, seed=seed).to(DTYPE)
+                    for heads, length, width, seed in ((4, queries, 8, 1), (2, 7, 8, 2), (2, 7, 24, 3)))
+    valid = torch.ones(queries, 7, dtype=torch.bool, device=DEVICE).tril(7 - queries)
+    close(unpadded_attention(q, k, stream, valid, False, 0.3), padded_attention(q, k, stream, valid, False, 0.3))
+    unpadded_attention(k.repeat(1, 2, 1, 1), k, stream, None, True, 0.3)
+    assert attention.SDPBackend.CUDNN_ATTENTION not in requested[0]
+    assert attention.SDPBackend.CUDNN_ATTENTION in requested[1]
+
+
 @pytest.fixture
 def blockwise_calls(monkeypatch):
     """On the CPU, `stream_attention_backward` over blocks of 8 queries, its calls counted (a list, one entry a

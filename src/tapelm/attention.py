@@ -173,12 +173,16 @@ def padded_attention(q, k, v, attn_mask, is_causal, scale):
 
 
 def unpadded_attention(q, k, v, attn_mask, is_causal, scale):
-    """A value wider than q and k without padding, on the CUDA kernels that take it (cuDNN, memory-efficient; math
-    as the last resort). Grouped KV heads are expanded for them."""
+    """A value wider than q and k without padding, on the CUDA kernels that take it: cuDNN or memory-efficient, math
+    as the last resort. Not cuDNN where keys are cached (more keys than queries): PyTorch builds a cuDNN graph for
+    each new key length, so each decoding step would build one. Grouped KV heads are expanded for the kernels."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+    backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    if k.shape[-2] == q.shape[-2]:
+        backends.insert(0, SDPBackend.CUDNN_ATTENTION)
+    with sdpa_kernel(backends):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
 
 
