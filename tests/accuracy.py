@@ -2,8 +2,11 @@
 
 In float64 (on the CPU) the two paths agree to `exact` of each tensor's largest entry. On a device, where the kernels
 take half precision, the fast path's error from the reference path in float64 may be at most `FACTOR` times the
-reference path's own error in that precision, plus one rounding step of the largest entry: a kernel is held to the
-precision a user would get without it, not to a fixed tolerance that a few layers of bf16 rounding already exceed.
+reference path's own error in that precision, plus one rounding step, both errors and the step measured over the
+whole tensor (its Euclidean norm): a kernel is held to the precision a user would get without it, not to a fixed
+tolerance that a few layers of bf16 rounding already exceed. The norm, not the largest entry: two ways of rounding
+differ entry by entry, and their largest errors by more than 2x on a GPU (docs/gpu/h100-2026-11-27/), while a wrong
+result moves the whole tensor.
 """
 
 from __future__ import annotations
@@ -37,11 +40,15 @@ def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype
         if expected is None:
             continue
         expected = expected.double()
-        scale = expected.abs().max().item()
-        error = (actual[name].double() - expected).abs().max().item()
         if baseline is None:
+            scale = expected.abs().max().item()
+            error = (actual[name].double() - expected).abs().max().item()
             allowed = exact * max(scale, 1.0)
+            what = "largest error", "largest entry"
         else:
-            allowed = FACTOR * (baseline[name].double() - expected).abs().max().item() + ROUNDING[dtype] * scale
-        assert error <= allowed, (f"{name}: largest error {error:.3g} from the float64 reference, allowed {allowed:.3g}"
-                                  f" (largest entry {scale:.3g})")
+            scale = expected.norm().item()
+            error = (actual[name].double() - expected).norm().item()
+            allowed = FACTOR * (baseline[name].double() - expected).norm().item() + ROUNDING[dtype] * scale
+            what = "error (norm)", "norm"
+        assert error <= allowed, (f"{name}: {what[0]} {error:.3g} from the float64 reference, allowed {allowed:.3g}"
+                                  f" ({what[1]} {scale:.3g})")

@@ -24,6 +24,10 @@ from tapelm import PE_TYPES, TapeConfig, TapeForCausalLM
 VOCAB = 61
 DEVICE = torch.device("cpu")
 """The device of the law tests (`--device`); set before the test modules are imported."""
+WEIGHT_STD = 0.3
+"""The scale of `randomize`'s weights, set with DEVICE: 0.3 on the CPU, where the law tests run in float64; 0.1 on a
+device, where they run in bf16. At 0.3 bf16 computes the tiny models' worst tensor to a median 42% of its norm (no
+comparison could see a wrong result there), at 0.1 to 2.4% (docs/gpu/bf16_conditioning.py)."""
 
 
 def pytest_addoption(parser):
@@ -35,8 +39,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     """The device the tests run on, and the marks transformers' own common tests use
     (tests/test_transformers_common.py), so they load without warnings."""
-    global DEVICE
+    global DEVICE, WEIGHT_STD
     DEVICE = torch.device(config.getoption("--device"))
+    WEIGHT_STD = 0.3 if DEVICE.type == "cpu" else 0.1
     if DEVICE.type == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError(f"--device {DEVICE}: this PyTorch ({torch.__version__}) sees no CUDA device")
     if DEVICE.type not in ("cpu", "cuda"):
@@ -97,9 +102,10 @@ def tiny_config(pe_type: str = "tape", **overrides) -> TapeConfig:
     return TapeConfig(**options)
 
 
-def randomize(model: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.nn.Module:
-    """Give every parameter (TAPE's zero-initialised ones included) random non-zero values, drawn on the CPU (the
-    same values on every device)."""
+def randomize(model: torch.nn.Module, std: float | None = None, seed: int = 0) -> torch.nn.Module:
+    """Give every parameter (TAPE's zero-initialised ones included) random non-zero values of scale `std` (default
+    WEIGHT_STD), drawn on the CPU (the same values on every device)."""
+    std = WEIGHT_STD if std is None else std
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -121,9 +127,10 @@ def new_model(config: TapeConfig, seed: int = 0, device: torch.device | None = N
         return TapeForCausalLM(config).eval()
 
 
-def tiny_model(pe_type: str = "tape", dtype=torch.float32, seed: int = 0, **overrides) -> TapeForCausalLM:
-    """A tiny model with random non-zero weights on the test device."""
-    return randomize(new_model(tiny_config(pe_type, **overrides), seed), seed=seed).to(dtype).eval()
+def tiny_model(pe_type: str = "tape", dtype=torch.float32, seed: int = 0, std: float | None = None,
+               **overrides) -> TapeForCausalLM:
+    """A tiny model with random non-zero weights (`randomize`) on the test device."""
+    return randomize(new_model(tiny_config(pe_type, **overrides), seed), std, seed).to(dtype).eval()
 
 
 def decode_in_chunks(model, ids, chunks):
