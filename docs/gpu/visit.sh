@@ -20,6 +20,8 @@
 #   fast-1k      the same, RoPE and TAPE, every fast path on whether or not the tests passed (a measurement of the
 #                paths not yet verified)
 #   compiled-1k  the same with --compile (compiled layers; a static cache and a compiled decode step), RoPE and TAPE
+#   paths-1k     docs/gpu/fast_path_ablation.py at 1,024 x 16: RoPE's and TAPE's training step and eager batch-1
+#                decoding with no fast path, each CUDA fast path alone, and all, 5 repetitions
 #   eager-4k     bench speed at 4,096 x 4, RoPE and TAPE
 #   gqa-2k       bench speed of the 24 x 1,024 GQA model at 2,048 x 8, RoPE and TAPE
 # Commit what comes back under docs/gpu/ with the device named, and move each fast path whose tests passed into
@@ -35,13 +37,14 @@
 # first: it measures the compiled decoding ratio docs/SPEED.md predicts from the kernel counts.
 # Third visit (2026-11-27, docs/gpu/h100-2026-11-27/): the tests took 161 s, compiled-1k 232 s, fast-1k 163 s, and
 # eager-4k with every fast path on ran past 70 s (fla autotuning at the new size), hence the limits below. Within 900 s
-# of device time, one call fits `VISIT_TESTS_SECONDS=200 run "$OUT" 590 tests fast-1k eager-4k`.
+# of device time, one call fits `VISIT_TESTS_SECONDS=200 run "$OUT" 590 tests paths-1k fast-1k`: paths-1k says
+# which fast path costs what at 1k (all of them together were slower there than none).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 wheels=(transformers==5.24.0 flash-linear-attention==0.6.0 fla-core==0.6.0 parameterized==0.9.0 dill==0.4.1
         "regex>=2025.10.22")
 declare -A limit=([tests]=150 [eager-1k]=120 [reference-1k]=70 [fast-1k]=200 [compiled-1k]=270 [eager-4k]=150
-                  [gqa-2k]=90)
+                  [gqa-2k]=90 [paths-1k]=220)
 
 bench() {  # bench speed at SIZE with fast paths FAST into folder NAME; more arguments are passed on
   local name=$1 size=$2 fast=$3
@@ -64,6 +67,8 @@ stage() {  # run stage NAME; FAST is the fast-path setting the tests earned
     compiled-1k) bench compiled-1k paper-1k "$fast" --pe tape --repeats 2 --compile ;;
     eager-4k) bench eager-4k paper-4k "$fast" --pe tape --repeats 2 ;;
     gqa-2k) bench gqa-2k gqa-2k "$fast" --pe tape --repeats 2 ;;
+    paths-1k) python3 docs/gpu/fast_path_ablation.py --device cuda --dtype bf16 --size paper-1k --repeats 5 \
+      --out "$work/paths-1k" ;;
     *) echo "unknown stage $1" >&2; return 2 ;;
   esac
 }
