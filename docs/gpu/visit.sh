@@ -22,6 +22,8 @@
 #   compiled-1k  the same with --compile (compiled layers; a static cache and a compiled decode step), RoPE and TAPE
 #   paths-1k     docs/gpu/fast_path_ablation.py at 1,024 x 16: RoPE's and TAPE's training step and eager batch-1
 #                decoding with no fast path, each CUDA fast path alone, and all, 5 repetitions
+#   profile-1k   docs/gpu/profile_steps.py at 1,024 x 16: torch.profiler's kernels of RoPE's and TAPE's eager
+#                training step and compiled batch-1 decoding step (without CUDA graphs, each kernel seen)
 #   eager-4k     bench speed at 4,096 x 4, RoPE and TAPE
 #   gqa-2k       bench speed of the 24 x 1,024 GQA model at 2,048 x 8, RoPE and TAPE
 # Commit what comes back under docs/gpu/ with the device named, and move each fast path whose tests passed into
@@ -31,20 +33,18 @@
 # 88 s, eager-4k 35-52 s, gqa-2k 52 s, compiled-1k about 200 s (mostly compiling); with the fast paths on, fla
 # autotunes each kernel inside the first stage that reaches it (fast-1k did not finish in 110 s, hence its 240 s).
 # The law tests took 265 s on 8 workers while every worker autotuned fla's kernels (16 workers were slower still);
-# the conftest now compiles one configuration per autotuned kernel under --device cuda. So give the tests a call of
-# their own first, `run "$OUT" 300 tests`, then the measurements in a second call on the warm machine:
-# `VISIT_FAST_PATHS=on run "$OUT" 500 compiled-1k fast-1k` (on where the tests passed, else auto). compiled-1k comes
-# first: it measures the compiled decoding ratio docs/SPEED.md predicts from the kernel counts.
+# the conftest now compiles one configuration per autotuned kernel under --device cuda.
 # Third visit (2026-11-27, docs/gpu/h100-2026-11-27/): the tests took 161 s, compiled-1k 232 s, fast-1k 163 s, and
 # eager-4k with every fast path on ran past 70 s (fla autotuning at the new size), hence the limits below. Within 900 s
 # of device time, one call fits `VISIT_TESTS_SECONDS=200 run "$OUT" 590 tests paths-1k fast-1k`: paths-1k says
-# which fast path costs what at 1k (all of them together were slower there than none).
+# which fast path costs what at 1k (all of them together were slower there than none). A second call can then take
+# `run "$OUT" 450 profile-1k compiled-1k` if the first leaves the time.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 wheels=(transformers==5.24.0 flash-linear-attention==0.6.0 fla-core==0.6.0 parameterized==0.9.0 dill==0.4.1
         "regex>=2025.10.22")
 declare -A limit=([tests]=150 [eager-1k]=120 [reference-1k]=70 [fast-1k]=200 [compiled-1k]=270 [eager-4k]=150
-                  [gqa-2k]=90 [paths-1k]=220)
+                  [gqa-2k]=90 [paths-1k]=220 [profile-1k]=200)
 
 bench() {  # bench speed at SIZE with fast paths FAST into folder NAME; more arguments are passed on
   local name=$1 size=$2 fast=$3
@@ -69,6 +69,8 @@ stage() {  # run stage NAME; FAST is the fast-path setting the tests earned
     gqa-2k) bench gqa-2k gqa-2k "$fast" --pe tape --repeats 2 ;;
     paths-1k) python3 docs/gpu/fast_path_ablation.py --device cuda --dtype bf16 --size paper-1k --repeats 5 \
       --out "$work/paths-1k" ;;
+    profile-1k) python3 docs/gpu/profile_steps.py --device cuda --dtype bf16 --size paper-1k --fast-paths "$fast" \
+      --out "$work/profile-1k" ;;
     *) echo "unknown stage $1" >&2; return 2 ;;
   esac
 }
