@@ -25,15 +25,17 @@ VOCAB = 61
 DEVICE = torch.device("cpu")
 """The device of the law tests (`--device`); set before the test modules are imported."""
 WEIGHT_STD = 0.3
-"""The scale of `randomize`'s weights, set with DEVICE: 0.3 on the CPU, where the law tests run in float64; 0.1 on a
-device, where they run in bf16. At 0.3 bf16 computes the tiny models' worst tensor to a median 42% of its norm (no
-comparison could see a wrong result there), at 0.1 to 2.4% (docs/gpu/bf16_conditioning.py)."""
+"""The scale of `randomize`'s weights, set with DEVICE (or `--weight-std`): 0.3 on the CPU, where the law tests run
+in float64; 0.1 on a device, where they run in bf16. At 0.3 bf16 computes the tiny models' worst tensor to a median
+42% of its norm (no comparison could see a wrong result there), at 0.1 to 2.4% (docs/gpu/bf16_conditioning.py)."""
 
 
 def pytest_addoption(parser):
     parser.addoption("--device", default="cpu",
                      help="device for the law tests marked `device` (cpu, cuda, cuda:1, ...); on another device "
                           "than the CPU every other test is skipped with its reason (default: %(default)s)")
+    parser.addoption("--weight-std", type=float, default=None,
+                     help="scale of the tiny models' random weights (default: 0.3 on the CPU, 0.1 on a device)")
 
 
 def pytest_configure(config):
@@ -41,7 +43,11 @@ def pytest_configure(config):
     (tests/test_transformers_common.py), so they load without warnings."""
     global DEVICE, WEIGHT_STD
     DEVICE = torch.device(config.getoption("--device"))
-    WEIGHT_STD = 0.3 if DEVICE.type == "cpu" else 0.1
+    WEIGHT_STD = config.getoption("--weight-std")
+    if WEIGHT_STD is None:
+        WEIGHT_STD = 0.3 if DEVICE.type == "cpu" else 0.1
+    if WEIGHT_STD <= 0:
+        raise pytest.UsageError(f"--weight-std {WEIGHT_STD}: give a scale above 0")
     if DEVICE.type == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError(f"--device {DEVICE}: this PyTorch ({torch.__version__}) sees no CUDA device")
     if DEVICE.type not in ("cpu", "cuda"):
