@@ -36,9 +36,10 @@
 # the conftest now compiles one configuration per autotuned kernel under --device cuda.
 # Third visit (2026-11-27, docs/gpu/h100-2026-11-27/): the tests took 161 s, compiled-1k 232 s, fast-1k 163 s, and
 # eager-4k with every fast path on ran past 70 s (fla autotuning at the new size), hence the limits below. Within 900 s
-# of device time, one call fits `VISIT_TESTS_SECONDS=200 run "$OUT" 590 tests paths-1k fast-1k`: paths-1k says
-# which fast path costs what at 1k (all of them together were slower there than none). A second call can then take
-# `run "$OUT" 450 profile-1k compiled-1k` if the first leaves the time.
+# of device time, a first call `VISIT_TESTS_SECONDS=200 run "$OUT" 590 tests paths-1k fast-1k` runs the tests and
+# paths-1k, which says which fast path costs what at 1k (all of them together were slower there than none), and
+# fast-1k only if the tests end early; a second call on the warm machine, `run "$OUT" 240 profile-1k`, if time is
+# left (compiled-1k needs 270 s more).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 wheels=(transformers==5.24.0 flash-linear-attention==0.6.0 fla-core==0.6.0 parameterized==0.9.0 dill==0.4.1
