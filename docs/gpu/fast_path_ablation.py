@@ -40,7 +40,7 @@ DECODE_TOKENS = 16
 @contextlib.contextmanager
 def verified_only(device_type: str, paths: tuple[str, ...]):
     """`fast_paths.VERIFIED` holding `device_type` for `paths` only, restored after."""
-    saved = {name: devices for name, devices in fast_paths.VERIFIED.items()}
+    saved = dict(fast_paths.VERIFIED)
     for name, devices in saved.items():
         others = tuple(device for device in devices if device != device_type)
         fast_paths.VERIFIED[name] = others + ((device_type,) if name in paths else ())
