@@ -152,3 +152,36 @@ def test_tape_layers_chooses_which_layers_update(choice, updating):
     for layer in range(first + 2):  # inputs of layers 0..first+1: layer `first` updates E only after its attention
         torch.testing.assert_close(ours[layer], theirs[layer], atol=1e-5, rtol=0)
     assert not torch.allclose(ours[first + 2], theirs[first + 2], atol=1e-4)
+
+
+
+@pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 4}, {"tape_attn_mixing": "per_head"},
+                                       {"tape_equivariant": False}, {"tape_block": (2, 4)}])
+def test_tape_updates_of_one_token_at_a_time_equal_the_sequences(overrides):
+    """A decoding step's state updates (one token: the branches with the fewest calls) compute, token by token, what
+    the sequence's compute: the updated state and the gradients of the state, the inputs and every parameter, in
+    float64."""
+    from tapelm.positional import PositionContext
+    from tapelm.positional.tape import state_width
+
+    model = tiny_model("tape", dtype=torch.float64, **overrides)
+    layer, config, length = model.model.layers[0].positional, model.config, 5
+    generator = torch.Generator().manual_seed(0)
+    shapes = ((2, config.num_key_value_heads, length, state_width(config)),
+              (2, config.num_attention_heads, length, state_width(config)), (2, length, config.hidden_size))
+    state, attended, mlp_out = (torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu")
+                                .to(DEVICE).requires_grad_() for shape in shapes)
+    inputs = (state, attended, mlp_out, *layer.parameters())
+
+    def update(tokens: slice) -> torch.Tensor:
+        positions = torch.zeros(2, tokens.stop - tokens.start, dtype=torch.long, device=DEVICE)
+        ctx = PositionContext(query_positions=positions)
+        middle = layer.after_attention(state[:, :, tokens], attended[:, :, tokens], ctx)
+        return layer.after_mlp(middle, mlp_out[:, tokens], ctx)
+
+    whole = update(slice(0, length))
+    grads = torch.autograd.grad(whole.square().sum(), inputs)
+    singles = torch.cat([update(slice(n, n + 1)) for n in range(length)], dim=2)
+    torch.testing.assert_close(singles, whole, atol=1e-12, rtol=0)
+    for actual, expected in zip(torch.autograd.grad(singles.square().sum(), inputs), grads):
+        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)

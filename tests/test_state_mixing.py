@@ -2,7 +2,8 @@
 gradients: in float64 under Triton's CPU interpreter (a subprocess with TRITON_INTERPRET=1, which is how CI runs
 them), on any strides the state arrives with (expanded over heads as the first layer's E0, the projections' token
 layout), with head counts and widths that are not powers of two; and a TAPE model routed through them gives the
-reference's loss and every gradient. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16."""
+reference's loss and every gradient. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16. The
+reference's one-token branches (an eager or a compiled decoding step) compute what it computes for a sequence."""
 
 import pytest
 import torch
@@ -12,8 +13,6 @@ from conftest import DEVICE, run_under_triton_interpreter, tiny_model, tokens
 from tapelm import fast_paths
 
 pytestmark = pytest.mark.device
-
-pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
 
 BATCH, HEADS, LENGTH, WIDTH = 2, 3, 5, 6  # not powers of two: the kernels mask their tiles
 VIEWS = {
@@ -80,6 +79,7 @@ def check_model(device, dtype) -> None:
 
 
 def test_the_kernels_compute_the_reference_function():
+    pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
     if DEVICE.type == "cuda":
         check_kernels(DEVICE, torch.float32, 1e-5)
         check_kernels(DEVICE, torch.bfloat16, 3e-2)
@@ -112,6 +112,22 @@ def test_a_compiled_decoding_step_mixes_as_a_sequence_does(layout):
     grads = torch.autograd.grad(whole.sum(), tensors)
     step = torch.compile(state_delta, backend="eager", fullgraph=True, dynamic=False)
     singles = torch.cat([step(state[:, :, n:n + 1], mix[:, n:n + 1]) for n in range(LENGTH)], dim=2)
+    torch.testing.assert_close(singles, whole, atol=1e-12, rtol=0)
+    for actual, expected in zip(torch.autograd.grad(singles.sum(), tensors), grads):
+        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("layout", list(VIEWS))
+def test_an_eager_decoding_step_mixes_as_a_sequence_does(layout):
+    """One token at a time through the reference's one-token branch equals the sequence's per-token product, output
+    and gradients, in float64."""
+    from tapelm.kernels.state_mixing import mix_state_reference
+
+    tensors = leaves(layout, DEVICE, torch.float64)
+    state, mix = VIEWS[layout][1](*tensors)
+    whole = mix_state_reference(state, mix)
+    grads = torch.autograd.grad(whole.sum(), tensors)
+    singles = torch.cat([mix_state_reference(state[:, :, n:n + 1], mix[:, n:n + 1]) for n in range(LENGTH)], dim=2)
     torch.testing.assert_close(singles, whole, atol=1e-12, rtol=0)
     for actual, expected in zip(torch.autograd.grad(singles.sum(), tensors), grads):
         torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)

@@ -166,7 +166,7 @@ class TapeLayer(LayerPositional):
             delta = (self.attn_mix.to(attended.dtype)[None, :, :, None, None] * attended[:, None]).sum(2)
         else:  # one (Hkv x H) @ (H x N * F) product per sequence, the sum with the state in the same call
             batch, heads, length, width = attended.shape
-            weight = self.attn_mix.to(attended.dtype).expand(batch, -1, -1)
+            weight = _in_dtype(self.attn_mix, attended.dtype).expand(batch, -1, -1)
             attended = attended.reshape(batch, heads, -1)
             if not self.dense:
                 return plus_product(state.reshape(batch, self.kv_heads, -1), weight, attended).view(state.shape)
@@ -184,10 +184,17 @@ class TapeLayer(LayerPositional):
     def _token_maps(self, z: torch.Tensor) -> torch.Tensor:
         """The MLP update's map W_down diag(z) W_up of each token (cheaper than materialising W_up E): z (B, N, I) ->
         (B, N, Hkv, Hkv). A sequence's as z @ K with K[i, (g, h)] = W_down[g, i] W_up[i, h] (autograd keeps only z);
-        one token's, in an eager decoding step, as (W_down diag(z)) W_up: two operations where building K takes more."""
+        one token's, in an eager decoding step, as (W_down diag(z)) W_up: two operations where building K takes more
+        (a decoding step runs this in every layer, so it avoids even the calls that change nothing)."""
         tokens = z.shape[-2]
-        if tokens == 1 and not fused_when_compiled(tokens):
-            return (self.mix_down * z.unsqueeze(-2)).to(z.dtype) @ self.mix_up.to(z.dtype)
+        if tokens == 1 and not fused_when_compiled(tokens):  # (Hkv, I) * (B, 1, I): the token axis takes Hkv's place
+            maps = _in_dtype(self.mix_down * z, z.dtype) @ _in_dtype(self.mix_up, z.dtype)
+            return maps.unsqueeze(-3)
         pairs = (self.mix_down.t()[:, :, None] * self.mix_up[:, None, :]).flatten(1).to(z.dtype)
         mix = (z[..., None] * pairs).sum(-2) if fused_when_compiled(tokens) else z @ pairs
         return mix.unflatten(-1, (self.kv_heads, self.kv_heads))
+
+
+def _in_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`, without a call where it already is (about 1 µs of dispatch, in each layer of a decoding step)."""
+    return x if x.dtype == dtype else x.to(dtype)

@@ -27,9 +27,13 @@ def state_delta(state: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
 
 def mix_state_reference(state: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     """The state after the update: state + `state_delta(state, mix)`, the sum in the product's call
-    (`plus_product`)."""
-    if fused_when_compiled(state.shape[-2]):
+    (`plus_product`). One token's update takes the fewest calls: a decoding step runs it in every layer."""
+    batch, kv_heads, length, width = state.shape
+    if fused_when_compiled(length):
         return state + state_delta(state, mix)
+    if length == 1:  # a decoding step: the state is its one token's rows (copied where expanded over heads)
+        rows = state.reshape(batch, kv_heads, width)
+        return plus_product(rows, mix.view(batch, kv_heads, kv_heads), rows).view(state.shape)
     rows = _token_rows(state)
     return _by_token(plus_product(rows, mix.flatten(0, 1), rows), state)
 
