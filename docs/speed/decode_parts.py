@@ -5,7 +5,9 @@ it bounds what faster updates could give, the rest of TAPE's cost being the wide
 
 Each repetition decodes a few tokens with each variant in turn on a cache of fixed length (each new token cropped off
 again), so the ratios of one repetition are taken under the same load; the JSON holds every time and each variant's
-tokens/s ratio to RoPE (mean and 95% interval over repetitions) with the bytes bound of `bench speed`.
+tokens/s ratio to RoPE (mean and 95% interval over repetitions) with the bytes bound of `bench speed`, and what the
+updates cost inside a decoding step: the median over repetitions of TAPE's time per token less the skipped
+variant's, per updating layer and as a share of TAPE's time.
 
     python docs/speed/decode_parts.py [--size small] [--contexts 16 1024 2048 4096] [--repeats 60]
         [--out docs/speed/decode-parts.json]
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -73,11 +76,13 @@ def main() -> None:
     for workload in workloads.values():
         workload.for_decoding()
     rope, tape = workloads["rope"].model, workloads["tape"].model
+    updating_layers = sum(layer.positional.attention_update or layer.positional.mlp_update
+                          for layer in tape.model.layers)
     weight_bytes = {row: workload.decode_weight_bytes() for row, workload in workloads.items()}
     prompt = torch.randint(0, size.vocab, (1, max(args.contexts)), generator=torch.Generator().manual_seed(0))
     token = prompt[:, :1]
     record = {"size": args.size, "repeats": args.repeats, "tokens_per_repeat": TOKENS, "environment": environment(),
-              "contexts": {}}
+              "updating_layers": updating_layers, "contexts": {}}
     for context in args.contexts:
         caches = {"rope": prefilled(rope, prompt[:, :context]), "tape": prefilled(tape, prompt[:, :context])}
         times = {"rope": [], "tape": [], "tape, updates skipped": []}
@@ -88,13 +93,18 @@ def main() -> None:
                 times[variant].append(seconds_per_token(tape, caches["tape"], token))
             skip_updates(tape, False)
         read = {row: weight_bytes[row] + cache_bytes(caches[row]) for row in caches}
+        updates = [full - skipped for full, skipped in zip(times["tape"], times["tape, updates skipped"])]
         entry = {"bytes_bound": read["rope"] / read["tape"], "bytes_read": read, "seconds_per_token": times,
                  "x_rope_tokens_per_s": {variant: interval([r / t for r, t in zip(times["rope"], seconds)])
-                                         for variant, seconds in times.items() if variant != "rope"}}
+                                         for variant, seconds in times.items() if variant != "rope"},
+                 "updates_us_per_layer": statistics.median(updates) / updating_layers * 1e6,
+                 "updates_share_of_step": statistics.median(u / t for u, t in zip(updates, times["tape"]))}
         record["contexts"][str(context)] = entry
         print(f"context {context:5d}: bytes bound {entry['bytes_bound']:.3f}; " + "; ".join(
             f"{variant} {ratio['mean']:.3f} ± {ratio['half_width']:.3f}x RoPE"
-            for variant, ratio in entry["x_rope_tokens_per_s"].items()), flush=True)
+            for variant, ratio in entry["x_rope_tokens_per_s"].items())
+            + f"; updates {entry['updates_us_per_layer']:.0f} µs a layer, {entry['updates_share_of_step']:.1%} of "
+              "the step", flush=True)
         del caches
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
