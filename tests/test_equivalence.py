@@ -1,11 +1,13 @@
 """TAPE at initialisation is RoPE; RoPE is transformers' Llama; the compact state is the general L x R path;
-the fused SDPA path is the explicit-softmax reference."""
+the fused SDPA path is the explicit-softmax reference; TAPE's updates of one token at a time are the sequence's."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tapelm import TapeForCausalLM
+from tapelm.positional import PositionContext
+from tapelm.positional.tape import state_width
 
 from conftest import DEVICE, new_model, tiny_config, tiny_model, tokens
 
@@ -154,16 +156,12 @@ def test_tape_layers_chooses_which_layers_update(choice, updating):
     assert not torch.allclose(ours[first + 2], theirs[first + 2], atol=1e-4)
 
 
-
 @pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 4}, {"tape_attn_mixing": "per_head"},
                                        {"tape_equivariant": False}, {"tape_block": (2, 4)}])
 def test_tape_updates_of_one_token_at_a_time_equal_the_sequences(overrides):
     """A decoding step's state updates (one token: the branches with the fewest calls) compute, token by token, what
     the sequence's compute: the updated state and the gradients of the state, the inputs and every parameter, in
     float64."""
-    from tapelm.positional import PositionContext
-    from tapelm.positional.tape import state_width
-
     model = tiny_model("tape", dtype=torch.float64, **overrides)
     layer, config, length = model.model.layers[0].positional, model.config, 5
     generator = torch.Generator().manual_seed(0)

@@ -99,35 +99,31 @@ def test_the_kernels_are_off_by_default_and_on_cuda_only():
     assert not triton_takes(torch.ones(1, device="cpu"))
 
 
-@pytest.mark.compiles
-@pytest.mark.parametrize("layout", list(VIEWS))
-def test_a_compiled_decoding_step_mixes_as_a_sequence_does(layout):
-    """One token compiled (the broadcast product) equals the per-token batched product over a sequence, output and
-    gradients, in float64."""
-    from tapelm.kernels.state_mixing import state_delta
-
+def check_one_token_at_a_time(sequence, step, layout: str) -> None:
+    """`step` applied to one token at a time equals `sequence` over all of them, output and gradients, in float64."""
     tensors = leaves(layout, DEVICE, torch.float64)
     state, mix = VIEWS[layout][1](*tensors)
-    whole = state_delta(state, mix)
+    whole = sequence(state, mix)
     grads = torch.autograd.grad(whole.sum(), tensors)
-    step = torch.compile(state_delta, backend="eager", fullgraph=True, dynamic=False)
     singles = torch.cat([step(state[:, :, n:n + 1], mix[:, n:n + 1]) for n in range(LENGTH)], dim=2)
     torch.testing.assert_close(singles, whole, atol=1e-12, rtol=0)
     for actual, expected in zip(torch.autograd.grad(singles.sum(), tensors), grads):
         torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)
 
 
+@pytest.mark.compiles
+@pytest.mark.parametrize("layout", list(VIEWS))
+def test_a_compiled_decoding_step_mixes_as_a_sequence_does(layout):
+    """One token compiled (the broadcast product) equals the per-token batched product over a sequence."""
+    from tapelm.kernels.state_mixing import state_delta
+
+    check_one_token_at_a_time(state_delta, torch.compile(state_delta, backend="eager", fullgraph=True, dynamic=False),
+                              layout)
+
+
 @pytest.mark.parametrize("layout", list(VIEWS))
 def test_an_eager_decoding_step_mixes_as_a_sequence_does(layout):
-    """One token at a time through the reference's one-token branch equals the sequence's per-token product, output
-    and gradients, in float64."""
+    """One token at a time through the reference's one-token branch equals its per-token product over a sequence."""
     from tapelm.kernels.state_mixing import mix_state_reference
 
-    tensors = leaves(layout, DEVICE, torch.float64)
-    state, mix = VIEWS[layout][1](*tensors)
-    whole = mix_state_reference(state, mix)
-    grads = torch.autograd.grad(whole.sum(), tensors)
-    singles = torch.cat([mix_state_reference(state[:, :, n:n + 1], mix[:, n:n + 1]) for n in range(LENGTH)], dim=2)
-    torch.testing.assert_close(singles, whole, atol=1e-12, rtol=0)
-    for actual, expected in zip(torch.autograd.grad(singles.sum(), tensors), grads):
-        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)
+    check_one_token_at_a_time(mix_state_reference, mix_state_reference, layout)
