@@ -4,6 +4,7 @@ import argparse
 import gc
 import json
 import weakref
+from dataclasses import replace
 
 import pytest
 import torch
@@ -73,6 +74,21 @@ def test_speed_bench_trains_under_bf16_autocast_and_decodes_with_bf16_weights(tm
     assert results["tape"]["cache_bytes_batch1"] * 2 == float32["tape"]["cache_bytes_batch1"]
 
 
+def test_paired_decoding_times_every_token_asked_and_alternating_changes_nothing_decoded():
+    """Two models decoding in alternating blocks (the last one shorter) decode what each decodes alone, and each times
+    the size's tokens: one untimed step after the prompt, one before each block."""
+    size = replace(speed.SIZES["tiny"], decode_tokens=2 * speed.DECODE_BLOCK + 3)
+    workloads = [speed.Workload(size, row, CPU) for row in ("rope", "tape")]
+    for workload in workloads:
+        workload.for_decoding()
+    paired = speed.paired_decoding(workloads, 2)
+    for workload, decoding in zip(workloads, paired):
+        alone = speed.paired_decoding([workload], 2)[0]
+        assert torch.equal(decoding.token, alone.token), workload.row
+        assert decoding.timed_tokens == 2 * size.decode_tokens and decoding.seconds > 0
+        assert decoding.cache.get_seq_length() == size.decode_context + 1 + size.decode_tokens + 3
+
+
 def test_compiled_rows_decode_with_a_static_cache_through_one_compiled_graph_per_batch(tmp_path):
     """--compile: training through compiled layers, and a decode step that really runs compiled (not under the eager
     stance that keeps compiled layers from recompiling) as one graph per decode batch on a static cache, for tapelm's
@@ -90,7 +106,8 @@ def test_compiled_rows_decode_with_a_static_cache_through_one_compiled_graph_per
         torch._dynamo.reset()
         counters.clear()
         with torch.compiler.set_stance("force_eager"):  # as bench speed decodes: compiled layers stay eager
-            assert all(workload.decode(batch)[0] > 0 for batch in size.decode_batches), row
+            assert all(speed.paired_decoding([workload], batch)[0].tokens_per_s() > 0
+                       for batch in size.decode_batches), row
         assert counters["stats"]["unique_graphs"] == (len(size.decode_batches) if compiled else 0), row
         assert not counters["graph_break"], row
     report = speed.run([size], ["tape"], tmp_path, options, progress=False)

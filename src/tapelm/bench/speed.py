@@ -14,9 +14,10 @@ pairs in each repetition, and reported as the mean with its 95% interval over re
   gradients, AdamW's two moments and every tensor autograd saves for the backward pass);
 - prefill: the cached forward pass over the decoding prompt at batch 1 (the wait before the first new token);
 - greedy decoding with a cache after that prompt, at batch 1 and 8: tokens/s (all rows of the batch) and the bytes
-  the cache holds. With `--dtype bf16` the model decodes with bf16 weights; with `--compile` it decodes with a static
-  cache and a compiled decode step (CUDA graphs on a GPU), except an encoding whose cache has no fixed shapes
-  (PaTH), which decodes eagerly.
+  the cache holds. RoPE and the row decode in alternating blocks of a few tokens, so that even the load's drift within
+  a second slows both alike. With `--dtype bf16` the model decodes with bf16 weights; with `--compile` it decodes
+  with a static cache and a compiled decode step (CUDA graphs on a GPU), except an encoding whose cache has no fixed
+  shapes (PaTH), which decodes eagerly.
 
 At most two workloads live at a time (rebuilt from the same seed at every visit and warmed up before they are
 timed), so the large sizes fit; memory is measured with the row alone. A row that runs out of device memory is
@@ -65,7 +66,7 @@ class SpeedSize:
     seq: int
     batch: int
     decode_context: int
-    decode_tokens: int
+    decode_tokens: int  # timed per model and repetition, in blocks of `DECODE_BLOCK`
     repeats: int
     vocab: int = 256
     decode_batches: tuple[int, ...] = (1, 8)
@@ -100,7 +101,7 @@ class SpeedSize:
 SIZES = {
     "tiny": SpeedSize("tiny", 2, 32, 4, 2, 64, 16, 2, 24, 5, 2, decode_batches=(1, 2)),
     "quick": SpeedSize("quick", 6, 256, 8, 4, 688, 256, 8, 1024, 16, 3),
-    "small": SpeedSize("small", 6, 256, 8, 4, 688, 512, 8, 2048, 32, 3),
+    "small": SpeedSize("small", 6, 256, 8, 4, 688, 512, 8, 2048, 64, 3),
     "large": SpeedSize("large", 12, 768, 12, 12, 2048, 1024, 1, 2048, 32, 3),
     # the paper's 12 x 768 model (the `paper` preset, 32k BPE vocabulary) and a 24 x 1024 GQA model, for GPUs
     "paper-1k": SpeedSize("paper-1k", 12, 768, 12, 12, 2048, 1024, 16, 2048, 64, 5, vocab=32000),
@@ -282,32 +283,80 @@ class Workload:
         return time.perf_counter() - start
 
     @torch.no_grad()
-    def decode(self, batch: int) -> tuple[float, int]:
-        """Tokens per second of greedy cached decoding (all rows) after the prompt, and the bytes of the cache after
-        it (a static cache's whole buffers, which its attention reads). The prompt is prefilled in chunks of 512
-        tokens (as serving does), so that encodings that build a logit-sized tensor per layer (CoPE's gates) fit at
-        batch 8; the first new token is not timed, nor the first three of a compiled decode step (compiling, CUDA
-        graphs' warm-up and recording); a compiled step runs as one graph (`fullgraph`): a graph break is an error."""
+    def start_decoding(self, batch: int, steps: int) -> "Decoding":
+        """The prompt prefilled at `batch` rows and the untimed first steps taken, ready for `steps` more decoding
+        steps (a static cache is sized for them). The prompt is prefilled in chunks of 512 tokens (as serving does),
+        so that encodings that build a logit-sized tensor per layer (CoPE's gates) fit at batch 8; the untimed steps
+        are the first new token, and the first three of a compiled decode step (compiling, CUDA graphs' warm-up and
+        recording); a compiled step runs as one graph (`fullgraph`): a graph break is an error."""
         prompt = self.prompt[:batch]
+        untimed = 3 if self.compiles_decoding else 1
         if self.compiles_decoding:
-            cache = StaticCache(config=self.model.config, max_cache_len=prompt.shape[1] + self.size.decode_tokens + 1)
+            cache = StaticCache(config=self.model.config, max_cache_len=prompt.shape[1] + untimed + steps + 1)
         else:
             cache = DynamicCache(config=self.model.config)
         for start in range(0, prompt.shape[1], 512):
             logits = self._forward(prompt[:, start:start + 512], cache).logits
-        token = logits[:, -1:].argmax(-1)
-        held = cache_bytes(cache)
-        stance = "default" if self.compiles_decoding else "force_eager"  # eager: compiled layers' shapes change
-        untimed = 3 if self.compiles_decoding else 1  # compiling, then CUDA graphs' warm-up and recording
+        decoding = Decoding(self, cache, logits[:, -1:].argmax(-1), cache_bytes(cache))
+        decoding.steps(untimed)
+        return decoding
+
+
+@dataclass
+class Decoding:
+    """Greedy cached decoding of one workload under way: its cache, the next input token, the bytes the cache held
+    after the prompt (a static cache's whole buffers, which its attention reads), and the timed tokens and seconds
+    so far."""
+
+    workload: Workload
+    cache: object
+    token: torch.Tensor
+    held_bytes: int
+    timed_tokens: int = 0
+    seconds: float = 0.0
+
+    @torch.no_grad()
+    def steps(self, count: int) -> float:
+        """Decode `count` tokens; return the seconds they took (the device synchronised before and after). A compiled
+        step runs compiled; eager layers under the eager stance (compiled layers' shapes change at every step)."""
+        workload = self.workload
+        stance = "default" if workload.compiles_decoding else "force_eager"
         with torch.compiler.set_stance(stance):
-            for _ in range(untimed):
-                token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)
-            self.options.synchronize()
+            workload.options.synchronize()
             start = time.perf_counter()
-            for _ in range(self.size.decode_tokens - untimed):
-                token = self.step(token, use_cache=True, cache=cache).logits[:, -1:].argmax(-1)
-            self.options.synchronize()
-        return batch * (self.size.decode_tokens - untimed) / (time.perf_counter() - start), held
+            for _ in range(count):
+                self.token = workload.step(self.token, use_cache=True, cache=self.cache).logits[:, -1:].argmax(-1)
+            workload.options.synchronize()
+        return time.perf_counter() - start
+
+    def block(self, tokens: int) -> None:
+        """One untimed step, which brings this model's weights and cache back into the CPU's caches after another
+        model's block, then `tokens` timed steps."""
+        self.steps(1)
+        self.seconds += self.steps(tokens)
+        self.timed_tokens += tokens * self.token.shape[0]
+
+    def tokens_per_s(self) -> float:
+        return self.timed_tokens / self.seconds
+
+
+DECODE_BLOCK = 8
+"""Timed decoding steps per block of `paired_decoding`."""
+
+
+def paired_decoding(workloads: list[Workload], batch: int) -> list[Decoding]:
+    """Each workload's greedy cached decoding after the prompt at `batch` rows, the workloads taking turns in blocks
+    of `DECODE_BLOCK` timed steps (each after an untimed one) until each has timed the size's `decode_tokens`: the
+    machine's load, which drifts within a second on a shared machine, then slows both alike, while each block still
+    decodes as a model alone does, from its own warm caches."""
+    size = workloads[0].size
+    blocks = [DECODE_BLOCK] * (size.decode_tokens // DECODE_BLOCK)
+    blocks += [size.decode_tokens % DECODE_BLOCK] if size.decode_tokens % DECODE_BLOCK else []
+    decodings = [workload.start_decoding(batch, sum(blocks) + len(blocks)) for workload in workloads]
+    for tokens in blocks:
+        for decoding in decodings:
+            decoding.block(tokens)
+    return decodings
 
 
 def _decode_key(batch: int) -> str:
@@ -336,7 +385,8 @@ def _alone(size: SpeedSize, row: str, options: Options) -> dict:
 def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, dict]:
     """One repetition of `row` beside RoPE: both models alive, every timing taken in alternation (RoPE's, then the
     row's), so the ratio of a pair is not moved by the machine's load drifting between visits. Returns the row's
-    timings and RoPE's paired ones (the best of two alternations each), with the caches' bytes."""
+    timings and RoPE's paired ones (training and prefill: the best of two alternations each; decoding: the tokens/s of
+    alternating blocks, `paired_decoding`), with the caches' bytes."""
     workloads = [Workload(size, "rope", options), Workload(size, row, options)]
     try:
         def alternate(measure_one, rounds: int = 2) -> list[list]:
@@ -359,8 +409,9 @@ def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, di
             for timing, values in zip(timings, alternate(Workload.prefill)):
                 timing["prefill_s"] = min(values)
             for batch in size.decode_batches:
-                for timing, values in zip(timings, alternate(lambda w, b=batch: w.decode(b))):
-                    timing[_decode_key(batch)], timing[f"cache_bytes_batch{batch}"] = max(values)
+                for timing, decoding in zip(timings, paired_decoding(workloads, batch)):
+                    timing[_decode_key(batch)] = decoding.tokens_per_s()
+                    timing[f"cache_bytes_batch{batch}"] = decoding.held_bytes
         return timings[1], timings[0]
     finally:
         del workloads
