@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
+from transformers import Cache, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from ..config import FAST_PATHS, PE_TYPES, TapeConfig
 from ..experiments.provenance import environment, installed_version
@@ -309,7 +309,7 @@ class Decoding:
     so far."""
 
     workload: Workload
-    cache: object
+    cache: Cache
     token: torch.Tensor
     held_bytes: int
     timed_tokens: int = 0
