@@ -283,7 +283,7 @@ class Workload:
         return time.perf_counter() - start
 
     @torch.no_grad()
-    def start_decoding(self, batch: int, steps: int) -> "Decoding":
+    def start_decoding(self, batch: int, steps: int) -> Decoding:
         """The prompt prefilled at `batch` rows and the untimed first steps taken, ready for `steps` more decoding
         steps (a static cache is sized for them). The prompt is prefilled in chunks of 512 tokens (as serving does),
         so that encodings that build a logit-sized tensor per layer (CoPE's gates) fit at batch 8; the untimed steps
