@@ -6,6 +6,8 @@ from transformers import DynamicCache
 
 from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
 from tapelm import PE_TYPES
+from tapelm.attention import AttentionMask, attend_stream, joined_stream
+from tapelm.cache import SHARED_STREAM
 
 pytestmark = pytest.mark.device
 
@@ -34,13 +36,44 @@ def test_cache_layers_hold_transformers_keys_and_values(pe_type):
 
 
 def test_tape_cache_keeps_e_beside_the_values():
-    """TAPE's value stream [V | E] is one buffer whose first head_dim features are the layer's values."""
+    """TAPE's value stream [V | E] is one buffer whose first head_dim features are the layer's values. Where E enters
+    the first layer it is E0, the same for every KV head: that layer holds V alone and E0 once per token beside it."""
     model = tiny_model("tape", num_hidden_layers=3)
-    cache = model(tokens(1, 9), use_cache=True).cache
+    cache = model(tokens(2, 9), use_cache=True).cache
     d = model.config.head_dim
     streams = [layer.stream().shape[-1] for layer in cache.layers]
-    assert streams == [2 * d, 2 * d, d]  # E joins the values except in the last layer, whose E is discarded
+    assert streams == [d, 2 * d, d]  # E joins the values in the middle layer; the last one's E is discarded
     assert all(layer.stream()[..., :d].data_ptr() == layer.values.data_ptr() for layer in cache.layers)
+    e0 = torch.cat(model.model.positional.rotary.tables(torch.arange(9, device=DEVICE).expand(2, -1), torch.float32),
+                   dim=-1)
+    torch.testing.assert_close(cache.layers[0].state(SHARED_STREAM), e0[:, None], atol=0, rtol=0)
+    assert [layer.state(SHARED_STREAM) is None for layer in cache.layers] == [False, True, True]
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_stream_part_shared_by_every_kv_head_attends_as_if_joined_to_each(queries, eager):
+    """`attend_stream` given a part of the value stream once, (B, 1, T, F), for every KV head computes what it
+    computes with that part joined to each head's V: both outputs and the gradients of q, k, V and the shared part,
+    in float64, over cached keys with left padding and unwritten rows (a static cache's)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v, shared, weight_v, weight_e = (
+        torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu").to(DEVICE).requires_grad_()
+        for shape in ((2, 4, queries, 8), (2, 2, 12, 8), (2, 2, 12, 8), (2, 1, 12, 6), (2, 4, queries, 8),
+                      (2, 4, queries, 6)))
+    valid = torch.ones(queries, 12, dtype=torch.bool, device=DEVICE).tril(12 - queries - 2).expand(2, 1, -1, -1)
+    valid = valid.clone()
+    valid[0, ..., :3] = False
+    mask = AttentionMask(valid, False)
+
+    def outputs(values, attended):
+        loss = (values * weight_v).sum() + (attended * weight_e).sum()
+        return values, attended, *torch.autograd.grad(loss, (q, k, v, shared))
+
+    split = outputs(*attend_stream(q, k, v, 8, mask, None, 0.3, eager=eager, shared=shared))
+    joined = outputs(*attend_stream(q, k, joined_stream(v, shared), 8, mask, None, 0.3, eager=eager))
+    for name, actual, expected in zip(("V's output", "the rest's", "dq", "dk", "dV", "d shared"), split, joined):
+        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=1e-12, msg=name)
 
 
 def test_generate_with_and_without_cache(pe_type):

@@ -116,10 +116,20 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
 
 
 def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_width: int, mask: AttentionMask,
-                  bias: torch.Tensor | None, scale: float, eager: bool = False,
-                  fast_paths: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+                  bias: torch.Tensor | None, scale: float, eager: bool = False, fast_paths: str = "auto",
+                  shared: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`attend` over a value stream whose first `value_width` features are V: the output of V (B, H, N, d) and of
-    the rest of the stream (B, H, N, F), or None when the stream is V alone."""
+    the rest of the stream (B, H, N, F), or None when the stream is V alone. `shared` (B, 1, T, F), where given, is
+    the rest of a stream that is V alone, the same for every KV head: the explicit path (single-token decoding)
+    reads it once for all heads; the others read it joined to V (`joined_stream`)."""
+    if shared is not None:
+        if not (eager or q.shape[-2] == 1):
+            return attend_stream(q, k, joined_stream(stream, shared), value_width, mask, bias, scale, eager,
+                                 fast_paths)
+        values, probs = explicit_attention(q, k, stream, _with_bias(mask, materialized(bias)), mask.is_causal, scale)
+        batch, heads, length, keys = probs.shape
+        attended = probs.view(batch, 1, heads * length, keys) @ shared.to(probs.dtype)
+        return values, attended.view(batch, heads, length, -1)
     if stream.shape[-1] == value_width:
         return attend(q, k, stream, mask, bias, scale, eager, fast_paths), None
     if (not eager and q.shape[-2] > 1 and enabled("cpu-flash-attention", q.device, fast_paths)
@@ -131,6 +141,14 @@ def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_
                                        else float_mask.to(dtype), mask.is_causal, scale, value_width)
     out = attend(q, k, stream, mask, bias, scale, eager, fast_paths)
     return out[..., :value_width], out[..., value_width:]
+
+
+def joined_stream(stream: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
+    """The value stream (B, Hkv, T, d) with a part `shared` (B, 1, T, F), the same for every KV head, joined to it
+    (B, Hkv, T, d + F); the stream itself without one."""
+    if shared is None:
+        return stream
+    return torch.cat([stream, shared.to(stream.dtype).expand(-1, stream.shape[1], -1, -1)], dim=-1)
 
 
 def chunked_bias_attention(q, k, v, mask: AttentionMask, bias: RowBias, scale: float, fast_paths: str):

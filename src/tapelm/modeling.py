@@ -24,9 +24,19 @@ from .attention import (
     attend,
     attend_stream,
     attend_with_probabilities,
+    joined_stream,
     materialized,
 )
-from .cache import capacity, check_cache_type, check_room, has_fixed_shapes, key_positions, prepare_cache
+from .cache import (
+    SHARED_STREAM,
+    capacity,
+    check_cache_type,
+    check_room,
+    has_fixed_shapes,
+    key_positions,
+    prepare_cache,
+    store_state,
+)
 from .config import TapeConfig
 from .kernels.fused import MLP, RMSNorm, causal_lm_loss, fused_operations
 from .layout import TokenLayout
@@ -68,7 +78,13 @@ class TapeAttention(nn.Module):
         v = layout.unpack(self.v_proj(hidden)).view(shape).transpose(1, 2)
         q, k = positional.transform_qk(q, k, state, ctx)
         extra = positional.value_extra(state)
-        stream = v if extra is None else torch.cat([v, extra.to(v.dtype)], dim=-1)
+        shared = None
+        if extra is not None and cache is not None and same_for_every_head(extra):
+            # cached once per token rather than once per KV head (TAPE's E0 in the first layer)
+            shared = store_state(cache, self.layer_idx, SHARED_STREAM, extra[:, :1].to(v.dtype))
+            stream = v
+        else:
+            stream = v if extra is None else torch.cat([v, extra.to(v.dtype)], dim=-1)
         q, k, stream, bias = positional.attention_inputs(layout.unpack(hidden), q, k, stream, self.head_dim, cache,
                                                          self.layer_idx, mask.valid, ctx)
         bias = RowBias.add(ctx.bias, bias)
@@ -77,6 +93,7 @@ class TapeAttention(nn.Module):
             if output_attentions and self.attention_function is not None:
                 raise ValueError("output_attentions=True needs tapelm's own attention; this model has a custom "
                                  "attention function (set_attention_function(None) removes it)")
+            stream = joined_stream(stream, shared)
             if output_attentions:
                 out, probs = attend_with_probabilities(q, k, stream, mask, bias, scale)
             else:
@@ -85,7 +102,7 @@ class TapeAttention(nn.Module):
         else:
             values, attended = attend_stream(q, k, stream, self.head_dim, mask, bias, scale,
                                              eager=self.config._attn_implementation == "eager",
-                                             fast_paths=self.config.fast_paths)
+                                             fast_paths=self.config.fast_paths, shared=shared)
         out_v = layout.pack(values.transpose(1, 2).reshape(batch, length, -1))
         return self.o_proj(out_v), attended, probs
 
@@ -94,6 +111,12 @@ class TapeAttention(nn.Module):
         with attn_implementation "eager", the explicit-softmax reference."""
         return attend(q, k, v, mask, bias, scale, eager=self.config._attn_implementation == "eager",
                       fast_paths=self.config.fast_paths)
+
+
+def same_for_every_head(extra: torch.Tensor) -> bool:
+    """Whether a value-stream part (B, Hkv, N, F) is one head's expanded over the others (a zero stride), so that a
+    cache can hold it once per token."""
+    return extra.shape[1] > 1 and extra.stride(1) == 0
 
 
 class TapeDecoderLayer(GradientCheckpointingLayer):

@@ -1,7 +1,8 @@
 """TAPE: contextualised equivariant positional features (shared/TAPE.md §1-§5).
 
 The positional state E travels beside the token features. It lives per key/value head (with GQA a query head reads
-the state of its KV group), so the cache holds one [V | E] stream per KV head. Two exact representations:
+the state of its KV group), so the cache holds one [V | E] stream per KV head; where E is still E0, the same for every
+head (the first layer), the cache holds E once per token beside V. Two exact representations:
 
 - general: E has shape (B, Hkv, N, M*L*R), one L x R matrix per block of size L of the head dimension
   (M = head_dim / L blocks; block b holds dimensions b, b + M, ..., b + (L-1)M, which for L = 2 is transformers'
