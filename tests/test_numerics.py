@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
+from tapelm import attention
 from tapelm.positional import PositionContext
 
 from conftest import DEVICE, randomize, tiny_model, tokens
@@ -183,3 +185,45 @@ def test_tape_attention_update_takes_features_of_another_dtype_than_the_state():
     product = torch.einsum("gh,bhnf->bgnf", layer.attn_mix.bfloat16(), attended)
     assert updated.dtype == torch.float32
     torch.testing.assert_close(updated, state + product, rtol=0, atol=0.05 * product.abs().max().item())
+
+
+class _Operations(TorchDispatchMode):
+    """Every aten operation a block runs, with the dtype of its first tensor argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype | None]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = next((x for x in args if isinstance(x, torch.Tensor)), None)
+        self.seen.append((func.overloadpacket.__name__, None if first is None else first.dtype))
+        return func(*args, **(kwargs or {}))
+
+
+def _autocast_training_step(model, ids):
+    """Logits and every parameter's gradient of a bf16-autocast step of `model` on `ids`."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        out = model(ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    return [out.logits.detach()] + [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def test_tape_reference_attention_pads_after_autocasts_cast(monkeypatch):
+    """The reference attention call zero-pads q and k to the [V | E] stream's width in the dtype SDPA computes in:
+    under bf16 autocast, after the cast SDPA would make itself. The logits and every gradient are bit for bit those of
+    padding the float32 rotated q and k first, with no float32 padding forward or backward, and the attention
+    output's split into V's and E's parts comes back in the backward pass as one join, not as zero-filled slices."""
+    model = tiny_model("tape", fast_paths="off").train()
+    ids = tokens(2, 12)
+    operations = _Operations()
+    with operations:
+        padded_in_bf16 = _autocast_training_step(model, ids)
+    pads = [dtype for name, dtype in operations.seen if name == "constant_pad_nd" and dtype.is_floating_point]
+    assert pads and set(pads) == {torch.bfloat16}
+    assert "slice_backward" not in {name for name, _ in operations.seen}
+    monkeypatch.setattr(attention, "_sdpa_dtype", lambda *tensors: tensors[0].dtype)  # pad as given (float32)
+    padded_in_float32 = _autocast_training_step(model, ids)
+    assert len(padded_in_bf16) == len(padded_in_float32)
+    for got, want in zip(padded_in_bf16, padded_in_float32):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

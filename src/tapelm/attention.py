@@ -140,7 +140,7 @@ def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_
                                        float_mask if float_mask is None or float_mask.dtype == torch.bool
                                        else float_mask.to(dtype), mask.is_causal, scale, value_width)
     out = attend(q, k, stream, mask, bias, scale, eager, fast_paths)
-    return out[..., :value_width], out[..., value_width:]
+    return out.split([value_width, out.shape[-1] - value_width], dim=-1)  # backward: one cat, not two zero-filled
 
 
 def joined_stream(stream: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
@@ -182,9 +182,13 @@ def _seen_keys(valid: torch.Tensor) -> int:
 
 
 def padded_attention(q, k, v, attn_mask, is_causal, scale):
-    """The reference SDPA call: the narrower of q/k and v zero-padded to one width, the padding sliced off."""
+    """The reference SDPA call: the narrower of q/k and v zero-padded to one width, the padding sliced off. Padded in
+    the dtype SDPA computes in (under autocast, after the cast it would make itself: the same numbers, half the bytes
+    of padding float32 tensors, forward and backward)."""
     width, value_width = max(q.shape[-1], v.shape[-1]), v.shape[-1]
-    q, k, v = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (q, k, v))
+    if width > min(q.shape[-1], v.shape[-1]):
+        dtype = _sdpa_dtype(q, k, v)
+        q, k, v = (F.pad(x.to(dtype), (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
                                          enable_gqa=q.shape[1] != k.shape[1])
     return out[..., :value_width] if width > value_width else out
