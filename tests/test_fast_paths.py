@@ -10,7 +10,7 @@ from conftest import DEVICE, tiny_model, tokens
 from tapelm import attention, fast_paths
 from tapelm.attention import (AttentionMask, attend_stream, padded_attention, stream_attention_backward,
                               unpadded_attention)
-from tapelm.positional.rotation import HalvesRotation, rotate_halves
+from tapelm.kernels.rotation import HalvesRotation, rotate_halves
 
 pytestmark = pytest.mark.device
 

@@ -27,7 +27,8 @@ from tapelm.bench.speed import SIZES, Options, Workload, check_device
 from tapelm.experiments.provenance import environment
 from tapelm.experiments.statistics import interval
 
-OFFERED = {"cuda": ("cuda-unpadded-attention", "fused-rotation", "fused-modules", "fused-state-mixing"),
+OFFERED = {"cuda": ("cuda-unpadded-attention", "fused-rotation", "triton-rotation", "fused-modules",
+                    "fused-state-mixing"),
            "cpu": ("cpu-flash-attention", "fused-rotation")}
 """The fast paths that RoPE's and TAPE's training and decoding can take, by device type."""
 ROWS = ("rope", "tape")

@@ -19,8 +19,11 @@ VERIFIED: dict[str, tuple[str, ...]] = {
     # not yet run under `pytest --device cuda`
     "cuda-unpadded-attention": (),
     # the rotation of q and k by RoPE's tables or TAPE's state as an autograd function with a hand-written backward
-    # (tapelm.positional.rotation.HalvesRotation): plain PyTorch, run under `pytest --device cuda` not yet
+    # (tapelm.kernels.rotation.HalvesRotation): plain PyTorch, run under `pytest --device cuda` not yet
     "fused-rotation": ("cpu",),
+    # the same rotation as Triton kernels, the angles' gradient summed over a query group in the same pass
+    # (tapelm.kernels.rotation.fused): CUDA with Triton, not yet run under `pytest --device cuda`
+    "triton-rotation": (),
     # attention over blocks of queries with a bias built per block inside activation checkpoints
     # (tapelm.attention.chunked_bias_attention): plain PyTorch, run under `pytest --device cuda` not yet
     "chunked-bias-attention": ("cpu",),

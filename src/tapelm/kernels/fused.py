@@ -1,7 +1,7 @@
 """The shared parts of every decoder, fused by fla's kernels on CUDA: the rotary embedding, RMSNorm, the SwiGLU
 product, and the output projection with the cross-entropy (no full logits tensor is made or kept).
 
-The reference is plain PyTorch: tapelm's `positional.rotation.rotate_halves`, transformers' `LlamaRMSNorm`,
+The reference is plain PyTorch: tapelm's `kernels.rotation.rotate_halves`, transformers' `LlamaRMSNorm`,
 `LlamaMLP` and causal-LM loss. The modules below keep their parameters (same state_dict names and shapes) and run
 fla's kernels where the fast path "fused-modules" is on (`tapelm.fast_paths`; CUDA only, off until a GPU run passes)
 and fla is installed (`pip install tapelm[gpu]`), in passes with gradients (training). The fused loss keeps the

@@ -12,8 +12,8 @@ from transformers.modeling_rope_utils import dynamic_rope_update
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..kernels.fused import fused_operations
+from ..kernels.rotation import rotate_pairs
 from .base import Float32Buffers, LayerPositional, PositionalEncoding, PositionContext
-from .rotation import rotate_pairs
 
 
 def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:

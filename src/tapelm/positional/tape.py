@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.rotation import rotate_pairs
 from ..kernels.state_mixing import fused_when_compiled, mix_state, plus_product, state_delta
 from .base import LayerPositional, PositionalEncoding, PositionContext
 from .rotary import TapeRotaryEmbedding, group_queries
-from .rotation import rotate_pairs
 
 
 def uses_compact_state(config) -> bool:

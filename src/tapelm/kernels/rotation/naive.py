@@ -1,8 +1,5 @@
-"""Rotating each rotate-half pair (x_i, x_{i+d/2}) of a vector by a complex number (a_i, b_i), the step that RoPE
-(a, b = cos, sin) and TAPE (a, b = its compact state) share: (x1 + i x2)(a + i b).
-
-`rotate_halves` is the plain PyTorch reference. `HalvesRotation` computes the same function (fast path
-"fused-rotation"): the forward writes both halves straight into the output, each product rounded as the reference
+"""The rotation in plain PyTorch: `rotate_halves` is the reference. `HalvesRotation` computes the same function (fast
+path "fused-rotation"): the forward writes both halves straight into the output, each product rounded as the reference
 rounds it, and the backward computes the gradient of x and of (a, b) in a few passes, summing over the dimensions
 (a, b) were broadcast along once, where autograd through the reference makes a temporary per product and a
 reduction per broadcast operand.
@@ -11,8 +8,6 @@ reduction per broadcast operand.
 from __future__ import annotations
 
 import torch
-
-from ..fast_paths import enabled
 
 
 def rotate_halves(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -72,14 +67,4 @@ def _turn(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, 
     second(torch.mul(x2, a, out=out2), x1 * b)
 
 
-def rotate_pairs(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fast_paths: str = "auto") -> torch.Tensor:
-    """`rotate_halves`, through `HalvesRotation` where the fast path "fused-rotation" is on and autograd records the
-    call: not while compiling (the compiler fuses the reference itself), nor without gradients (a decoding step's few
-    features take longer through an autograd function than through the reference's products)."""
-    records = torch.is_grad_enabled() and (x.requires_grad or a.requires_grad or b.requires_grad)
-    if records and enabled("fused-rotation", x.device, fast_paths) and not torch.compiler.is_compiling():
-        return HalvesRotation.apply(x, a, b)
-    return rotate_halves(x, a, b)
-
-
-__all__ = ["HalvesRotation", "rotate_halves", "rotate_pairs"]
+__all__ = ["HalvesRotation", "rotate_halves"]
