@@ -10,10 +10,11 @@ max(FLOPs / peak, bytes / bandwidth) at the given peaks: the roofline, a lower b
 code in. A step's measured time above its roofline is kernels that run below the peaks; TAPE's roofline over
 RoPE's is what this code asks of any GPU.
 
-`--paths` counts the step with fast paths on, for both rows: the plain PyTorch ones run as they are; tapelm's Triton
-kernels ("triton-rotation", "fused-state-mixing") cannot run here, so each launch is counted as one operation moving
-the bytes of the tensors it is handed (each element once: what the kernel reads and writes), its outputs left
-unwritten (no byte count depends on values).
+`--paths` counts the step with fast paths on, for both rows: the plain PyTorch ones run as they are; the Triton
+kernels of tapelm ("triton-rotation", "fused-state-mixing") and of fla's fused modules ("fused-modules": RMSNorm,
+SwiGLU, the rotary embedding, the output projection with the loss) cannot run here, so each launch is counted as one
+operation moving the bytes of the tensors it is handed (each element once: what the kernel reads and writes), its
+outputs left unwritten (no byte count depends on values).
 
     python docs/speed/step_bytes.py [--sizes paper-1k ...] [--paths triton-rotation ...] [--out FILE]
 """
@@ -44,7 +45,7 @@ ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default: False,
 NO_TRAFFIC = {aten.detach.default, aten._unsafe_view.default, aten.empty.memory_format, aten.empty_like.default,
               aten.new_empty_strided.default, aten.empty_strided.default, aten.new_empty.default}
 MATRIX = {"mm", "bmm", "addmm", "baddbmm"}
-PATHS = ("fused-rotation", "triton-rotation", "fused-state-mixing")
+PATHS = ("fused-rotation", "triton-rotation", "fused-state-mixing", "fused-modules")
 """The fast paths `--paths` can count: those that RoPE's and TAPE's training steps take on CUDA and that run, or whose
 kernels can be counted, on the CPU."""
 H100 = {"bandwidth": 3.35e12, "bf16": 989e12, "float32": 67e12}
@@ -106,8 +107,8 @@ class CountedKernel:
         self.name = name
 
     def __getitem__(self, grid):
-        def launch(*args, **constants):
-            tensors = {id(x): x for x in args if isinstance(x, torch.Tensor)}.values()
+        def launch(*args, **kwargs):
+            tensors = {id(x): x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)}.values()
             moved = sum(_distinct_elements(x) * x.element_size() for x in tensors)
             dtype = str(next(iter(tensors)).dtype).removeprefix("torch.")
             Account.active.calls.append((self.name, dtype, moved, 0.0))
@@ -137,24 +138,37 @@ def paths_on(paths: tuple[str, ...]):
 
 @contextlib.contextmanager
 def _kernels_counted():
-    """tapelm's Triton kernels taking every tensor they compute on, each launch a `CountedKernel`."""
+    """The Triton kernels of tapelm and of fla's fused modules taking every tensor they compute on, each launch a
+    `CountedKernel`."""
+    import sys
+
+    import fla.modules.activations
+    import fla.modules.fused_linear_cross_entropy
+    import fla.modules.norm.layernorm
+    import fla.modules.rotary  # noqa: F401 (the modules whose kernels "fused-modules" launches)
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from triton.runtime.jit import JITFunction
+
+    import tapelm.kernels.fused as fused_modules
     import tapelm.kernels.rotation as rotation
     import tapelm.kernels.state_mixing as state_mixing
     from tapelm.kernels import KERNEL_DTYPES
     from tapelm.kernels.rotation import fused as rotation_kernels
     from tapelm.kernels.state_mixing import fused as mixing_kernels
 
-    patched = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (rotation_kernels, "_rotate_forward"),
-               (rotation_kernels, "_rotate_backward"), (mixing_kernels, "_mix_forward"),
-               (mixing_kernels, "_mix_backward")]
-    originals = [getattr(module, name) for module, name in patched]
-    rotation.triton_takes = state_mixing.triton_takes = lambda x: x.dtype in KERNEL_DTYPES
-    for module, name in patched[2:]:
+    takes = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (fused_modules, "fla_takes")]
+    kernels = [(module, name) for module in (rotation_kernels, mixing_kernels)
+               + tuple(module for key, module in sys.modules.items() if key.startswith("fla.modules"))
+               for name, value in vars(module).items() if isinstance(value, (JITFunction, Autotuner, Heuristics))]
+    originals = [(module, name, getattr(module, name)) for module, name in takes + kernels]
+    for module, name in takes:
+        setattr(module, name, lambda x: x.dtype in KERNEL_DTYPES)
+    for module, name in kernels:
         setattr(module, name, CountedKernel(name.removeprefix("_")))
     try:
         yield
     finally:
-        for (module, name), original in zip(patched, originals):
+        for module, name, original in originals:
             setattr(module, name, original)
 
 
