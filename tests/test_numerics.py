@@ -211,9 +211,10 @@ def _autocast_training_step(model, ids):
 
 def test_tape_reference_attention_pads_after_autocasts_cast(monkeypatch):
     """The reference attention call zero-pads q and k to the [V | E] stream's width in the dtype SDPA computes in:
-    under bf16 autocast, after the cast SDPA would make itself. The logits and every gradient are bit for bit those of
-    padding the float32 rotated q and k first, with no float32 padding forward or backward, and the attention
-    output's split into V's and E's parts comes back in the backward pass as one join, not as zero-filled slices."""
+    under bf16 autocast, after the cast SDPA would make itself. The logits and every gradient are bit for bit (on the
+    CPU; on a GPU within its attention backward's order of summation) those of padding the float32 rotated q and k
+    first, with no float32 padding forward or backward, and the attention output's split into V's and E's parts
+    comes back in the backward pass as one join, not as zero-filled slices."""
     model = tiny_model("tape", fast_paths="off").train()
     ids = tokens(2, 12)
     operations = _Operations()
@@ -225,5 +226,6 @@ def test_tape_reference_attention_pads_after_autocasts_cast(monkeypatch):
     monkeypatch.setattr(attention, "_sdpa_dtype", lambda *tensors: tensors[0].dtype)  # pad as given (float32)
     padded_in_float32 = _autocast_training_step(model, ids)
     assert len(padded_in_bf16) == len(padded_in_float32)
-    for got, want in zip(padded_in_bf16, padded_in_float32):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for got, want in zip(padded_in_bf16, padded_in_float32):  # a GPU's attention backward may sum in any order
+        tolerance = 0.0 if DEVICE.type == "cpu" else 1e-2
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance * want.abs().max().item())
