@@ -16,10 +16,11 @@ BLOCK_TOKENS = 16
 
 @triton.jit
 def _tile(length, half, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's batch row, KV head, token and pair indices, and the tile's mask."""
+    """This program's batch row, KV head, token and pair indices, and the tile's mask. The blocks of tokens run
+    along the grid's first axis, the only one that takes more than 65,535 programs."""
     kv_heads = tl.num_programs(1)
-    row, head = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    tokens = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row, head = tl.program_id(2).to(tl.int64), tl.program_id(1).to(tl.int64)
+    tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     pairs = tl.arange(0, BLOCK_D)
     return row, head, tokens, pairs, (tokens[:, None] < length) & (pairs[None, :] < half), kv_heads
 
@@ -95,9 +96,9 @@ def takes(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _launch(kernel, x: torch.Tensor, wide: bool, *args, **constants) -> None:
-    """`kernel` over x (B, Hkv, G, N, d): a program per batch row, KV head and block of tokens."""
+    """`kernel` over x (B, Hkv, G, N, d): a program per block of tokens, KV head and batch row."""
     batch, kv_heads, _, length, width = x.shape
-    grid = (batch, kv_heads, triton.cdiv(length, BLOCK_TOKENS))
+    grid = (triton.cdiv(length, BLOCK_TOKENS), kv_heads, batch)
     kernel[grid](*args, BLOCK_N=BLOCK_TOKENS, BLOCK_D=triton.next_power_of_2(width // 2), WIDE=wide, **constants)
 
 
