@@ -1,8 +1,8 @@
 """The rotation kernels (tapelm.kernels.rotation.fused) compute the reference function `rotate_halves`, forward and
 every gradient: in float64 under Triton's CPU interpreter (a subprocess with TRITON_INTERPRET=1, which is how CI runs
 them), for TAPE's grouped queries and keys and RoPE's tables over heads, on the strides the projections give, with
-token counts and widths that are not powers of two; and TAPE and RoPE models routed through them give the reference's
-loss and every gradient. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16."""
+token counts and widths that are not powers of two; training under bf16 autocast they write bf16, the reference's
+result rounded once; and TAPE and RoPE models routed through them give the reference's loss and every gradient. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16."""
 
 import pytest
 import torch
@@ -52,6 +52,33 @@ def check_kernels(device, dtype, tolerance: float) -> None:
                                            msg=f"{layout}, angles_need_grad={angles_need_grad}: {name}")
 
 
+def check_autocast(device) -> None:
+    """Training under bf16 autocast, `rotate_pairs` through the kernels writes q in bf16 (what attention computes
+    in): the reference's float32 rotation rounded to bf16 (within one rounding), and every gradient within bf16's."""
+    import tapelm.kernels.rotation as rotation
+
+    generator = torch.Generator().manual_seed(0)
+    x, a, b, weights = (torch.randn(*shape, generator=generator, device="cpu").to(device)
+                        for shape in ((2, 3, 2, 19, 10), (2, 3, 1, 19, 5), (2, 3, 1, 19, 5), (2, 3, 2, 19, 10)))
+    original = rotation.triton_takes
+    rotation.triton_takes = lambda tensor: True
+    try:
+        results = []
+        for setting in ("on", "off"):
+            inputs = [t.clone().requires_grad_() for t in (x, a, b)]
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                out = rotation.rotate_pairs(*inputs, fast_paths=setting)
+            assert out.dtype == (torch.bfloat16 if setting == "on" else torch.float32)
+            (out.float() * weights).sum().backward()
+            results.append((out.float(), [t.grad for t in inputs]))
+    finally:
+        rotation.triton_takes = original
+    (kernel, kernel_grads), (reference, reference_grads) = results
+    torch.testing.assert_close(kernel, reference.bfloat16().float(), rtol=0, atol=2 * 2**-8 * reference.abs().max().item())
+    for name, actual, expected in zip("xab", kernel_grads, reference_grads):
+        torch.testing.assert_close(actual, expected, rtol=2**-7, atol=2**-7 * expected.abs().max().item(), msg=name)
+
+
 def check_models(device, dtype) -> None:
     """Tiny TAPE (grouped queries) and RoPE models with the kernels on (routed in on the CPU, where the dispatch would
     not choose Triton) against the reference paths: the loss and every parameter's gradient (tests/accuracy.py);
@@ -62,7 +89,7 @@ def check_models(device, dtype) -> None:
     calls = []
     original_takes, original_fused = rotation.triton_takes, fused.rotate_halves_fused
     rotation.triton_takes = lambda x: True
-    fused.rotate_halves_fused = lambda x, a, b: calls.append(1) or original_fused(x, a, b)
+    fused.rotate_halves_fused = lambda *args: calls.append(1) or original_fused(*args)
     ids = tokens(2, 9).to(device)
     try:
         for encoding in ("tape", "rope"):
@@ -83,10 +110,11 @@ def test_the_kernels_compute_the_reference_function():
     if DEVICE.type == "cuda":
         check_kernels(DEVICE, torch.float32, 1e-5)
         check_kernels(DEVICE, torch.bfloat16, 3e-2)
+        check_autocast(DEVICE)
         check_models(DEVICE, torch.bfloat16)
         return
     script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_rotation_kernels as t; "
-              "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); "
+              "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); t.check_autocast(cpu); "
               "t.check_models(cpu, torch.float64)")
     run_under_triton_interpreter(script)
 

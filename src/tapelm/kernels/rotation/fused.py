@@ -103,12 +103,13 @@ def _launch(kernel, x: torch.Tensor, wide: bool, *args, **constants) -> None:
 
 
 class KernelRotation(torch.autograd.Function):
-    """`rotate_halves(x, a, b)` through the kernels, for calls `takes` accepts. Keeps what `HalvesRotation` keeps
-    (x only where the angles need a gradient). Differentiable once."""
+    """`rotate_halves(x, a, b)` through the kernels, for calls `takes` accepts, written in `dtype` where given (else
+    the promoted dtype, as the reference). Keeps what `HalvesRotation` keeps (x only where the angles need a
+    gradient). Differentiable once."""
 
     @staticmethod
-    def forward(ctx, x, a, b):
-        y = torch.empty_like(x, dtype=torch.promote_types(torch.promote_types(x.dtype, a.dtype), b.dtype))
+    def forward(ctx, x, a, b, dtype=None):
+        y = torch.empty_like(x, dtype=dtype or torch.promote_types(torch.promote_types(x.dtype, a.dtype), b.dtype))
         grouped, out = _grouped(x), _grouped(y)
         cos, sin = _angles(a, grouped), _angles(b, grouped)
         _, _, groups, length, width = grouped.shape
@@ -140,12 +141,13 @@ class KernelRotation(torch.autograd.Function):
         if angles_need_grad:
             grad_a, grad_b = ((grad if angle.dim() == 4 else grad.unsqueeze(2)).sum_to_size(angle.shape)
                               .to(angle.dtype) for grad, angle in zip(grads, (a, b)))
-        return grad_x if ctx.needs_input_grad[0] else None, grad_a, grad_b
+        return grad_x if ctx.needs_input_grad[0] else None, grad_a, grad_b, None
 
 
-def rotate_halves_fused(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """`rotate_halves(x, a, b)` through `KernelRotation`."""
-    return KernelRotation.apply(x, a, b)
+def rotate_halves_fused(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                        dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`rotate_halves(x, a, b)` through `KernelRotation`, in `dtype` where given."""
+    return KernelRotation.apply(x, a, b, dtype)
 
 
 __all__ = ["KernelRotation", "rotate_halves_fused", "takes"]
