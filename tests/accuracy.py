@@ -1,4 +1,4 @@
-"""How a fast path is held to its reference path (test_fast_paths, test_fla, test_state_mixing).
+"""How a fast path is held to its reference path (test_fast_paths, test_fla, test_state_mixing, test_rotation_kernels).
 
 In float64 (on the CPU) the two paths agree to `exact` of each tensor's largest entry. On a device, where the kernels
 take half precision, the fast path's error from the reference path in float64 may be at most `FACTOR` times the
@@ -52,3 +52,31 @@ def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype
             what = "error (norm)", "norm"
         assert error <= allowed, (f"{name}: {what[0]} {error:.3g} from the float64 reference, allowed {allowed:.3g}"
                                   f" ({what[1]} {scale:.3g})")
+
+
+def compare_models_through_kernels(dispatch, kernels, entry: str, encodings: tuple[str, ...], device,
+                                   dtype: torch.dtype) -> None:
+    """Tiny models of `encodings` with one of tapelm's Triton fast paths against the reference paths: the loss and
+    every parameter's gradient (`compare_paths`). The kernels are routed in on any device (`dispatch.triton_takes`
+    always true: on the CPU, under Triton's interpreter, the dispatch would not choose them), and their entry point
+    `kernels.<entry>` must have run."""
+    from conftest import tiny_model, tokens
+
+    calls = []
+    original_takes, original_entry = dispatch.triton_takes, getattr(kernels, entry)
+    dispatch.triton_takes = lambda tensor: True
+    setattr(kernels, entry, lambda *args: calls.append(1) or original_entry(*args))
+    ids = tokens(2, 9).to(device)
+    try:
+        for encoding in encodings:
+            def run(setting, setting_dtype, encoding=encoding):
+                model = tiny_model(encoding, dtype=setting_dtype, fast_paths=setting).to(device).train()
+                loss = model(ids, labels=ids).loss
+                loss.backward()
+                return outputs(model, loss=loss)
+
+            compare_paths(run, dtype)
+    finally:
+        dispatch.triton_takes = original_takes
+        setattr(kernels, entry, original_entry)
+    assert calls, f"the models did not run {kernels.__name__}.{entry}"

@@ -7,8 +7,8 @@ result rounded once; and TAPE and RoPE models routed through them give the refer
 import pytest
 import torch
 
-from accuracy import compare_paths, outputs
-from conftest import DEVICE, run_under_triton_interpreter, tiny_model, tokens
+from accuracy import compare_models_through_kernels
+from conftest import DEVICE, run_under_triton_interpreter
 from tapelm import fast_paths
 
 pytestmark = pytest.mark.device
@@ -80,29 +80,11 @@ def check_autocast(device) -> None:
 
 
 def check_models(device, dtype) -> None:
-    """Tiny TAPE (grouped queries) and RoPE models with the kernels on (routed in on the CPU, where the dispatch would
-    not choose Triton) against the reference paths: the loss and every parameter's gradient (tests/accuracy.py);
-    the kernels ran."""
+    """Tiny TAPE (grouped queries) and RoPE models with the kernels on against the reference paths."""
     import tapelm.kernels.rotation as rotation
     from tapelm.kernels.rotation import fused
 
-    calls = []
-    original_takes, original_fused = rotation.triton_takes, fused.rotate_halves_fused
-    rotation.triton_takes = lambda x: True
-    fused.rotate_halves_fused = lambda *args: calls.append(1) or original_fused(*args)
-    ids = tokens(2, 9).to(device)
-    try:
-        for encoding in ("tape", "rope"):
-            def run(setting, setting_dtype, encoding=encoding):
-                model = tiny_model(encoding, dtype=setting_dtype, fast_paths=setting).to(device).train()
-                loss = model(ids, labels=ids).loss
-                loss.backward()
-                return outputs(model, loss=loss)
-
-            compare_paths(run, dtype)
-    finally:
-        rotation.triton_takes, fused.rotate_halves_fused = original_takes, original_fused
-    assert calls, "the models did not run the kernels"
+    compare_models_through_kernels(rotation, fused, "rotate_halves_fused", ("tape", "rope"), device, dtype)
 
 
 def test_the_kernels_compute_the_reference_function():

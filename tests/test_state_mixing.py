@@ -8,8 +8,8 @@ reference's one-token branches (an eager or a compiled decoding step) compute wh
 import pytest
 import torch
 
-from accuracy import compare_paths, outputs
-from conftest import DEVICE, run_under_triton_interpreter, tiny_model, tokens
+from accuracy import compare_models_through_kernels
+from conftest import DEVICE, run_under_triton_interpreter
 from tapelm import fast_paths
 
 pytestmark = pytest.mark.device
@@ -54,28 +54,11 @@ def check_kernels(device, dtype, tolerance: float) -> None:
 
 
 def check_model(device, dtype) -> None:
-    """A tiny TAPE model with the kernels on (routed in on the CPU, where the dispatch would not choose Triton)
-    against the reference paths: the loss and every parameter's gradient (tests/accuracy.py); the kernels ran."""
+    """A tiny TAPE model with the kernels on against the reference paths."""
     import tapelm.kernels.state_mixing as state_mixing
     from tapelm.kernels.state_mixing import fused
 
-    calls = []
-    original_takes, original_fused = state_mixing.triton_takes, fused.mix_state_fused
-    state_mixing.triton_takes = lambda state: True
-    fused.mix_state_fused = lambda state, mix: calls.append(1) or original_fused(state, mix)
-    ids = tokens(2, 9).to(device)
-
-    def run(setting, setting_dtype):
-        model = tiny_model("tape", dtype=setting_dtype, fast_paths=setting).to(device).train()
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        return outputs(model, loss=loss)
-
-    try:
-        compare_paths(run, dtype)
-    finally:
-        state_mixing.triton_takes, fused.mix_state_fused = original_takes, original_fused
-    assert calls, "the model did not run the kernels"
+    compare_models_through_kernels(state_mixing, fused, "mix_state_fused", ("tape",), device, dtype)
 
 
 def test_the_kernels_compute_the_reference_function():
