@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from tapelm.experiments.train import (
     latest_checkpoint,
     learning_rate_lambda,
     list_checkpoints,
+    micro_batches,
     train,
     verify_checkpoint,
 )
@@ -376,6 +378,28 @@ def test_the_data_stream_is_seeded_by_index_and_seed() -> None:
     assert torch.equal(a(5)["input_ids"], batch_stream(run.task, 0, 8)(5)["input_ids"])
     assert not torch.equal(a(5)["input_ids"], a(6)["input_ids"])
     assert not torch.equal(a(5)["input_ids"], b(5)["input_ids"])
+
+
+def test_batches_made_by_worker_processes_are_the_stream_in_order(tmp_path) -> None:
+    """`data_workers` only makes the batches ahead: the same batches, so the same losses, and an exact resume."""
+    run = resolve(tiny_spec(steps=6, grad_accum=2))
+    stream = batch_stream(run.task, 0, 8)
+    ahead = list(micro_batches(stream, 3, 2, 5, workers=2))
+    assert len(ahead) == 5 and all(torch.equal(batch["input_ids"], stream(3 + 2 * i)["input_ids"])
+                                   for i, batch in enumerate(ahead))
+
+    def losses(directory, workers, stop_after=None, resume=False):
+        return train(run.build_model(), stream, run.settings, directory, progress=False, data_workers=workers,
+                     stop_after=stop_after, resume=resume).losses
+
+    alone = losses(tmp_path / "alone", 0)
+    assert losses(tmp_path / "ahead", 2) == alone
+    settings = replace(run.settings, checkpoint_every=3)
+    run.settings = settings
+    assert losses(tmp_path / "resumed", 2, stop_after=3) == alone[:3]
+    assert losses(tmp_path / "resumed", 1, resume=True) == alone[3:]
+    with pytest.raises(ValueError, match="data_workers=-1 is not allowed"):
+        losses(tmp_path / "bad", -1)
 
 
 @pytest.mark.parametrize("options", [{"mixed_precision": "bf16"}, {"grad_checkpointing": True, "grad_accum": 2}])

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,28 @@ def comparison_dir(root: Path, task: str, settings_hash: str) -> Path:
     return Path(root) / "compare" / task / settings_hash
 
 
-def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs", progress: bool = True,
-            command: str | None = None, jobs: int = 1, ablation: bool = False,
-            compile_layers: bool = False, archive: str | Path | None = None) -> dict[str, Any]:
-    """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
-    With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count).
-    `ablation` records the command as `tapelm ablate` (the encodings are TAPE's variants). `compile_layers`: see
-    `run_task`. `archive`: reuse the finished runs archived there (see `restore_archived`)."""
+@dataclass
+class Comparison:
+    """A comparison made ready to run (`open_comparison`): its folder, its resolved runs {(pe, seed): ResolvedRun}
+    and the command recorded with them."""
+
+    directory: Path
+    runs: dict[tuple[str, int], Any]
+    command: str
+
+    def run_dir(self, pe: str, seed: int) -> Path:
+        return self.directory / pe / f"seed{seed}"
+
+    def finished(self, pe: str, seed: int) -> bool:
+        return (self.run_dir(pe, seed) / RESULT_FILE).exists()
+
+
+def open_comparison(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs",
+                    command: str | None = None, ablation: bool = False, compile_layers: bool = False,
+                    archive: str | Path | None = None) -> Comparison:
+    """Validate and resolve every (encoding, seed) of `base`, copy in the finished runs archived in `archive` (see
+    `restore_archived`) and record the comparison in its folder; nothing is trained. ValueError before any write
+    when an argument is wrong."""
     if not pes:
         raise ValueError("give at least one encoding with --pe")
     for pe in pes:
@@ -71,8 +87,6 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     bad_seeds = [s for s in seeds if not isinstance(s, int) or s < 0]
     if not seeds or bad_seeds:
         raise ValueError(f"seeds={seeds!r} is not allowed; give non-negative integers")
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer")
     if archive is not None and not Path(archive).is_dir():
         raise ValueError(f"--archive folder '{archive}' does not exist; give the folder `tapelm report` archives "
                          "comparisons in (docs/results/compare)")
@@ -89,23 +103,37 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
                                      *(["--root", str(root)] if str(root) != "runs" else []),
                                      *option_flags(base, compile_layers)])
     _record(directory, base, pes, seeds, command, next(iter(runs.values())))
+    return Comparison(directory, runs, command)
+
+
+def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs", progress: bool = True,
+            command: str | None = None, jobs: int = 1, ablation: bool = False,
+            compile_layers: bool = False, archive: str | Path | None = None) -> dict[str, Any]:
+    """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
+    With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count).
+    `ablation` records the command as `tapelm ablate` (the encodings are TAPE's variants). `compile_layers`: see
+    `run_task`. `archive`: reuse the finished runs archived there (see `restore_archived`)."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer")
+    comparison = open_comparison(base, pes, seeds, root, command, ablation, compile_layers, archive)
+    directory, runs, command = comparison.directory, comparison.runs, comparison.command
     pending = []
     for index, ((pe, seed), run) in enumerate(runs.items(), 1):
-        run_dir = directory / pe / f"seed{seed}"
-        cached = (run_dir / RESULT_FILE).exists()
+        run_dir = comparison.run_dir(pe, seed)
+        cached = comparison.finished(pe, seed)
         print(f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: "
               f"{'cached' if cached else 'to run'} ({run_dir})", flush=True)
         if not cached:
             pending.append((run, run_dir))
     if jobs == 1:
         for run, run_dir in pending:
-            _run_one(run, run_dir, progress, command, compile_layers=compile_layers)
+            run_one(run, run_dir, progress, command, compile_layers=compile_layers)
     else:
         import torch
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
                                  initargs=(os.getpid(),)) as pool:
-            futures = [pool.submit(_run_one, run, run_dir, False, command, torch.get_num_threads(), compile_layers)
+            futures = [pool.submit(run_one, run, run_dir, False, command, torch.get_num_threads(), compile_layers)
                        for run, run_dir in pending]
             for future in as_completed(futures):
                 future.result()
@@ -122,7 +150,8 @@ def restore_archived(archive: Path, directory: Path, runs: dict[tuple[str, int],
     """Copy into the comparison folder `directory` every run of `runs` ({(pe, seed): ResolvedRun}) that the cache
     lacks and `archive`/TASK/HASH holds finished, so that the comparison continues where it stopped on another
     machine; returns the (pe, seed) restored. Refused, before anything is copied, when an archived run was trained
-    with other settings, or when runs remain to train on a tokenizer that the archive does not keep."""
+    with other settings or on other data (`Task.data_record`), or when runs remain to train on a tokenizer that the
+    archive does not keep."""
     source = Path(archive) / directory.parent.name / directory.name
     found = {}
     for (pe, seed), run in runs.items():
@@ -130,14 +159,18 @@ def restore_archived(archive: Path, directory: Path, runs: dict[tuple[str, int],
         if (cached / RESULT_FILE).exists() or not (archived / RESULT_FILE).exists():
             continue
         try:
-            saved = json.loads((archived / RESULT_FILE).read_text())["identity"]
-        except (json.JSONDecodeError, KeyError):
+            saved = json.loads((archived / RESULT_FILE).read_text())
+            identity = saved["identity"]
+        except (json.JSONDecodeError, KeyError, TypeError):
             raise ValueError(f"archived run '{archived}' has an unreadable {RESULT_FILE}; remove it from the "
                              "archive or leave out --archive") from None
-        changed = identity_differences(saved, run)
+        changed = identity_differences(identity, run)
         if changed:
             raise ValueError(f"archived run '{archived}' was trained with other settings (different "
                              f"{', '.join(changed)}); remove it from the archive or leave out --archive")
+        if saved.get("data", {}) not in ({}, run.task.data_record()):
+            raise ValueError(f"archived run '{archived}' was trained on other data ({saved['data']}, here "
+                             f"{run.task.data_record()}); remove it from the archive or leave out --archive")
         found[pe, seed] = (archived, cached)
     remaining = [run for key, run in runs.items() if key not in found
                  and not (directory / key[0] / f"seed{key[1]}" / RESULT_FILE).exists()]
@@ -175,19 +208,22 @@ def die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _run_one(run, run_dir: Path, progress: bool, command: str, threads: int | None = None,
-             compile_layers: bool = False) -> None:
-    """Train and evaluate one run of a comparison (in this process, or in a worker with `threads` torch threads)."""
+def run_one(run, run_dir: Path, progress: bool, command: str, threads: int | None = None,
+            compile_layers: bool = False, data_workers: int = 0) -> dict[str, Any] | None:
+    """Train and evaluate one run of a comparison (in this process, or in a worker with `threads` torch threads);
+    its result."""
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
     started = time.time()
-    result = run_task(run, run_dir, resume=True, progress=progress, command=command, compile_layers=compile_layers)
+    result = run_task(run, run_dir, resume=True, progress=progress, command=command, compile_layers=compile_layers,
+                      data_workers=data_workers)
     if result is not None:
         print(f"    {run.spec.pe} / seed {run.spec.seed} done in {time.time() - started:.0f} s: {result['metric']} "
               f"in-distribution {result['summary']['in_distribution']:.4f}, all {result['summary']['all']:.4f}",
               flush=True)
+    return result
 
 
 def requested_runs(record: dict[str, Any]) -> dict[str, list[int]]:
@@ -477,5 +513,6 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
     return names
 
 
-__all__ = ["compare", "restore_archived", "copy_atomically", "aggregate", "format_table", "load_results",
+__all__ = ["Comparison", "compare", "open_comparison", "run_one", "restore_archived", "copy_atomically", "aggregate",
+           "format_table", "load_results",
            "comparison_dir", "learning_curves", "mean_state_norms", "write_figures"]

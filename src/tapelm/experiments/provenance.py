@@ -31,9 +31,18 @@ def _git(*args: str) -> str | None:
         return None
 
 
+def device_name() -> str:
+    """The device this process computes on (accelerate's choice) by name, e.g. "NVIDIA H100 80GB HBM3"; else its
+    type ("cpu")."""
+    from .devices import process_device
+
+    device = process_device()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
 def environment() -> dict:
     """Commit (and whether tapelm's source has uncommitted changes, which the commit then does not identify),
-    versions and machine, recorded with every result."""
+    versions, machine and device, recorded with every result."""
     import transformers
 
     commit = _git("rev-parse", "HEAD")
@@ -46,6 +55,9 @@ def environment() -> dict:
         cpu = names[0] if names else cpu
     return {"commit": commit or "unknown", "source_differs_from_commit": None if changes is None else bool(changes),
             "tapelm": installed_version("tapelm") or "source tree (not installed)", "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": sys.version.split()[0],
+            "cuda": torch.version.cuda, "transformers": transformers.__version__,
+            "accelerate": installed_version("accelerate"), "triton": installed_version("triton"),
+            "fla": installed_version("flash-linear-attention"), "python": sys.version.split()[0],
+            "device": device_name(),
             "machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
             "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

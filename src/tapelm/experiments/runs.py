@@ -246,10 +246,11 @@ def _environment() -> dict[str, Any]:
 
 def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = False, progress: bool = True,
              stop_after: int | None = None, command: str | None = None,
-             compile_layers: bool = False) -> dict[str, Any] | None:
+             compile_layers: bool = False, data_workers: int = 0) -> dict[str, Any] | None:
     """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
     stopped early by `stop_after`. With resume, a finished run returns its cached result. `compile_layers`: train
-    with torch.compile'd decoder layers (`compile_for_training`); not part of the run's identity, like threads."""
+    with torch.compile'd decoder layers (`compile_for_training`); `data_workers`: processes that make the batches
+    ahead (`train`); neither is part of the run's identity, like threads."""
     run = spec if isinstance(spec, ResolvedRun) else resolve(spec)
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
@@ -282,7 +283,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     started = time.time()
     trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
                     progress=progress, stop_after=stop_after, accelerator=state,
-                    evaluate_last=False)  # the full evaluation below covers the last step
+                    evaluate_last=False, data_workers=data_workers)  # the full evaluation below covers the last step
     if trained.start_step + len(trained.losses) < run.settings.steps:
         return None
     if not state.is_main_process:
@@ -302,7 +303,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         "first_loss": losses[0][1] if losses else None, "final_loss": losses[-1][1] if losses else None,
         "train_seconds_this_session": trained.seconds, "eval_seconds": time.time() - eval_started,
         "session_seconds": time.time() - started, "world_size": trained.world_size,
-        "tokens_this_session": trained.tokens, "compiled_layers": compile_layers, "environment": _environment(),
+        "tokens_this_session": trained.tokens, "compiled_layers": compile_layers, "data": run.task.data_record(),
+        "environment": _environment(),
     }
     write_json_atomically(run_dir / RESULT_FILE, result)
     return result

@@ -422,6 +422,7 @@ def train(
     accelerator=None,
     stop_after: int | None = None,
     evaluate_last: bool = True,
+    data_workers: int = 0,
 ) -> TrainResult:
     """Train `model` for `settings.steps` optimizer updates and save it to `run_dir/model`.
 
@@ -433,10 +434,13 @@ def train(
     parameters: the parameters to optimise (default: every parameter with requires_grad).
     accelerator: an `accelerate.Accelerator` to use (default: a new one from the settings and the launch environment).
     stop_after: stop (as if killed) after this many steps, leaving the checkpoints; for tests and time budgets.
+    data_workers: make the micro-batches ahead in that many worker processes (the same batches in the same order;
+    not a setting: it changes no number, only whether a GPU waits for the CPU to make its next batch).
     """
     from accelerate.utils import set_seed
 
     run_dir = Path(run_dir)
+    _check_int("data_workers", data_workers, 0)
     checkpoint = check_run_dir(run_dir, settings, resume)
     accelerator = check_world(accelerator or make_accelerator(settings))
     set_seed(settings.seed)
@@ -484,6 +488,8 @@ def train(
     started = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
     last_step = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    batches = micro_batches(batch_stream, micro * world + rank, world,
+                            (last_step - start_step) * settings.grad_accum, data_workers)
     model.train()
     step = start_step
     try:
@@ -491,7 +497,7 @@ def train(
             step_loss = torch.zeros((), device=accelerator.device)
             step_tokens = 0
             for accum in range(settings.grad_accum):
-                batch = {k: v.to(accelerator.device) for k, v in batch_stream(micro * world + rank).items()}
+                batch = {k: v.to(accelerator.device) for k, v in next(batches).items()}
                 micro += 1
                 sync = accum == settings.grad_accum - 1
                 context = contextlib.nullcontext() if sync else accelerator.no_sync(model)
@@ -537,6 +543,7 @@ def train(
             if settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.steps:
                 _save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
     finally:
+        batches.close()
         bar.close()
         if writer is not None:
             writer.close()
@@ -546,6 +553,29 @@ def train(
         _save_checkpoint(accelerator, run_dir, settings.steps, micro, settings.keep_last)
         _model_save(accelerator, model, run_dir / "model")
     return result
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """A batch stream as a dataset: item i is batch_stream(i)."""
+
+    def __init__(self, batch_stream: BatchStream) -> None:
+        self.batch_stream = batch_stream
+
+    def __getitem__(self, index: int) -> Mapping[str, torch.Tensor]:
+        return self.batch_stream(index)
+
+
+def micro_batches(batch_stream: BatchStream, first: int, stride: int, count: int, workers: int = 0):
+    """batch_stream(first), batch_stream(first + stride), ... (`count` of them); with `workers` > 0 made ahead, in
+    order, by that many forked processes (the stream need not be picklable)."""
+    indices = range(first, first + stride * count, stride)
+    if not workers:
+        return (batch_stream(index) for index in indices)
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(_Indexed(batch_stream), batch_size=None, sampler=indices, num_workers=workers,
+                        prefetch_factor=4, multiprocessing_context="fork")
+    return (batch for batch in loader)
 
 
 def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, result) -> None:
@@ -568,4 +598,4 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, resul
 
 __all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError",
            "latest_checkpoint", "newest_intact_checkpoint", "load_saved_model", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda",
-           "SCHEDULES", "MIXED_PRECISION"]
+           "micro_batches", "SCHEDULES", "MIXED_PRECISION"]

@@ -163,6 +163,11 @@ class Task(ABC):
         trained with: `get_task`'s saved_tokenizer); the synthetic tasks' vocabularies follow from their options."""
         return False
 
+    def data_record(self) -> dict[str, Any]:
+        """What a run records about its data beyond the task's options, so that runs made from other data are not
+        counted as one comparison (empty: a synthetic task's data follow from its options and the seeds)."""
+        return {}
+
     def in_distribution(self, condition: Condition) -> bool:
         """Whether a condition is what training drew from (by default: not longer than the training sequences)."""
         return condition["length"] <= self.train_length

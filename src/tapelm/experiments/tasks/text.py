@@ -17,6 +17,7 @@ the start.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator
 from functools import lru_cache
@@ -88,6 +89,18 @@ def _load(sources: tuple[tuple[Path, ...], ...], tokenizer: str, bpe_vocab_size:
     return encoder, _stream(encoder, train), _stream(encoder, validation)
 
 
+@lru_cache(maxsize=4)
+def _digest(sources: tuple[tuple[Path, ...], ...], tokenizer: str, bpe_vocab_size: int, saved: Path | None) -> str:
+    """sha256 of a corpus's training and held-out token streams (a corpus named by a path, or the standard library
+    of another Python, may hold other text on another machine)."""
+    _, train, validation = _load(sources, tokenizer, bpe_vocab_size, saved)
+    digest = hashlib.sha256()
+    for stream in (train, validation):
+        digest.update(len(stream).to_bytes(8, "little"))
+        digest.update(np.ascontiguousarray(stream).tobytes())
+    return digest.hexdigest()
+
+
 def sliding_windows(total: int, length: int, stride: int) -> list[tuple[int, int, int]]:
     """(begin, end, first_scored) windows over `total` tokens: tokens first_scored..end-1 are scored in
     window begin..end-1. Windows have min(length, total) tokens; every token but the first is scored once."""
@@ -124,8 +137,8 @@ class TextTask(Task):
         self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
         self.stride = None if stride is None else check_int("stride", stride, 1, self.train_length - 1)
         saved = None if saved_tokenizer is None else Path(saved_tokenizer).resolve()
-        self.tokenizer, self.train_stream, self.validation_stream = _load(corpus_sources(corpus), tokenizer, vocab,
-                                                                            saved)
+        self._source = (corpus_sources(corpus), tokenizer, vocab, saved)
+        self.tokenizer, self.train_stream, self.validation_stream = _load(*self._source)
         if len(self.train_stream) < self.train_length or len(self.validation_stream) < 2:
             raise ValueError(
                 f"corpus '{corpus or 'standard library'}' is too small: {len(self.train_stream)} training tokens "
@@ -135,6 +148,10 @@ class TextTask(Task):
     @classmethod
     def tokenizer_is_trained(cls, options: dict[str, Any]) -> bool:
         return options.get("tokenizer", DEFAULT_TOKENIZER) == "bpe"
+
+    def data_record(self) -> dict[str, Any]:
+        return {"training_tokens": len(self.train_stream), "held_out_tokens": len(self.validation_stream),
+                "streams_sha256": _digest(*self._source)}
 
     def eval_conditions(self) -> list[Condition]:
         return [{"length": self.train_length * multiplier} for multiplier in self.eval_multipliers]
