@@ -89,11 +89,14 @@ CLAIMS = (
 )
 
 
+def learned(task: str, metric: str, in_distribution: float) -> bool:
+    """Whether an in-distribution number counts as `task` learned: perplexity has no threshold; accuracies must reach
+    the task's."""
+    return metric == "perplexity" or in_distribution >= learned_threshold(task)
+
+
 def _learned(summary: dict[str, Any], pe: str) -> bool:
-    """Perplexity has no learned threshold; accuracies must reach the task's."""
-    if summary["metric"] == "perplexity":
-        return True
-    return summary["rows"][pe]["in_distribution"]["mean"] >= learned_threshold(summary["task"])
+    return learned(summary["task"], summary["metric"], summary["rows"][pe]["in_distribution"]["mean"])
 
 
 def seeds_reaching(row: dict[str, Any], threshold: float) -> tuple[int, int]:
@@ -157,5 +160,5 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["CLAIMS", "Claim", "DEFAULT_LEARNED", "LEARNED", "judge", "learned_threshold", "seeds_reaching",
+__all__ = ["CLAIMS", "Claim", "DEFAULT_LEARNED", "LEARNED", "judge", "learned", "learned_threshold", "seeds_reaching",
            "verdict_lines"]

@@ -15,6 +15,7 @@ from .devices import process_device
 from .evaluate import EVAL_SEED, evaluate_model
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
 from .runs import RunSpec, load_run, resolve, run_task, write_evaluation
+from .stage import run_stage
 from .sweep import sweep
 from .tasks import TASKS
 from .variants import ABLATIONS
@@ -253,10 +254,45 @@ def _sweep_command(args) -> None:
           compile_layers=args.compile)
 
 
+def _add_stage(commands) -> None:
+    parser = commands.add_parser(
+        "stage", help="the comparisons owed at GPU scale, in pieces: the next planned runs that fit in "
+                      "--budget-seconds, each finished run's results written into --out (merge them into the archive "
+                      "with `tapelm report --root OUT`)")
+    parser.add_argument("--budget-seconds", type=float, required=True,
+                        help="wall-clock seconds the stage may take; a run expected to take longer is not started")
+    parser.add_argument("--out", default="runs/stage", help="folder for the finished runs' result files and "
+                                                            "stage.json (default: %(default)s)")
+    parser.add_argument("--archive", metavar="DIR", help="count the runs archived in DIR (docs/results/compare) as "
+                                                         "done, and continue after them")
+    parser.add_argument("--root", default="runs", help="results cache folder, where runs train (default: %(default)s)")
+    parser.add_argument("--data-workers", type=int, default=0,
+                        help="processes that make each run's batches ahead of the GPU (default: %(default)s)")
+    parser.add_argument("--tasks", nargs="+", metavar="TASK", help="only the comparisons of these tasks")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and its predicted GPU minutes; "
+                                                               "train nothing")
+    parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
+                        help="a TapeConfig field over every planned recipe's: another comparison (tests, trials)")
+    add_train_flags(parser)
+    parser.add_argument("--eval-n", type=int, help="examples per evaluation condition over the recipes'")
+    parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size over the recipes'")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(handler=_stage_command)
+
+
+def _stage_command(args) -> int:
+    overrides = {"model_options": parse_options(args.model_option, "--model-option"),
+                 "train_options": train_options(args), "eval_n": args.eval_n, "eval_batch_size": args.eval_batch_size}
+    return run_stage(args.budget_seconds, args.out, root=args.root, archive=args.archive,
+                     data_workers=args.data_workers, tasks=args.tasks, progress=not args.no_progress,
+                     dry_run=args.dry_run, overrides={k: v for k, v in overrides.items() if v not in (None, {})})
+
+
 def add_commands(commands) -> None:
-    """Register train, eval, compare, ablate and sweep on the `tapelm` sub-command parser `commands`."""
+    """Register train, eval, compare, ablate, sweep and stage on the `tapelm` sub-command parser `commands`."""
     _add_train(commands)
     _add_eval(commands)
     _add_compare(commands)
     _add_ablate(commands)
     _add_sweep(commands)
+    _add_stage(commands)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from .presets import DEFAULT_PRESET
+from .presets import DEFAULT_PRESET, PRESETS
 from .runs import RunSpec, option_flags, settings_hash
 from .variants import ABLATIONS
 
@@ -46,9 +46,10 @@ class OwedComparison:
     ablation: bool = False
     task_options: tuple[tuple[str, object], ...] = ()  # over the preset's (a design of the task)
     train_options: tuple[tuple[str, object], ...] = ()  # over the preset's (that design's recipe)
+    preset: str = DEFAULT_PRESET
 
     def spec(self) -> RunSpec:
-        return RunSpec(task=self.task, pe="tape", task_options=dict(self.task_options),
+        return RunSpec(task=self.task, pe="tape", preset=self.preset, task_options=dict(self.task_options),
                        train_options=dict(self.train_options))
 
     def settings_hash(self) -> str:
@@ -83,5 +84,25 @@ OWED = (
     OwedComparison("passkey", tuple(ABLATIONS), 3, "the ablation table", ablation=True),
 )
 
-__all__ = ["INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE", "WITH_ALIBI",
-           "default_settings_hash"]
+# The claims at GPU scale (`tapelm stage`), in the order a GPU's minutes are spent on them: MQAR first (an effect at
+# laptop scale, and the cheapest runs: it validates the pipeline), then the paper's addition, language modelling,
+# passkey, and addition with index hints (at half the plain format's steps, as on the laptop).
+GPU = "gpu"
+AT_GPU_SCALE = (
+    OwedComparison("mqar", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
+    OwedComparison("addition", PAPER_FIVE, 3, "the paper's five encodings", preset=GPU),
+    OwedComparison("text", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
+    OwedComparison("passkey", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
+    OwedComparison("addition", PAPER_FIVE, 3, "the paper's five encodings, index hints", preset=GPU,
+                   task_options=INDEX_HINTS["task_options"],
+                   train_options=(("steps", PRESETS[GPU]["addition"].train.steps // 2),)),
+)
+
+
+def at_laptop_scale(owed: OwedComparison) -> OwedComparison:
+    """The laptop comparison (default preset) of a comparison's task and design: the one its recipe scales."""
+    return next(o for o in OWED if (o.task, o.task_options, o.ablation) == (owed.task, owed.task_options, False))
+
+
+__all__ = ["AT_GPU_SCALE", "GPU", "INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE",
+           "WITH_ALIBI", "at_laptop_scale", "default_settings_hash"]

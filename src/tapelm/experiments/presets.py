@@ -7,7 +7,10 @@ says how and what each reaches). Addition's is the exception to the ten minutes:
 seeds in ten and RoPE one, at 8,000 (15-20 minutes a run, two at a time) both learned on every seed tried, so the
 preset trains 8,000 and checkpoints every 500 steps. The other tasks use the preset's "*" entry, a short budget not
 chosen from curves. `paper` uses the sizes TAPE.md §7 states (12 layers, hidden 768, 12 heads, TAPE position size
-48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. Models this small
+48, 10k steps, lr 1e-4; addition trained up to 40 digits and tested up to 80) and needs GPUs. `gpu` is the
+laptop recipes at GPU scale, for `tapelm stage`: each task's laptop model six times wider at its own depth, trained
+on its task options with about 1,000x its training FLOPs in bf16, evaluated on its test sets (provisional: chosen by
+arithmetic, not yet from learning curves measured on a GPU; docs/RECIPES.md, "GPU scale"). Models this small
 gain nothing from intra-op threads, and on a shared 2-core machine two threads measured 7x slower per step (1.84 s
 against 0.25 s), so cpu-small runs one thread per run and `--jobs` runs several runs at once instead.
 
@@ -67,6 +70,18 @@ _SMALL_ADDITION = replace(_SMALL, num_attention_heads=8, num_key_value_heads=8)
 _SMALL_MQAR = replace(_SMALL, num_hidden_layers=2)
 _PAPER = ModelSize(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                    num_key_value_heads=12, tape_position_size=48)
+# gpu: the laptop model of each task six times wider (the paper's width: 12 heads of 64, MLP 2048) at the laptop's
+# depth, on the laptop's task options and test sets, with steps and batch for about 1,000x the laptop run's training
+# FLOPs (docs/RECIPES.md, "GPU scale": how, and why these are provisional until a GPU measures their learning curves).
+_GPU = ModelSize(hidden_size=768, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=12,
+                 num_key_value_heads=12)
+
+
+def _gpu_train(steps: int, batch_size: int, eval_every: int) -> TrainSettings:
+    """The GPU recipes' shared schedule (bf16 autocast, lr 5e-4, cosine) at a task's steps and batch, with quick
+    in-distribution evaluations every `eval_every` steps: each run's learning curve."""
+    return TrainSettings(steps=steps, lr=5e-4, warmup=200, schedule="cosine", batch_size=batch_size,
+                         mixed_precision="bf16", eval_every=eval_every, log_every=50)
 
 PRESETS: dict[str, dict[str, Preset]] = {
     "cpu-small": {
@@ -127,6 +142,21 @@ PRESETS: dict[str, dict[str, Preset]] = {
 }
 
 DEFAULT_PRESET = "cpu-small"
+
+
+def _at_gpu_scale(task: str, model: ModelSize, train: TrainSettings) -> Preset:
+    """The laptop recipe of `task` with a GPU model and budget: its task options and evaluation sizes, so that both
+    scales are tested on the same test sets."""
+    return replace(PRESETS[DEFAULT_PRESET][task], model=model, train=train, threads=None)
+
+
+PRESETS["gpu"] = {
+    "mqar": _at_gpu_scale("mqar", replace(_GPU, num_hidden_layers=2), _gpu_train(3800, 1024, 400)),
+    "addition": _at_gpu_scale("addition", _GPU, _gpu_train(7200, 2048, 900)),
+    "text": _at_gpu_scale("text", _GPU, _gpu_train(2750, 512, 250)),
+    "passkey": _at_gpu_scale("passkey", _GPU, _gpu_train(2400, 128, 300)),
+    "*": _at_gpu_scale("*", _GPU, _gpu_train(2000, 256, 250)),
+}
 
 
 def get_preset(name: str, task: str) -> Preset:

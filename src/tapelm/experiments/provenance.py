@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -31,6 +32,16 @@ def _git(*args: str) -> str | None:
         return None
 
 
+def source_digest() -> str:
+    """sha256 of tapelm's Python sources (their paths and contents): the code's identity where no git checkout
+    gives its commit, e.g. a copy of the tree on a lent GPU."""
+    root = Path(__file__).parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def device_name() -> str:
     """The device this process computes on (accelerate's choice) by name, e.g. "NVIDIA H100 80GB HBM3"; else its
     type ("cpu")."""
@@ -54,7 +65,8 @@ def environment() -> dict:
                  if line.startswith("model name")]
         cpu = names[0] if names else cpu
     return {"commit": commit or "unknown", "source_differs_from_commit": None if changes is None else bool(changes),
-            "tapelm": installed_version("tapelm") or "source tree (not installed)", "torch": torch.__version__,
+            "tapelm": installed_version("tapelm") or "source tree (not installed)", "source_sha256": source_digest(),
+            "torch": torch.__version__,
             "cuda": torch.version.cuda, "transformers": transformers.__version__,
             "accelerate": installed_version("accelerate"), "triton": installed_version("triton"),
             "fla": installed_version("flash-linear-attention"), "python": sys.version.split()[0],

@@ -5,9 +5,10 @@ The file is made of sections. Each registered section owns the text between its 
     <!-- tapelm-report:begin NAME -->  ...  <!-- tapelm-report:end NAME -->
 
 and is rewritten from its results every time (comparisons are first archived next to the file, in results/compare,
-and read from there, so that they outlive the `runs/` cache: see `archive`); a section with no results yet keeps what it had; everything outside
-the markers (text other people or tools wrote) is kept as it is. A new kind of result adds a section with
-`register_section(name, title, build)`, where `build(context) -> markdown | None`.
+and read from there, so that they outlive the `runs/` cache: see `tapelm.experiments.archive`); a section with no
+results yet keeps what it had; everything outside the markers (text other people or tools wrote) is kept as it is. A
+new kind of result adds a section with `register_section(name, title, build)`, where `build(context) -> markdown |
+None`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiments.markdown import HEADER, has_section, splice
-from .archive import archive_comparisons
+from ..experiments.archive import archive_comparisons
 from .sections import SECTIONS, ReportContext, register_section
 
 

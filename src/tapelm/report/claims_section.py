@@ -1,6 +1,7 @@
-"""The "Claims" section of docs/RESULTS.md: every claim of `tapelm.experiments.claims` judged on the comparison of
-its task at the default preset's recipe (where `tapelm compare TASK` writes), or, while that one lacks the claim's
-subject, on the comparison of the task that has the most finished runs."""
+"""The "Claims" section of docs/RESULTS.md: every claim of `tapelm.experiments.claims` judged at each scale — on
+the laptop (the default preset) and on a GPU (`tapelm stage`, the `gpu` preset) — with the same criterion, on the
+comparison of its task at that scale's current recipe (where `tapelm compare TASK` or the stage writes), or, while
+that one lacks the claim's subject, on the comparison of the task at that scale that has the most finished runs."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from ..experiments import claims
+from ..experiments.archive import archived_comparisons
 from ..experiments.compare import COMPARISON_FILE, aggregate
-from ..experiments.plan import default_settings_hash
-from .archive import archived_comparisons
+from ..experiments.plan import AT_GPU_SCALE, GPU, default_settings_hash
+from ..experiments.presets import DEFAULT_PRESET
 from .extend_section import results_dir as extend_results
 from .sections import ReportContext, register_section
 
+SCALES = {"laptop": DEFAULT_PRESET, "GPU": GPU}  # a scale's name and the preset its comparisons are run at
 
-def _best_comparison(summaries: list[dict[str, Any]], claim: claims.Claim, current_hash: str) -> dict[str, Any] | None:
+
+def _best_comparison(summaries: list[dict[str, Any]], claim: claims.Claim,
+                     current_hash: str | None) -> dict[str, Any] | None:
     """Of one task's archived comparisons (oldest first) in the claim's design, the one at the current recipe's
     `current_hash` if it has the claim's subject, else the one with the subject that has the most finished runs
     (ties: the newest)."""
@@ -31,21 +36,32 @@ def _best_comparison(summaries: list[dict[str, Any]], claim: claims.Claim, curre
     return best
 
 
+def current_hash(claim: claims.Claim, preset: str) -> str | None:
+    """The settings hash of the comparison that decides `claim` at `preset`'s current recipe: the default preset's
+    (`tapelm compare TASK`), or the one `tapelm stage` plans for the claim's task and design at GPU scale."""
+    if preset == DEFAULT_PRESET:
+        return default_settings_hash(claim.task)
+    planned = [owed for owed in AT_GPU_SCALE if owed.preset == preset and owed.task == claim.task
+               and claim.fits({"task": owed.task, "record": {"task_options": dict(owed.task_options)}})]
+    return planned[0].settings_hash() if planned else None
+
+
 def _summaries(archive: Path, task: str) -> list[dict[str, Any]]:
     """The archived comparisons of `task`, aggregated, oldest first."""
     return [aggregate(directory, write=False) for directory in
             sorted(archived_comparisons(archive, task), key=lambda p: (p / COMPARISON_FILE).stat().st_mtime)]
 
 
-def judge_all(context: ReportContext) -> list[tuple[claims.Claim, dict[str, Any] | None, str, list[str]]] | None:
-    """Every claim with the comparison it is judged on, its verdict and one line per baseline; None when no claim
-    has results."""
+def judge_all(context: ReportContext, preset: str = DEFAULT_PRESET
+              ) -> list[tuple[claims.Claim, dict[str, Any] | None, str, list[str]]] | None:
+    """Every claim with the comparison at `preset` it is judged on, its verdict and one line per baseline; None
+    when no claim has results at that preset."""
     judged, by_task = [], {}
     for claim in claims.CLAIMS:
         if claim.task not in by_task:
-            by_task[claim.task] = (_summaries(context.comparisons, claim.task), default_settings_hash(claim.task))
-        summaries, current_hash = by_task[claim.task]
-        summary = _best_comparison(summaries, claim, current_hash)
+            by_task[claim.task] = [summary for summary in _summaries(context.comparisons, claim.task)
+                                   if summary["record"]["preset"] == preset]
+        summary = _best_comparison(by_task[claim.task], claim, current_hash(claim, preset))
         judged.append((claim, summary, *claims.judge(claim, summary)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None
@@ -59,38 +75,63 @@ def extension_claims(context: ReportContext) -> list[dict[str, Any]]:
     return summarize(extend_results(context)).get("claims", [])
 
 
+def _by_scale(context: ReportContext) -> dict[str, list] | None:
+    """{scale: judge_all at its preset} for the scales with results; None when none has any."""
+    found = {scale: judged for scale, preset in SCALES.items() if (judged := judge_all(context, preset))}
+    return found or None
+
+
+def _verdict(by_scale: dict[str, list], scale: str, index: int) -> str:
+    judged = by_scale.get(scale)
+    return f"**{judged[index][2]}**" if judged and judged[index][2] != "not run" else "not run"
+
+
 def build_verdicts(context: ReportContext) -> str | None:
-    """The short table for the README: each claim and its verdict, linking to the evidence in docs/RESULTS.md."""
-    judged, extension = judge_all(context), extension_claims(context)
-    if judged is None and not extension:
+    """The short table for the README: each claim and its verdict at each scale, linking to the evidence in
+    docs/RESULTS.md."""
+    by_scale, extension = _by_scale(context), extension_claims(context)
+    if by_scale is None and not extension:
         return None
-    lines = ["| the paper's claim, tested at laptop scale | verdict |", "|---|---|"]
-    lines += [f"| {claim.statement} | **{result}** |" for claim, _, result, _ in judged or []]
-    lines += [f"| {claim['statement']} | **{claim['verdict']}** |" for claim in extension]
+    lines = ["| the paper's claim | " + " | ".join(SCALES) + " |", "|---|" + "---|" * len(SCALES)]
+    lines += [f"| {claim.statement} | " + " | ".join(_verdict(by_scale or {}, scale, index) for scale in SCALES) + " |"
+              for index, claim in enumerate(claims.CLAIMS)]
+    lines += [f"| {claim['statement']} | **{claim['verdict']}** | not run |" for claim in extension]
     return "\n".join(lines)
 
 
 def build(context: ReportContext) -> str | None:
-    judged, extension = judge_all(context), extension_claims(context)
-    if judged is None and not extension:
+    by_scale, extension = _by_scale(context), extension_claims(context)
+    if by_scale is None and not extension:
         return None
+    by_scale = by_scale or {}
     doc = (claims.__doc__ or "").split("\n\n", 1)[1].strip().replace("\n", " ")
-    lines = [doc, "", "| claim | comparison | verdict |", "|---|---|---|"]
-    for claim, summary, result, _ in judged or []:
-        where = f"`{claim.task}` {summary['settings_hash']}" if summary else "–"
-        lines.append(f"| {claim.statement} | {where} | **{result}** |")
-    lines += [f"| {claim['statement']} | `tapelm extend` | **{claim['verdict']}** |" for claim in extension]
-    for claim, summary, result, details in judged or []:
-        if summary is None:
-            continue
-        lines += ["", f"**{claim.name}** ({claim.headline.replace('_', '-')}, {summary['metric'].replace('_', ' ')}): "
-                  f"**{result}**.", ""] + [f"- {line}" for line in details]
+    lines = [doc + " Each scale is judged on its own comparisons (laptop: the `cpu-small` preset; GPU: the `gpu` "
+             "preset, run in pieces by `tapelm stage`; docs/RECIPES.md says what each recipe is).", "",
+             "| claim | " + " | ".join(f"{scale} comparison | {scale}" for scale in SCALES) + " |",
+             "|---|" + "---|---|" * len(SCALES)]
+    for index, claim in enumerate(claims.CLAIMS):
+        cells = []
+        for scale in SCALES:
+            summary = by_scale[scale][index][1] if scale in by_scale else None
+            cells += [f"`{claim.task}` {summary['settings_hash']}" if summary else "–",
+                      _verdict(by_scale, scale, index)]
+        lines.append(f"| {claim.statement} | " + " | ".join(cells) + " |")
+    lines += [f"| {claim['statement']} | `tapelm extend` | **{claim['verdict']}** | – | not run |"
+              for claim in extension]
+    for scale, judged in by_scale.items():
+        for claim, summary, result, details in judged:
+            if summary is None:
+                continue
+            seeds = sorted({seed for row in summary["rows"].values() for seed in row["seeds"]})
+            lines += ["", f"**{claim.name}** at {scale} scale ({claim.headline.replace('_', '-')}, "
+                      f"{summary['metric'].replace('_', ' ')}, seeds {','.join(map(str, seeds))}): **{result}**.", ""]
+            lines += [f"- {line}" for line in details]
     for claim in extension:
         lines += ["", f"**{claim['name']}**: **{claim['verdict']}** (section \"Context extension\").", ""]
         lines += [f"- {line}" for line in claim["details"]]
     return "\n".join(lines)
 
 
-register_section("claims", "Claims: verdicts at laptop scale", build)
+register_section("claims", "Claims: verdicts at laptop and GPU scale", build)
 
-__all__ = ["build", "build_verdicts", "judge_all"]
+__all__ = ["SCALES", "build", "build_verdicts", "current_hash", "judge_all"]

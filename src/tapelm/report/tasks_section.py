@@ -9,10 +9,10 @@ from typing import Any
 
 from ..experiments.claims import learned_threshold, seeds_reaching
 from ..experiments.evaluate import higher_is_better
-from ..experiments.plan import superseded_by
+from ..experiments.plan import GPU, superseded_by
 from ..experiments.statistics import verdict
 from ..experiments.variants import ABLATIONS, VARIANTS
-from .archive import archived_comparisons
+from ..experiments.archive import archived_comparisons
 from .sections import ReportContext, register_section
 
 TASK_ORDER = ("addition", "passkey", "mqar", "flipflop", "text")
@@ -76,11 +76,13 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
     model = first["identity"]["model"]
     train = record["train"]
     env = first.get("environment", {})
+    device = env.get("device", "cpu")
     seconds = [r.get("session_seconds") for by_seed in results.values() for r in by_seed.values()
                if r.get("session_seconds")]
     timing = ""
     if seconds:
-        timing = (f" Wall time per run (train + eval, this machine, shared with other jobs): "
+        where = "this machine, shared with other jobs" if device == "cpu" else device
+        timing = (f" Wall time per run (train + eval, {where}): "
                   f"{min(seconds) / 60:.1f}–{max(seconds) / 60:.1f} min.")
     layers = model["num_hidden_layers"]
     matched = " (baselines widened to TAPE’s parameter count)" if record["match_params"] else ""
@@ -94,7 +96,8 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
         f"{train['weight_decay']}; evaluation {record['eval']['n']} examples per condition"
         f"{' (spans of train_length tokens)' if summary['task'] == 'text' else ''}."
         f"{_corpus_note(summary['task'], record['task_options'])} "
-        f"Commit `{env.get('commit', '?')[:10]}`, torch {env.get('torch', '?')}, {env.get('cpu', '?')}."
+        f"Commit `{env.get('commit', '?')[:10]}`, torch {env.get('torch', '?')}, "
+        f"{env.get('cpu', '?') if device == 'cpu' else device}."
         + timing)
 
 
@@ -271,11 +274,15 @@ def reading(summary: dict[str, Any]) -> list[str]:
         if shown:
             out.append(f"For scale: the paper's heatmap averages (train ≤ 40 digits, test ≤ 80, a much larger "
                        f"model trained far longer) are {shown} (%). These runs are not a replication of that setting.")
+    scale = ("the models are tiny and briefly trained ({} seed(s), a few minutes of CPU each)"
+             if summary.get("record", {}).get("preset") != GPU else "the models are the laptop's six times wider, "
+             "trained with about 1,000x its compute ({} seed(s), minutes of a GPU each), still far from the paper's "
+             "12 x 768 models trained for hours")
     out.append(
-        f"What this does not show: the models are tiny and briefly trained ({len(seeds)} seed(s), a few minutes of "
-        "CPU each), so differences in length generalisation here are weak evidence about the encodings at the "
-        "paper's scale; a null result here is not evidence that TAPE does not help there. The test sets are small "
-        "(see the settings line), so per-cell values in the figures are noisy.")
+        f"What this does not show: {scale.format(len(seeds))}, so differences in length generalisation here are "
+        "weak evidence about the encodings at the paper's scale; a null result here is not evidence that TAPE does "
+        "not help there. The test sets are small (see the settings line), so per-cell values in the figures are "
+        "noisy.")
     return out
 
 

@@ -1,0 +1,294 @@
+"""`tapelm stage`: the comparisons owed at GPU scale (`plan.AT_GPU_SCALE`) run in pieces, a few runs at a time, on a
+machine lent for minutes (a GPU visit), each piece continuing where the archive says the last one stopped.
+
+A stage runs the next planned runs while its time lasts and never starts one that its estimate says it cannot
+finish: a run's time is taken from the finished runs of its encoding in its comparison, else from RoPE's there times
+the encoding's step cost (measured in finished comparisons, else `budget.STEP_COST`), else predicted from its FLOPs
+(`budget.predicted_seconds`) times how much slower than predicted the finished runs were. In each comparison RoPE's
+and TAPE's seed 0 run first, and their quick evaluations are the recipe's learning curves: the other runs wait until
+both have learned the task in distribution (`claims.learned`), and where either did not the comparison stays stopped
+until its recipe changes. Each finished run's small files (result.json with device and versions, eval.json,
+metrics.jsonl; no model, no checkpoint) are copied into OUT/compare as they lie in docs/results/compare, and
+OUT/stage.json says what ran, what did not fit and what is left; `tapelm report --root OUT` merges them into the
+archive, from which the next stage continues (`--archive`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import traceback
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .archive import archive_comparison
+from .budget import OVERHEAD_SECONDS, predicted_seconds, step_cost, training_flops
+from .claims import CLAIMS, learned
+from .compare import Comparison, open_comparison, run_one
+from .plan import AT_GPU_SCALE, OwedComparison, at_laptop_scale
+from .runs import RESULT_FILE, RunSpec, option_flags, resolve
+from .train import write_json_atomically
+
+CHECK = ("rope", "tape")  # seed 0 of these runs first in every comparison: the recipe's learning-curve check
+MARGIN = 1.15  # an estimate is this much above the time it is taken from
+STAGE_FILE = "stage.json"
+
+
+@dataclass
+class PlannedRun:
+    """One run of a planned comparison, and what is known of it: its recorded seconds (train and evaluate) and
+    whether it learned, once finished; the error that stopped it in this stage."""
+
+    comparison: int
+    pe: str
+    seed: int
+    seconds: float | None = None
+    learned: bool | None = None
+    failed: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.seconds is not None
+
+    @property
+    def check(self) -> bool:
+        return self.pe in CHECK and self.seed == 0
+
+
+def ordered_runs(owed: OwedComparison, comparison: int) -> list[PlannedRun]:
+    """A comparison's runs in the order a stage takes them: the check (RoPE's and TAPE's seed 0), then seed by seed
+    every row."""
+    if not set(CHECK) <= set(owed.rows):
+        raise ValueError(f"a comparison at GPU scale needs the rows {', '.join(CHECK)} for its learning-curve check; "
+                         f"'{owed.label}' has {', '.join(owed.rows)}")
+    runs = [PlannedRun(comparison, pe, 0) for pe in CHECK]
+    return runs + [PlannedRun(comparison, pe, seed) for seed in range(owed.seeds) for pe in owed.rows
+                   if not (pe in CHECK and seed == 0)]
+
+
+@dataclass
+class Schedule:
+    """The planned runs in order, with each comparison's predicted RoPE training seconds: which run comes next, and
+    how long each is expected to take."""
+
+    runs: list[PlannedRun]
+    predicted: list[float]
+
+    def _seconds(self, comparison: int, pe: str) -> list[float]:
+        return [r.seconds for r in self.runs if r.finished and (r.comparison, r.pe) == (comparison, pe)]
+
+    def cost(self, pe: str) -> tuple[float, str]:
+        """The encoding's time against RoPE's: the largest ratio of their mean seconds in a comparison where both
+        finished runs, else the bench's."""
+        ratios = [sum(mine) / len(mine) / (sum(rope) / len(rope)) for comparison in range(len(self.predicted))
+                  if (mine := self._seconds(comparison, pe)) and (rope := self._seconds(comparison, "rope"))]
+        return (max(ratios), "measured") if ratios else (step_cost(pe), "bench")
+
+    def slowdown(self) -> float:
+        """How much longer than predicted the finished runs took (the largest ratio; 1 before any)."""
+        ratios = [r.seconds / (self.predicted[r.comparison] * self.cost(r.pe)[0]) for r in self.runs if r.finished]
+        return max(ratios, default=1.0)
+
+    def estimate(self, run: PlannedRun) -> tuple[float, str]:
+        """Seconds `run` is expected to take, start to finish, and what that rests on."""
+        if own := self._seconds(run.comparison, run.pe):
+            base, basis = max(own), f"its {len(own)} finished run(s) here"
+        else:
+            cost, source = self.cost(run.pe)
+            if rope := self._seconds(run.comparison, "rope"):
+                base, basis = max(rope) * cost, f"RoPE's runs here x {cost:.2f} ({source})"
+            else:
+                slowdown = self.slowdown()
+                base = self.predicted[run.comparison] * slowdown * cost
+                basis = f"FLOPs x {slowdown:.2f} (finished runs' time / predicted) x {cost:.2f} ({source})"
+        return OVERHEAD_SECONDS + MARGIN * base, basis
+
+    def stopped(self, comparison: int) -> str | None:
+        """Why a comparison's check failed (RoPE's or TAPE's seed 0 did not learn); None while it has not."""
+        unlearned = [r.pe for r in self.runs if r.comparison == comparison and r.check and r.finished and not r.learned]
+        if unlearned:
+            return f"{' and '.join(unlearned)} seed 0 did not learn the task in distribution: change the recipe"
+        return None
+
+    def waiting(self, run: PlannedRun) -> str | None:
+        """Why `run` may not start yet (its comparison's check failed or is unfinished); None if it may."""
+        if run.check:
+            return None
+        if reason := self.stopped(run.comparison):
+            return reason
+        if not all(r.finished for r in self.runs if r.comparison == run.comparison and r.check):
+            return "waits for RoPE's and TAPE's seed 0 (the recipe's learning-curve check)"
+        return None
+
+    def open_runs(self, comparison: int | None = None) -> list[PlannedRun]:
+        """The runs still to do (of one comparison, or all), in order; a run that failed in this stage is not
+        tried again in it."""
+        return [r for r in self.runs if not r.finished and not r.failed
+                and (comparison is None or r.comparison == comparison)]
+
+    def next_run(self, seconds_left: float) -> tuple[PlannedRun, float, str] | None:
+        """The first run in order that may start and is expected to finish within `seconds_left`."""
+        for run in self.open_runs():
+            if self.waiting(run) is None:
+                seconds, basis = self.estimate(run)
+                if seconds <= seconds_left:
+                    return run, seconds, basis
+        return None
+
+
+def claims_of(owed: OwedComparison) -> list[str]:
+    """The paper's claims (`claims.CLAIMS`) that a comparison decides: its task and design, its subject and every
+    baseline among its rows."""
+    summary = {"task": owed.task, "record": {"task_options": dict(owed.task_options)}}
+    return [claim.name for claim in CLAIMS
+            if claim.fits(summary) and {claim.subject, *claim.baselines} <= set(owed.rows)]
+
+
+OVERRIDES = ("model_options", "train_options", "eval_n", "eval_batch_size")
+
+
+def owed_spec(owed: OwedComparison, overrides: dict[str, Any]) -> RunSpec:
+    """A planned comparison's run spec, with `overrides` (OVERRIDES) over it: another recipe, so another comparison
+    (tests run the plan at tiny sizes this way)."""
+    unknown = sorted(set(overrides) - set(OVERRIDES))
+    if unknown:
+        raise ValueError(f"override '{unknown[0]}' is not allowed; choose from: {', '.join(OVERRIDES)}")
+    spec = owed.spec()
+    return replace(spec, **{**overrides, "train_options": {**spec.train_options,
+                                                          **overrides.get("train_options", {})}})
+
+
+def _open(owed: OwedComparison, overrides: dict[str, Any], root: Path, archive: Path | None) -> Comparison:
+    spec = owed_spec(owed, overrides)
+    seeds = list(range(owed.seeds))
+    command = shlex.join(["tapelm", "compare", owed.task, "--pe", *owed.rows, "--seeds", *map(str, seeds),
+                          *option_flags(spec)])
+    return open_comparison(spec, list(owed.rows), seeds, root, command=command, archive=archive)
+
+
+def _known(comparison: Comparison, run: PlannedRun, task: str) -> None:
+    """Fill in a finished run's seconds and whether it learned, from its result.json."""
+    path = comparison.run_dir(run.pe, run.seed) / RESULT_FILE
+    if path.exists():
+        result = json.loads(path.read_text())
+        run.seconds = float(result["session_seconds"])
+        run.learned = learned(task, result["metric"], result["summary"]["in_distribution"])
+
+
+def _check_arguments(budget_seconds: float, out: Path, data_workers: int, tasks: list[str] | None,
+                     plan: tuple[OwedComparison, ...]) -> None:
+    if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) or not budget_seconds > 0:
+        raise ValueError(f"--budget-seconds={budget_seconds!r} is not allowed; give the seconds the stage may take "
+                         "(a positive number)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out '{out}' is a file; give a folder for the stage's results")
+    if isinstance(data_workers, bool) or not isinstance(data_workers, int) or data_workers < 0:
+        raise ValueError(f"--data-workers={data_workers!r} is not allowed; give a number of processes >= 0")
+    known = list(dict.fromkeys(owed.task for owed in plan))
+    unknown = [task for task in tasks or [] if task not in known]
+    if unknown:
+        raise ValueError(f"--tasks '{unknown[0]}' is not planned at GPU scale; choose from: {', '.join(known)}")
+
+
+def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison, ...] = AT_GPU_SCALE,
+              root: str | Path = "runs", archive: str | Path | None = None, data_workers: int = 0,
+              tasks: list[str] | None = None, overrides: dict[str, Any] | None = None, progress: bool = True,
+              dry_run: bool = False) -> int:
+    """Run the next runs of `plan` (of `tasks`, or all) for at most `budget_seconds`, training in `root` and copying
+    each finished run into `out`/compare; `archive`: the folder whose finished runs count as done (see module
+    docstring). `dry_run`: plan and print, train nothing. Returns 0, or 1 when a run failed."""
+    started = time.monotonic()
+    out = Path(out)
+    _check_arguments(budget_seconds, out, data_workers, tasks, plan)
+    chosen = [owed for owed in plan if tasks is None or owed.task in tasks]
+    runs = [run for index, owed in enumerate(chosen) for run in ordered_runs(owed, index)]
+    comparisons = [_open(owed, overrides or {}, Path(root), None if archive is None else Path(archive))
+                   for owed in chosen]
+    for run in runs:
+        _known(comparisons[run.comparison], run, chosen[run.comparison].task)
+    schedule = Schedule(runs, [predicted_seconds(c.runs["rope", 0], data_workers) for c in comparisons])
+    record: dict[str, Any] = {"budget_seconds": budget_seconds, "data_workers": data_workers, "dry_run": dry_run,
+                              "runs": [], "environment": _environment(),
+                              "rope_runs": [_rope_run(owed, comparison, seconds) for owed, comparison, seconds
+                                            in zip(chosen, comparisons, schedule.predicted)]}
+    while not dry_run:
+        left = budget_seconds - (time.monotonic() - started)
+        found = schedule.next_run(left)
+        if found is None:
+            break
+        run, expected, basis = found
+        comparison, owed = comparisons[run.comparison], chosen[run.comparison]
+        print(f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
+              f"{left:.0f} s left", flush=True)
+        began = time.monotonic()
+        entry = {"task": owed.task, "settings_hash": comparison.directory.name, "pe": run.pe, "seed": run.seed,
+                 "expected_seconds": expected, "expected_from": basis}
+        try:
+            run_one(comparison.runs[run.pe, run.seed], comparison.run_dir(run.pe, run.seed), progress,
+                    comparison.command, data_workers=data_workers)
+        except Exception as error:  # noqa: BLE001 (one run's failure, e.g. out of memory, must not stop the rest)
+            traceback.print_exc()
+            run.failed = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+            entry["failed"] = run.failed
+        else:
+            _known(comparison, run, owed.task)
+            archive_comparison(comparison.directory, out / "compare", [(run.pe, run.seed)])
+            entry.update(seconds=time.monotonic() - began, session_seconds=run.seconds, learned=run.learned)
+        record["runs"].append(entry)
+        _write(out, record, schedule, chosen, comparisons, started)
+    _write(out, record, schedule, chosen, comparisons, started)
+    print(format_status(record))
+    return 1 if any(run.failed for run in runs) else 0
+
+
+def _rope_run(owed: OwedComparison, comparison: Comparison, seconds: float) -> dict[str, Any]:
+    """A RoPE run of the comparison: its training FLOPs, those of its laptop comparison's, its predicted seconds."""
+    laptop = resolve(replace(at_laptop_scale(owed).spec(), pe="rope"))
+    return {"flops": training_flops(comparison.runs["rope", 0]), "laptop_flops": training_flops(laptop),
+            "predicted_seconds": seconds}
+
+
+def _environment() -> dict[str, Any]:
+    from .provenance import environment
+
+    return environment()
+
+
+def _write(out: Path, record: dict[str, Any], schedule: Schedule, chosen: list[OwedComparison],
+           comparisons: list[Comparison], started: float) -> None:
+    """stage.json: the record so far, and per comparison what is done and what its remaining runs should cost."""
+    record["seconds"] = time.monotonic() - started
+    record["comparisons"] = []
+    for index, (owed, comparison) in enumerate(zip(chosen, comparisons)):
+        open_runs = schedule.open_runs(index)
+        record["comparisons"].append({
+            "label": owed.label, "task": owed.task, "settings_hash": comparison.directory.name,
+            "claims": claims_of(owed), "runs": len([r for r in schedule.runs if r.comparison == index]),
+            "finished": len([r for r in schedule.runs if r.comparison == index and r.finished]),
+            "stopped": schedule.stopped(index),
+            "predicted_seconds_left": sum(schedule.estimate(run)[0] for run in open_runs),
+            "next": [f"{run.pe}/seed{run.seed}" for run in open_runs[:3]]})
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(out / STAGE_FILE, record)
+
+
+def format_status(record: dict[str, Any]) -> str:
+    """The stage's comparisons as a markdown table: what is done, and the predicted GPU minutes of the rest."""
+    lines = ["| comparison | claims | settings hash | a RoPE run: training FLOPs (x laptop), predicted s | "
+             "finished | GPU minutes left (predicted) | next |", "|---|---|---|---|---:|---:|---|"]
+    for c, rope in zip(record["comparisons"], record["rope_runs"]):
+        status = f" (stopped: {c['stopped']})" if c["stopped"] else ""
+        lines.append(f"| {c['task']}, {c['label']} | {', '.join(c['claims'])} | {c['settings_hash']} | "
+                     f"{rope['flops']:.2e} ({rope['flops'] / rope['laptop_flops']:,.0f}x), "
+                     f"{rope['predicted_seconds']:.0f} | {c['finished']} of {c['runs']}{status} | "
+                     f"{c['predicted_seconds_left'] / 60:.1f} | {' '.join(c['next'])} |")
+    ran = [r for r in record["runs"] if "seconds" in r]
+    lines += ["", f"This stage: {len(ran)} run(s) finished, {len(record['runs']) - len(ran)} failed, in "
+                  f"{record['seconds']:.0f} of {record['budget_seconds']:.0f} s."]
+    return "\n".join(lines)
+
+
+__all__ = ["CHECK", "PlannedRun", "Schedule", "claims_of", "format_status", "ordered_runs", "owed_spec",
+           "run_stage"]

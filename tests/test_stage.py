@@ -1,0 +1,231 @@
+"""The comparisons at GPU scale, without a GPU: the `gpu` presets (every planned task and encoding trains at tiny
+sizes; a thousand times the laptop's FLOPs on the laptop's test sets), the stage's plan (its learning-curve check
+first, estimates from finished runs, never a run that cannot finish) and the stage itself (small records that the
+next stage continues from), and the report's verdicts per scale."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tapelm.cli import main
+from tapelm.experiments.budget import OVERHEAD_SECONDS, predicted_seconds, step_cost, training_flops
+from tapelm.experiments.claims import CLAIMS
+from tapelm.experiments.plan import AT_GPU_SCALE, GPU, at_laptop_scale
+from tapelm.experiments.runs import resolve, run_task
+from tapelm.report.claims_section import current_hash
+from tapelm.experiments.stage import MARGIN, PlannedRun, Schedule, claims_of, ordered_runs, owed_spec, run_stage
+
+TINY = {"model_options": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "num_key_value_heads": 2},
+        "train_options": {"steps": 1, "batch_size": 2, "warmup": 0, "eval_every": 1}, "eval_n": 8,
+        "eval_batch_size": 16}
+TINY_FLAGS = ["--steps", "1", "--batch-size", "2", "--warmup", "0", "--eval-every", "1", "--eval-n", "8",
+              "--no-progress", *(f"--model-option={k}={v}" for k, v in TINY["model_options"].items())]
+TEXT = next(owed for owed in AT_GPU_SCALE if owed.task == "text")
+
+
+def test_every_planned_encoding_trains_one_step_of_its_gpu_recipe_at_tiny_size(tmp_path) -> None:
+    """The recipes as the stage runs them (bf16 autocast, the laptop's task options), shrunk to one step."""
+    for index, owed in enumerate(AT_GPU_SCALE):
+        for pe in owed.rows:
+            spec = replace(owed_spec(owed, TINY), pe=pe)
+            result = run_task(resolve(spec), tmp_path / f"{index}-{pe}", progress=False)
+            assert result["identity"]["train"]["mixed_precision"] == "bf16" and result["preset"] == GPU
+            assert result["first_loss"] == result["final_loss"] and math.isfinite(result["final_loss"])
+
+
+def test_each_gpu_recipe_has_a_thousand_times_the_laptop_flops_on_the_laptop_test_sets() -> None:
+    """Against the laptop comparison of the same task and design: at least 1,000x its training FLOPs, the same task
+    options and evaluation (so the same test sets), and the check's runs within one visit command (600 s)."""
+    for owed in AT_GPU_SCALE:
+        laptop = at_laptop_scale(owed)
+        assert laptop.preset == "cpu-small" and laptop.task == owed.task and not laptop.ablation
+        gpu_run, laptop_run = resolve(replace(owed.spec(), pe="rope")), resolve(replace(laptop.spec(), pe="rope"))
+        assert training_flops(gpu_run) >= 1000 * training_flops(laptop_run), owed.label
+        assert gpu_run.task_options == laptop_run.task_options and gpu_run.identity["eval"] == laptop_run.identity[
+            "eval"]
+        assert gpu_run.settings.mixed_precision == "bf16" and laptop_run.settings.mixed_precision == "no"
+        seconds = predicted_seconds(gpu_run, data_workers=12)
+        assert OVERHEAD_SECONDS + MARGIN * seconds * step_cost("tape") < 600, owed.label
+
+
+def schedule(*finished: tuple[int, str, int, float, bool], predicted=(100.0, 100.0)) -> Schedule:
+    """Two comparisons of rows rope, tape, fire, nope (seeds 0 and 1), with the given finished runs."""
+    owed = replace(TEXT, rows=("rope", "tape", "fire", "nope"), seeds=2)
+    runs = ordered_runs(owed, 0) + ordered_runs(owed, 1)
+    for comparison, pe, seed, seconds, learned in finished:
+        run = next(r for r in runs if (r.comparison, r.pe, r.seed) == (comparison, pe, seed))
+        run.seconds, run.learned = seconds, learned
+    return Schedule(runs, list(predicted))
+
+
+def test_a_comparison_starts_with_its_check_and_stops_where_the_check_did_not_learn() -> None:
+    plan = schedule()
+    assert [(r.pe, r.seed) for r in plan.runs if r.comparison == 0] == [
+        ("rope", 0), ("tape", 0), ("fire", 0), ("nope", 0), ("rope", 1), ("tape", 1), ("fire", 1), ("nope", 1)]
+    assert plan.next_run(1e9)[0] == plan.runs[0]
+    assert "waits for RoPE's and TAPE's seed 0" in plan.waiting(plan.runs[2])
+    plan = schedule((0, "rope", 0, 50.0, True), (0, "tape", 0, 60.0, True))
+    assert plan.waiting(plan.runs[2]) is None and plan.next_run(1e9)[0] is plan.runs[2]
+    plan = schedule((0, "rope", 0, 50.0, True), (0, "tape", 0, 60.0, False))
+    assert plan.stopped(0) == "tape seed 0 did not learn the task in distribution: change the recipe"
+    assert all(plan.waiting(run) for run in plan.open_runs(0))
+    assert (plan.next_run(1e9)[0].comparison, plan.next_run(1e9)[0].pe) == (1, "rope")  # the next comparison goes on
+    with pytest.raises(ValueError, match="needs the rows rope, tape for its learning-curve check"):
+        ordered_runs(replace(TEXT, rows=("rope", "nope")), 0)
+
+
+def test_no_run_starts_that_its_estimate_says_cannot_finish() -> None:
+    """The first run in order whose estimate fits the time left; a cheaper later one when the next does not fit;
+    none when nothing fits."""
+    plan = schedule((0, "rope", 0, 100.0, True), (0, "tape", 0, 150.0, True))
+    fire, nope, rope = (OVERHEAD_SECONDS + MARGIN * 100.0 * step_cost(pe) for pe in ("fire", "nope", "rope"))
+    assert nope < rope < fire
+    assert plan.next_run(fire)[0].pe == "fire"
+    assert plan.next_run(fire - 1)[0].pe == "nope"  # fire, next in order, would not finish
+    assert plan.next_run(nope - 1) is None and plan.next_run(OVERHEAD_SECONDS) is None
+
+
+def test_estimates_come_from_finished_runs_when_there_are_any() -> None:
+    plan = schedule()  # nothing timed: the prediction
+    assert plan.estimate(plan.runs[0])[0] == OVERHEAD_SECONDS + MARGIN * 100.0
+    # RoPE took twice its prediction: every prediction doubles, here and in the next comparison
+    plan = schedule((0, "rope", 0, 200.0, True))
+    assert plan.estimate(plan.runs[1])[0] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 200.0 * step_cost("tape"))
+    assert plan.estimate(plan.runs[8])[0] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 200.0)
+    # a run's own encoding's finished runs; an encoding's ratio to RoPE measured in one comparison serves the next
+    plan = schedule((0, "rope", 0, 100.0, True), (0, "tape", 0, 120.0, True), (0, "tape", 1, 130.0, True),
+                    (1, "rope", 0, 300.0, True))
+    assert plan.estimate(next(r for r in plan.runs if (r.comparison, r.pe, r.seed) == (0, "tape", 1)))[0] == \
+        pytest.approx(OVERHEAD_SECONDS + MARGIN * 130.0)
+    assert plan.cost("tape") == (pytest.approx(1.25), "measured") and plan.cost("fire") == (step_cost("fire"), "bench")
+    tape = next(r for r in plan.runs if (r.comparison, r.pe, r.seed) == (1, "tape", 0))
+    assert plan.estimate(tape)[0] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 300.0 * 1.25)
+
+
+def test_the_plan_decides_the_papers_from_scratch_claims_in_the_issues_order() -> None:
+    assert [owed.task for owed in AT_GPU_SCALE] == ["mqar", "addition", "text", "passkey", "addition"]
+    decided = {name for owed in AT_GPU_SCALE for name in claims_of(owed)}
+    assert {"retrieval-mqar", "arithmetic", "arithmetic-index-hints", "lm-perplexity", "lm-extrapolation",
+            "retrieval-passkey"} <= decided
+    assert all(owed.seeds >= 3 and owed.preset == GPU for owed in AT_GPU_SCALE)
+    assert all(set(next(c for c in CLAIMS if c.name == name).baselines) <= set(owed.rows)
+               for owed in AT_GPU_SCALE for name in claims_of(owed))
+    # the report judges each claim at GPU scale on the comparison the plan runs for it
+    claim = {c.name: c for c in CLAIMS}
+    assert current_hash(claim["retrieval-mqar"], GPU) == AT_GPU_SCALE[0].settings_hash()
+    assert current_hash(claim["arithmetic"], GPU) == AT_GPU_SCALE[1].settings_hash()
+    assert current_hash(claim["arithmetic-index-hints"], GPU) == AT_GPU_SCALE[4].settings_hash()
+    assert current_hash(claim["state-tracking"], GPU) is None
+
+
+def absolute_paths(folder: Path) -> list[str]:
+    """Every string in the JSON records under `folder` that is an absolute path."""
+    def walk(value):
+        if isinstance(value, dict):
+            return [found for item in value.values() for found in walk(item)]
+        if isinstance(value, list):
+            return [found for item in value for found in walk(item)]
+        return [value] if isinstance(value, str) and re.search(r"(^|[\s='\"])/[\w.-]+/", value) else []
+
+    records = [json.loads(line) for path in sorted(folder.rglob("*.json*"))
+               for line in ([path.read_text()] if path.suffix == ".json" else path.read_text().splitlines())]
+    return walk(records)
+
+
+def test_a_stage_runs_what_fits_brings_back_small_records_and_the_next_stage_continues(tmp_path, capsys) -> None:
+    """Text (a perplexity: its check counts as learned). A budget below every estimate trains nothing; a larger
+    one trains the check and copies each run's small files, with device and versions and no absolute path; a stage
+    on another machine, given them as its archive, trains only what is left."""
+    pair, three = (replace(TEXT, rows=rows, seeds=1) for rows in (("rope", "tape"), ("rope", "tape", "nope")))
+    first = tmp_path / "first"
+    assert run_stage(OVERHEAD_SECONDS / 2, first, (pair,), root=tmp_path / "runs", overrides=TINY, progress=False) == 0
+    record = json.loads((first / "stage.json").read_text())
+    assert record["runs"] == [] and record["comparisons"][0]["finished"] == 0 and not (first / "compare").exists()
+    second = tmp_path / "second"
+    assert run_stage(3600, second, (pair,), root=tmp_path / "runs", overrides=TINY, progress=False) == 0
+    record = json.loads((second / "stage.json").read_text())
+    assert [(r["pe"], r["seed"]) for r in record["runs"]] == [("rope", 0), ("tape", 0)]
+    assert all(r["seconds"] < r["expected_seconds"] for r in record["runs"])
+    (folder,) = (second / "compare" / "text").iterdir()
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+        "comparison.json", *(f"{pe}/seed0/{name}" for pe in ("rope", "tape")
+                             for name in ("eval.json", "metrics.jsonl", "result.json"))]
+    result = json.loads((folder / "tape" / "seed0" / "result.json").read_text())
+    assert result["environment"]["device"] == "cpu" and result["environment"]["torch"] and result["data"]
+    assert len(result["environment"]["source_sha256"]) == 64  # the code, where a copied tree has no commit
+    assert record["environment"]["device"] == "cpu" and record["environment"]["transformers"]
+    assert absolute_paths(second) == []
+    third = tmp_path / "third"
+    assert run_stage(3600, third, (three,), root=tmp_path / "elsewhere", archive=second / "compare", overrides=TINY,
+                     progress=False) == 0
+    assert [(r["pe"], r["seed"]) for r in json.loads((third / "stage.json").read_text())["runs"]] == [("nope", 0)]
+    assert sorted(p.name for p in (third / "compare" / "text" / folder.name).iterdir()) == ["comparison.json", "nope"]
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| text, ")][-1]  # the third's
+    assert row.startswith(f"| text, the paper's five and ALiBi |  | {folder.name} | ") and row.endswith(
+        "| 3 of 3 | 0.0 |  |")
+    archived = second / "compare" / "text" / folder.name / "rope" / "seed0" / "result.json"
+    result = json.loads(archived.read_text())
+    archived.write_text(json.dumps({**result, "data": {**result["data"], "held_out_tokens": 1}}))
+    with pytest.raises(ValueError, match="was trained on other data"):
+        run_stage(3600, tmp_path / "fourth", (three,), root=tmp_path / "fourth-runs", archive=second / "compare",
+                  overrides=TINY, progress=False)
+
+
+def test_the_report_judges_each_claim_per_scale_and_says_where_a_scale_has_not_run(tmp_path) -> None:
+    """A laptop comparison (seeds 0 and 1) and a GPU one (seed 0) of text: each claim is judged at each scale on that
+    scale's own runs; a claim without runs at a scale says "not run" there; the README table has a GPU column."""
+    from tapelm.report import build_report
+
+    pair = replace(TEXT, rows=("rope", "tape"), seeds=1)
+    assert run_stage(3600, tmp_path / "stage", (pair,), root=tmp_path / "gpu-runs", overrides=TINY, progress=False) == 0
+    assert main(["compare", "text", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(tmp_path / "stage"),
+                 *TINY_FLAGS]) == 0
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- tapelm-report:begin verdicts -->\n<!-- tapelm-report:end verdicts -->\n")
+    build_report(tmp_path / "stage", tmp_path / "docs" / "RESULTS.md", readme=readme)
+    table = readme.read_text()
+    assert "| the paper's claim | laptop | GPU |" in table
+    assert "| Language modelling: TAPE's perplexity is the lowest at the training length. | **inconclusive** | " \
+           "**inconclusive** |" in table
+    assert "| Associative recall (MQAR): TAPE is ahead beyond the training length. | not run | not run |" in table
+    results = (tmp_path / "docs" / "RESULTS.md").read_text()
+    assert "**lm-perplexity** at laptop scale (in-distribution, perplexity, seeds 0,1): **inconclusive**" in results
+    assert "**lm-perplexity** at GPU scale (in-distribution, perplexity, seeds 0): **inconclusive**" in results
+    gpu_details = r"\*\*lm-perplexity\*\* at GPU scale [^\n]*\n\n- tape / rope: ×[\d.]+ over seeds 0 → too few seeds"
+    assert re.search(gpu_details, results)
+
+
+def test_a_failed_run_is_recorded_the_others_run_and_the_stage_exits_nonzero(tmp_path, capsys) -> None:
+    """A stale run folder (checkpoints without settings) stops RoPE's check run; TAPE's still runs."""
+    args = ["stage", "--tasks", "mqar", "--budget-seconds", "3600", "--out", str(tmp_path / "out"), "--root",
+            str(tmp_path / "runs"), *TINY_FLAGS]
+    assert main([*args, "--dry-run"]) == 0
+    (folder,) = (tmp_path / "runs" / "compare" / "mqar").iterdir()
+    (folder / "rope" / "seed0" / "checkpoints" / "step-00000001").mkdir(parents=True)
+    capsys.readouterr()
+    assert main(args) == 1
+    runs = json.loads((tmp_path / "out" / "stage.json").read_text())["runs"]
+    assert [(r["pe"], "failed" in r) for r in runs] == [("rope", True), ("tape", False)]
+    assert "holds checkpoints but no settings.json" in runs[0]["failed"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budget-seconds", "0"], "--budget-seconds=0.0 is not allowed; give the seconds the stage may take"),
+    (["--budget-seconds", "60", "--tasks", "flipflop"], "--tasks 'flipflop' is not planned at GPU scale; choose from: "
+                                                        "mqar, addition, text, passkey"),
+    (["--budget-seconds", "60", "--data-workers", "-1"], "--data-workers=-1 is not allowed"),
+    (["--budget-seconds", "60", "--archive", "missing"], "--archive folder 'missing' does not exist"),
+])
+def test_bad_input_is_one_line_exit_2_before_any_work(tmp_path, monkeypatch, capsys, argv, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["stage", *argv]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and message in error
+    assert list(tmp_path.iterdir()) == []
