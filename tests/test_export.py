@@ -1,8 +1,11 @@
 """torch.export and torch.compile(fullgraph=True) trace the model with an attention mask or packed positions: no
-Python branch reads a tensor's values, so one traced program serves every mask of its shapes."""
+Python branch reads a tensor's values, so one traced program serves every mask of its shapes, and it fills the cache
+as eager code does. transformers' compiled decoding on a static cache is one graph, compiled once."""
 
 import pytest
 import torch
+from transformers import DynamicCache, GenerationConfig
+from transformers.generation.configuration_utils import CompileConfig
 
 from conftest import tiny_model, tokens
 
@@ -34,12 +37,55 @@ def assert_traced_equals_eager(traced, model, ids, masks, atol):
         torch.testing.assert_close(traced(ids, mask)[real], expected[real], atol=atol, rtol=1e-6)
 
 
-def test_export_with_an_attention_mask(pe_type):
+class Prefill(torch.nn.Module):
+    """A prompt's logits and every cache layer's keys and value stream after it, as a function of tensors only."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True).logits
+        return logits, *(tensor for layer in cache.layers for tensor in (layer.keys, layer.stream()))
+
+
+def test_an_exported_prefill_computes_the_logits_and_fills_the_cache_as_eager_code_does(pe_type):
+    """With left padding of several widths: the logits at real tokens, and every cached key and value-stream entry,
+    padding positions included (traced code runs the per-token work on the whole grid, eager code on the real
+    tokens only, leaving zeros on the grid)."""
     model = tiny_model(pe_type)
     ids = tokens(2, 9)
     masks = padding_masks(ids)
-    program = torch.export.export(Logits(model, "attention_mask"), (ids, masks[0]))
-    assert_traced_equals_eager(program.module(), model, ids, masks, atol=1e-6)
+    program = torch.export.export(Prefill(model), (ids, masks[0])).module()
+    for mask in masks:
+        (logits, *cached), (expected, *expected_cached) = program(ids, mask), Prefill(model)(ids, mask)
+        real = mask.bool()
+        torch.testing.assert_close(logits[real], expected[real], atol=1e-6, rtol=1e-6)
+        assert len(cached) == len(expected_cached) == 2 * model.config.num_hidden_layers
+        for got, want in zip(cached, expected_cached):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.compiles
+def test_compiled_static_cache_decoding_is_one_graph_compiled_once(pe_type):
+    """`generate(..., cache_implementation="static")` compiles the decoding step as transformers does (here with
+    dynamo's "eager" backend on the CPU, fullgraph: a graph break fails), every fast path on: one graph for all
+    steps and layers, and the tokens of uncached decoding. PaTH's cache is read as a sequence, so it decodes
+    eagerly (transformers skips the compilation)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model(pe_type, fast_paths="on")
+    ids = tokens(1, 6)
+    compile_config = CompileConfig(backend="eager", fullgraph=True)
+    compile_config._compile_all_devices = True  # transformers compiles on accelerators only
+    generation = GenerationConfig(max_new_tokens=5, do_sample=False, cache_implementation="static",
+                                  compile_config=compile_config)
+    compiled = model.generate(ids, generation_config=generation)
+    assert counters["stats"]["unique_graphs"] == (0 if pe_type == "path" else 1)
+    assert torch.equal(compiled, model.generate(ids, max_new_tokens=5, do_sample=False, use_cache=False))
 
 
 @pytest.mark.parametrize("pe_type", ["tape", "fire", "randpe", "path"])

@@ -65,8 +65,9 @@ class TapeCacheLayer(DynamicLayer):
     def _advance(self, tokens: int) -> None:
         self._length += tokens
 
-    def _append(self, name: str, new: torch.Tensor, length: int) -> torch.Tensor:
-        """Write `new` after the first `length` rows of buffer `name` and return rows [0, length + N)."""
+    def _append(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        """Write `new` after the held rows of buffer `name` and return rows [0, held + N)."""
+        length = self._count()
         total = length + new.shape[-2]
         capacity = self._capacity(total)
         buffer = self._buffers.get(name)
@@ -94,8 +95,8 @@ class TapeCacheLayer(DynamicLayer):
         if self._value_width not in (None, value_width):
             raise ValueError(f"a cache layer holding values of width {self._value_width} cannot take {value_width}")
         self._value_width = value_width
-        self.keys = self._append(_KEYS, key_states, self._count())
-        stream = self._append(_STREAM, stream, self._count())
+        self.keys = self._append(_KEYS, key_states)
+        stream = self._append(_STREAM, stream)
         self.values = stream[..., :value_width]
         self._advance(key_states.shape[-2])
         return self.keys, stream
@@ -114,7 +115,7 @@ class TapeCacheLayer(DynamicLayer):
     def store_state(self, name: str, new: torch.Tensor) -> torch.Tensor:
         """Append per-token state (B, S, N, F) for the tokens this forward pass adds (called before their keys are
         stored, so the state's rows are [0, length + N)); return all of it."""
-        return self._append(name, new, self._count())
+        return self._append(name, new)
 
     def state(self, name: str) -> torch.Tensor | None:
         """The state (B, S, T, F) stored under `name` for the cached tokens, or None."""
@@ -202,8 +203,8 @@ class FixedShapeCacheLayer(TapeCacheLayer):
             _static_address(self.cumulative_length)
         return self.cumulative_length + torch.arange(tokens, device=device)
 
-    def _append(self, name: str, new: torch.Tensor, length) -> torch.Tensor:
-        """Write `new` at the layer's write position (`length` is not read: the position is the device tensor) and
+    def _append(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        """Write `new` at the layer's write position (a tensor on the device: nothing is read back to the host) and
         return the whole buffer."""
         positions = self._positions(new.shape[-2], new.device)
         buffer = self._buffers.get(name)

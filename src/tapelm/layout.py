@@ -18,17 +18,24 @@ class TokenLayout:
     """Converts between the padded grid (B, N, ...) and the real tokens (T, ...) of one forward pass.
 
     Without padding (or for single-token steps) both directions return their input: per-token work then runs on
-    the grid, as it would anyway."""
+    the grid, as it would anyway. While tracing, per-token work runs on the whole grid and `unpack` zeroes the
+    padding positions (`zeroed`, (B, N)), so that a traced program computes there what eager code does: the zeros
+    the projections scatter to the grid, and so the same cache."""
 
-    def __init__(self, batch: int, length: int, real: torch.Tensor | None = None):
+    def __init__(self, batch: int, length: int, real: torch.Tensor | None = None,
+                 zeroed: torch.Tensor | None = None):
         self.batch, self.length = batch, length
         self.index = None if real is None else real.flatten().nonzero().squeeze(1)
+        self.zeroed = zeroed
 
     @classmethod
     def of(cls, token_mask: torch.Tensor | None, batch: int, length: int) -> TokenLayout:
         """The layout of a pass whose new tokens are real where `token_mask` (B, N) is True (None: all real).
-        While tracing (torch.export, torch.compile) nothing is skipped: the real tokens' count is data."""
-        packs = token_mask is not None and length > 1 and not tracing(token_mask) and not bool(token_mask.all())
+        While tracing (torch.export, torch.compile) nothing is skipped, the real tokens' count being data: padding
+        positions are zeroed instead."""
+        if token_mask is not None and length > 1 and tracing(token_mask):
+            return cls(batch, length, zeroed=token_mask)
+        packs = token_mask is not None and length > 1 and not bool(token_mask.all())
         return cls(batch, length, token_mask if packs else None)
 
     @property
@@ -43,6 +50,8 @@ class TokenLayout:
 
     def unpack(self, tokens: torch.Tensor) -> torch.Tensor:
         """(T, ...) -> (B, N, ...), zeros at padding."""
+        if self.zeroed is not None:
+            return tokens * self.zeroed.view(*self.zeroed.shape, *(1,) * (tokens.dim() - 2)).to(tokens.dtype)
         if self.index is None:
             return tokens
         grid = tokens.new_zeros(self.batch * self.length, *tokens.shape[1:])
