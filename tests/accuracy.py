@@ -54,29 +54,21 @@ def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype
                                   f" ({what[1]} {scale:.3g})")
 
 
-def compare_models_through_kernels(dispatch, kernels, entry: str, encodings: tuple[str, ...], device,
-                                   dtype: torch.dtype) -> None:
-    """Tiny models of `encodings` with one of tapelm's Triton fast paths against the reference paths: the loss and
-    every parameter's gradient (`compare_paths`). The kernels are routed in on any device (`dispatch.triton_takes`
-    always true: on the CPU, under Triton's interpreter, the dispatch would not choose them), and their entry point
-    `kernels.<entry>` must have run."""
+def compare_models_through_path(path: str, encodings: tuple[str, ...], device, dtype: torch.dtype) -> None:
+    """Tiny models of `encodings` with fast path `path` alone (`fast_paths=[path]`) against the reference paths: the
+    loss and every parameter's gradient (`compare_paths`); the path must have run. On the CPU tapelm's Triton kernels
+    run under Triton's interpreter (`TRITON_INTERPRET=1`)."""
     from conftest import tiny_model, tokens
+    from tapelm import fast_paths
 
-    calls = []
-    original_takes, original_entry = dispatch.triton_takes, getattr(kernels, entry)
-    dispatch.triton_takes = lambda tensor: True
-    setattr(kernels, entry, lambda *args: calls.append(1) or original_entry(*args))
     ids = tokens(2, 9).to(device)
-    try:
-        for encoding in encodings:
-            def run(setting, setting_dtype, encoding=encoding):
-                model = tiny_model(encoding, dtype=setting_dtype, fast_paths=setting).to(device).train()
-                loss = model(ids, labels=ids).loss
+    for encoding in encodings:
+        def run(setting, setting_dtype, encoding=encoding):
+            model = tiny_model(encoding, dtype=setting_dtype, fast_paths=[path] if setting == "on" else []).to(device)
+            with fast_paths.recording() as ran:
+                loss = model.train()(ids, labels=ids).loss
                 loss.backward()
-                return outputs(model, loss=loss)
+            assert ran == ({path} if setting == "on" else set()), (encoding, setting, ran)
+            return outputs(model, loss=loss)
 
-            compare_paths(run, dtype)
-    finally:
-        dispatch.triton_takes = original_takes
-        setattr(kernels, entry, original_entry)
-    assert calls, f"the models did not run {kernels.__name__}.{entry}"
+        compare_paths(run, dtype)

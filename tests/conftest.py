@@ -56,6 +56,9 @@ def pytest_configure(config):
         _one_configuration_per_autotuned_kernel()
     config.addinivalue_line("markers", "device: a law test that runs on `pytest --device`")
     config.addinivalue_line("markers", "compiles: a test that runs torch.compile (no device-watching mode around it)")
+    config.addinivalue_line("markers", "own_process: a device test that calls Triton kernels (fla's, tapelm's): "
+                                       "`tapelm doctor` runs each in a process of its own, since a fault there "
+                                       "corrupts the process's CUDA context")
     for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
                  "torch_compile_test"):
         config.addinivalue_line("markers", f"{mark}: a mark of transformers' common tests")

@@ -8,6 +8,7 @@ from conftest import DEVICE, new_model, tiny_config, tiny_model, tokens
 from test_cache import decode_in_chunks
 
 from tapelm import TapeConfig
+from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 from tapelm.positional.bias import FireFunction
 
@@ -89,7 +90,7 @@ def test_fire_bias_is_the_official_formula():
     with torch.no_grad():
         fire.threshold_multiplier.fill_(-1.5)  # L = |-1.5 * 6| = 9
     positions = torch.arange(14, device=DEVICE)[None]
-    ctx = PositionContext(query_positions=positions[:, 10:], key_positions=positions)
+    ctx = PositionContext(paths=NONE, query_positions=positions[:, 10:], key_positions=positions)
     bias = fire(ctx, torch.float64).full()
     c = fire.c.item()  # 0.3 rounded to float32 at construction
     for i in range(10, 14):

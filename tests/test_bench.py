@@ -115,14 +115,17 @@ def test_compiled_rows_decode_with_a_static_cache_through_one_compiled_graph_per
     assert report["sizes"]["tiny"]["results"]["tape"]["decode_tokens_per_s_batch2"] > 0
 
 
-@pytest.mark.parametrize("setting", ["off", "on"])
-def test_the_fast_path_setting_reaches_every_tapelm_row_and_the_record(tmp_path, setting):
-    options = speed.Options(torch.device("cpu"), fast_paths=setting)
+@pytest.mark.parametrize("words, setting, label", [(["off"], "off", "off"), (["on"], "on", "on"),
+                                                   (["rotation-autograd", "attention-cpu-flash"],
+                                                    ["rotation-autograd", "attention-cpu-flash"],
+                                                    "rotation-autograd, attention-cpu-flash")])
+def test_the_fast_path_setting_reaches_every_tapelm_row_and_the_record(tmp_path, words, setting, label):
+    options = speed.Options(torch.device("cpu"), fast_paths=speed.fast_path_setting(words))
     for row in ("rope", "tape", "tape-mlp-only"):
         assert speed.Workload(speed.SIZES["tiny"], row, options).model.config.fast_paths == setting, row
     report = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path, options, progress=False)
     assert report["options"]["fast_paths"] == report["sizes"]["tiny"]["options"]["fast_paths"] == setting
-    assert f"fast paths {setting}" in speed.format_table(speed.SIZES["tiny"], report["sizes"]["tiny"])
+    assert f"fast paths {label}" in speed.format_table(speed.SIZES["tiny"], report["sizes"]["tiny"])
 
 
 def test_counting_the_saved_bytes_frees_what_it_counted():
@@ -204,12 +207,15 @@ def test_speed_bench_refuses_bad_input_before_any_work(tmp_path, capsys, argv, m
     assert not (tmp_path / "out").exists()
 
 
-def test_speed_bench_refuses_an_unknown_fast_path_setting(tmp_path, capsys):
+@pytest.mark.parametrize("words, message", [
+    (["fast"], "fast_paths names unknown fast path(s) fast; choose one of: auto, on, off, or a list of fast path"),
+    (["on", "rotation-triton"], "fast_paths names unknown fast path(s) on; choose one of"),
+])
+def test_speed_bench_refuses_an_unknown_fast_path_setting(tmp_path, capsys, words, message):
     from tapelm.cli import main
 
-    with pytest.raises(SystemExit) as exit:
-        main(["bench", "speed", "--sizes", "tiny", "--out", str(tmp_path / "out"), "--fast-paths", "fast"])
-    assert exit.value.code == 2 and "--fast-paths: invalid choice: 'fast'" in capsys.readouterr().err
+    assert main(["bench", "speed", "--sizes", "tiny", "--out", str(tmp_path / "out"), "--fast-paths", *words]) == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -233,6 +239,32 @@ def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
         assert parts["training"]["runs"][pe]["final_loss"] > 0
         assert parts["generation"]["models"][pe]["cached_equals_uncached"]
     assert record["seconds"] < 120
+
+
+def test_doctor_runs_each_kernel_test_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """On a device the tests marked `own_process` run one process each, so a test that corrupts its process (as a
+    CUDA fault corrupts the context) fails alone; the shared run and the counts cover every test."""
+    from tapelm.bench import doctor
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text(
+        "def pytest_addoption(parser):\n    parser.addoption('--device', default='cpu')\n"
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'device: a law test')\n"
+        "    config.addinivalue_line('markers', 'own_process: its own process')\n")
+    (tests / "state.py").write_text("corrupted = False\n")
+    (tests / "test_shared.py").write_text("import pytest\npytestmark = pytest.mark.device\n"
+                                          "def test_plain():\n    pass\n")
+    (tests / "test_kernels.py").write_text(
+        "import pytest, state\npytestmark = [pytest.mark.device, pytest.mark.own_process]\n"
+        "def test_a_fault():\n    state.corrupted = True\n    raise RuntimeError('an illegal memory access')\n"
+        "def test_after_it():\n    assert not state.corrupted\n")
+    monkeypatch.setattr(doctor, "source_tests", lambda: tests)
+    result = doctor.run_tests(torch.device("cpu"), tiny=False, log=tmp_path / "tests.log", workers=2)
+    assert result["status"] == "failed" and result["own_process"] == 2
+    assert result["counts"] == {"passed": 2, "failed": 1}, result
+    assert [line.split(" - ")[0] for line in result["failures"]] == ["FAILED tests/test_kernels.py::test_a_fault"]
 
 
 def test_a_failing_doctor_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch, capsys):

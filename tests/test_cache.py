@@ -6,7 +6,8 @@ from transformers import DynamicCache
 
 from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
 from tapelm import PE_TYPES
-from tapelm.attention import AttentionMask, attend_stream, joined_stream
+from tapelm.fast_paths import NONE
+from tapelm.kernels.attention import AttentionMask, attend_stream, joined_stream
 from tapelm.cache import SHARED_STREAM
 
 pytestmark = pytest.mark.device
@@ -31,7 +32,7 @@ def test_cache_layers_hold_transformers_keys_and_values(pe_type):
     assert all(layer.keys.shape == shape and layer.values.shape == shape for layer in cache.layers)
     hidden = model(ids, output_hidden_states=True, use_cache=False).hidden_states
     for layer, block, x in zip(cache.layers, model.model.layers, hidden):
-        v = block.self_attn.v_proj(block.input_layernorm(x)).view(2, 9, -1, config.head_dim).transpose(1, 2)
+        v = block.self_attn.v_proj(block.input_layernorm(x, NONE)).view(2, 9, -1, config.head_dim).transpose(1, 2)
         torch.testing.assert_close(layer.values, v)
 
 
@@ -70,8 +71,8 @@ def test_a_stream_part_shared_by_every_kv_head_attends_as_if_joined_to_each(quer
         loss = (values * weight_v).sum() + (attended * weight_e).sum()
         return values, attended, *torch.autograd.grad(loss, (q, k, v, shared))
 
-    split = outputs(*attend_stream(q, k, v, 8, mask, None, 0.3, eager=eager, shared=shared))
-    joined = outputs(*attend_stream(q, k, joined_stream(v, shared), 8, mask, None, 0.3, eager=eager))
+    split = outputs(*attend_stream(q, k, v, 8, mask, None, 0.3, NONE, eager=eager, shared=shared))
+    joined = outputs(*attend_stream(q, k, joined_stream(v, shared), 8, mask, None, 0.3, NONE, eager=eager))
     for name, actual, expected in zip(("V's output", "the rest's", "dq", "dk", "dV", "d shared"), split, joined):
         torch.testing.assert_close(actual, expected, atol=1e-12, rtol=1e-12, msg=name)
 

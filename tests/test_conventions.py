@@ -8,7 +8,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tapelm import TapeForCausalLM
-from tapelm.attention import attend
 
 from conftest import tiny_config, tiny_model, tokens
 
@@ -107,26 +106,31 @@ def test_generate_in_training_mode_with_checkpointing_does_what_llama_does(pe_ty
     assert torch.equal(outputs[1], ours.eval().generate(ids, max_new_tokens=5, do_sample=False))
 
 
-def test_attention_function_is_per_model():
-    """A model with its own attention function computes with it; an identical model beside it does not."""
+def test_a_registered_attention_function_is_per_model():
+    """A function registered with transformers' `AttentionInterface` and set as one model's attn_implementation
+    computes its attention (called as transformers' models call it); an identical model beside it keeps tapelm's."""
+    from transformers import AttentionInterface
+
     first, second = tiny_model("tape"), tiny_model("tape")
     calls = []
 
-    def counting(q, k, v, mask, bias, scale):
-        calls.append(q.shape)
-        return attend(q, k, v, mask, bias, scale) * 0
+    def zeroing(module, query, key, value, attention_mask, scaling, is_causal=True, **_):
+        calls.append((module.layer_idx, query.shape, value.shape, is_causal))
+        return query.new_zeros(*query.shape[:3], value.shape[-1]).transpose(1, 2), None
 
+    AttentionInterface.register("test_zero_attention", zeroing)
     ids = tokens(1, 8)
     with torch.no_grad():
         reference = second(ids).logits
-        first.set_attention_function(counting)
+        first.set_attn_implementation("test_zero_attention")
         zeroed, untouched = first(ids).logits, second(ids).logits
-        first.set_attention_function(None)
+        first.set_attn_implementation("sdpa")
         restored = first(ids).logits
-    assert len(calls) == first.config.num_hidden_layers
+    assert [layer for layer, *_ in calls] == list(range(first.config.num_hidden_layers))
+    assert all(causal and query[-2] == 8 for _, query, _, causal in calls)
     assert torch.equal(untouched, reference) and torch.equal(restored, reference)
     assert not torch.allclose(zeroed, reference)
-    first.set_attention_function(counting)
+    first.set_attn_implementation("test_zero_attention")
     with pytest.raises(ValueError, match="output_attentions"):
         first(ids, output_attentions=True)
 

@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tapelm import TapeForCausalLM
+from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 from tapelm.positional.tape import state_width
 
@@ -173,7 +174,7 @@ def test_tape_updates_of_one_token_at_a_time_equal_the_sequences(overrides):
 
     def update(tokens: slice) -> torch.Tensor:
         positions = torch.zeros(2, tokens.stop - tokens.start, dtype=torch.long, device=DEVICE)
-        ctx = PositionContext(query_positions=positions)
+        ctx = PositionContext(paths=NONE, query_positions=positions)
         middle = layer.after_attention(state[:, :, tokens], attended[:, :, tokens], ctx)
         return layer.after_mlp(middle, mlp_out[:, tokens], ctx)
 

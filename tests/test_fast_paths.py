@@ -7,10 +7,11 @@ import torch
 
 from accuracy import compare_paths, outputs
 from conftest import DEVICE, tiny_model, tokens
-from tapelm import attention, fast_paths
-from tapelm.attention import (AttentionMask, attend_stream, padded_attention, stream_attention_backward,
-                              unpadded_attention)
-from tapelm.kernels.rotation import HalvesRotation, rotate_halves
+from tapelm import fast_paths
+from tapelm.kernels.attention import AttentionMask, attend_stream, blocks, cpu_flash, padded_attention
+from tapelm.kernels.attention.unpadded import unpadded_attention
+from tapelm.kernels.rotation import rotate_halves
+from tapelm.kernels.rotation.autograd import HalvesRotation
 
 pytestmark = pytest.mark.device
 
@@ -41,7 +42,10 @@ def masks(batch, length):
 def stream_outputs(path, q, k, stream, mask, value_width):
     """(V's output, the rest's output) by one way of attending."""
     if path == "stream":
-        return attend_stream(q, k, stream, value_width, mask, None, 0.3, fast_paths="on")
+        with fast_paths.recording() as ran:
+            outputs = attend_stream(q, k, stream, value_width, mask, None, 0.3, frozenset({"attention-cpu-flash"}))
+        assert ran == {"attention-cpu-flash"}
+        return outputs
     out = {"reference": padded_attention, "unpadded": unpadded_attention}[path](q, k, stream, mask.valid,
                                                                                    mask.is_causal, 0.3)
     return out[..., :value_width], out[..., value_width:]
@@ -59,19 +63,24 @@ def test_attention_fast_paths_equal_the_padded_reference(path, kv_heads, mask_ki
 
 
 @pytest.mark.parametrize("queries", [1, 3])
-def test_unpadded_attention_over_cached_keys_runs_without_cudnn_and_equals_the_reference(queries, monkeypatch):
-    """Queries over more keys (a decoding step, a prompt continued) leave cuDNN out, which would build a graph for
-    each new key length; queries over their own keys may run it. The output is the padded reference's."""
+def test_unpadded_attention_takes_cudnn_in_training_passes_over_own_keys_only(queries, monkeypatch):
+    """cuDNN builds a graph for each new shape: queries over more keys (a decoding step, a prompt continued) and
+    passes without gradients (decoding without a cache, one token longer each step) leave it out; a training pass
+    over its own keys may run it. The output is the padded reference's."""
+    from tapelm.kernels.attention import unpadded
+
     requested = []
-    monkeypatch.setattr(attention, "sdpa_kernel", lambda backends, sdpa_kernel=attention.sdpa_kernel:
+    monkeypatch.setattr(unpadded, "sdpa_kernel", lambda backends, sdpa_kernel=unpadded.sdpa_kernel:
                         requested.append(list(backends)) or sdpa_kernel(backends))
     q, k, stream = (random(2, heads, length, width, seed=seed).to(DTYPE)
                     for heads, length, width, seed in ((4, queries, 8, 1), (2, 7, 8, 2), (2, 7, 24, 3)))
     valid = torch.ones(queries, 7, dtype=torch.bool, device=DEVICE).tril(7 - queries)
     close(unpadded_attention(q, k, stream, valid, False, 0.3), padded_attention(q, k, stream, valid, False, 0.3))
-    unpadded_attention(k.repeat(1, 2, 1, 1), k, stream, None, True, 0.3)
-    assert attention.SDPBackend.CUDNN_ATTENTION not in requested[0]
-    assert attention.SDPBackend.CUDNN_ATTENTION in requested[1]
+    own = k.repeat(1, 2, 1, 1)
+    with torch.no_grad():
+        unpadded_attention(own.requires_grad_(), k, stream, None, True, 0.3)
+    unpadded_attention(own, k, stream, None, True, 0.3)
+    assert [unpadded.SDPBackend.CUDNN_ATTENTION in backends for backends in requested] == [False, False, True]
 
 
 @pytest.fixture
@@ -80,10 +89,10 @@ def blockwise_calls(monkeypatch):
     call)."""
     if DEVICE.type != "cpu":
         pytest.skip("CpuFlashAttention runs on the CPU only")
-    monkeypatch.setattr(attention, "STREAM_BACKWARD_BLOCK", 8)
+    monkeypatch.setattr(cpu_flash, "STREAM_BACKWARD_BLOCK", 8)
     calls = []
-    monkeypatch.setattr(attention, "stream_attention_backward",
-                        lambda *args: calls.append(1) or stream_attention_backward(*args))
+    monkeypatch.setattr(cpu_flash, "stream_attention_backward",
+                        lambda *args, backward=cpu_flash.stream_attention_backward: calls.append(1) or backward(*args))
     return calls
 
 
@@ -260,7 +269,7 @@ def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradient
 
     if DEVICE.type != "cpu":
         pytest.skip("CpuFlashAttention runs on the CPU only")
-    monkeypatch.setattr(attention, "STREAM_BACKWARD_BLOCK", 8)
+    monkeypatch.setattr(cpu_flash, "STREAM_BACKWARD_BLOCK", 8)
 
     ids = tokens(2, 21)
     grads = {}
@@ -290,25 +299,80 @@ def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=1e-12, rtol=0)
 
 
-def test_fast_paths_run_where_verified_unless_switched():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert fast_paths.enabled("cpu-flash-attention", cpu, "auto")
-    assert not fast_paths.enabled("cpu-flash-attention", cpu, "off")
-    assert fast_paths.enabled("cuda-unpadded-attention", cuda, "on")
-    verified = "cuda" in fast_paths.VERIFIED["cuda-unpadded-attention"]
-    assert fast_paths.enabled("cuda-unpadded-attention", cuda, "auto") == verified
-    with pytest.raises(ValueError, match="fast_paths='fast' is not allowed; choose one of: auto, on, off"):
+def test_a_setting_resolves_to_the_paths_on_for_a_device_and_an_encoding():
+    """"off" none, "on" all, "auto" those verified for the device type and encoding (one object per setting, so that
+    compiled layers' guards on it hold), a list exactly its names; anything else a one-line error."""
+    resolve, cpu, cuda = fast_paths.resolve, torch.device("cpu"), torch.device("cuda")
+    assert resolve("off", cuda, "tape") == frozenset()
+    assert resolve("on", cpu, "tape") == frozenset(fast_paths.NAMES)
+    for device in (cpu, cuda):
+        for encoding in ("tape", "fire", "t5"):
+            assert resolve("auto", device, encoding) == {path.name for path in fast_paths.PATHS
+                                                          if path.verified_for(device.type, encoding)}
+    assert "attention-blocks" in resolve("auto", cuda, "t5") and "attention-blocks" not in resolve("auto", cuda, "fire")
+    assert resolve(["rotation-triton", "attention-unpadded"], cuda, "rope") == {"rotation-triton", "attention-unpadded"}
+    assert resolve("auto", cpu, "tape") is resolve("auto", cpu, "tape")
+    assert tiny_model("tape", fast_paths=("rotation-autograd",)).config.fast_paths == ["rotation-autograd"]
+    with pytest.raises(ValueError, match="fast_paths='fast' is not allowed; choose one of: auto, on, off, or a list"):
         tiny_model("tape", fast_paths="fast")
+    with pytest.raises(ValueError, match="fast_paths names unknown fast path.s. rotation-cuda; choose one of: auto,"):
+        tiny_model("tape", fast_paths=["rotation-autograd", "rotation-cuda"])
 
 
-def test_the_triton_kernels_take_half_and_single_precision_only(monkeypatch):
-    """They compute in float32: a float64 model keeps its precision on the reference paths, on any device."""
+def test_a_forward_pass_resolves_its_setting_once(monkeypatch):
+    """The causal-LM model resolves the config's setting and hands the result down; the decoder does not resolve it
+    again."""
+    import tapelm.modeling as modeling
+
+    calls = []
+    monkeypatch.setattr(modeling, "resolve", lambda *args, resolve=modeling.resolve: calls.append(args) or
+                        resolve(*args))
+    model = tiny_model("tape", fast_paths=["rotation-autograd"]).train()
+    ids = tokens(2, 9)
+    model(ids, labels=ids).loss.backward()
+    assert calls == [(["rotation-autograd"], DEVICE, "tape")]
+
+
+def test_every_fast_path_is_one_candidate_of_one_dispatcher_beside_its_reference():
+    """The one shape of a fast path: tapelm.kernels.<op>/ holds the reference (naive.py), a file per implementation
+    and the dispatcher (__init__.py) whose ordered CANDIDATES name registered paths; every registered path is a
+    candidate exactly once, and no dispatcher has a default for the paths it is handed."""
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    import tapelm.kernels
+
+    root = Path(tapelm.kernels.__file__).parent
+    operations = {path.operation for path in fast_paths.PATHS}
+    seen = []
+    for operation in sorted(operations):
+        folder = root / operation.replace("-", "_")
+        assert (folder / "naive.py").exists(), operation
+        dispatcher = importlib.import_module(f"tapelm.kernels.{folder.name}")
+        for candidate in dispatcher.CANDIDATES:
+            implementation = fast_paths.BY_NAME[candidate.path].implementation
+            assert fast_paths.BY_NAME[candidate.path].operation == operation
+            assert (folder / f"{implementation.replace('-', '_')}.py").exists(), candidate.path
+            seen.append(candidate.path)
+        for name, function in inspect.getmembers(dispatcher, inspect.isfunction):
+            parameter = inspect.signature(function).parameters.get("paths")
+            assert parameter is None or parameter.default is inspect.Parameter.empty, (folder.name, name)
+    assert sorted(seen) == sorted(fast_paths.NAMES)
+
+
+def test_tapelms_triton_kernels_take_floating_tensors_on_cuda_or_under_the_interpreter(monkeypatch):
+    """Where Triton runs them: CUDA, or the CPU under Triton's interpreter (how CI tests them); never while
+    compiling. fla's kernels compute in float32: a float64 model keeps its precision on the reference path."""
     from tapelm import kernels
 
-    monkeypatch.setattr(kernels, "_cuda_with", lambda device, package: True)  # as on a GPU with fla and Triton
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        x = torch.ones(1, dtype=dtype, device=DEVICE)
-        assert kernels.fla_takes(x) == kernels.triton_takes(x) == (dtype != torch.float64), dtype
+    pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
+    x = torch.ones(1, dtype=torch.float64, device="cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not kernels.triton_takes(x)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kernels.triton_takes(x) and not kernels.triton_takes(x.long())
+    assert not kernels.fla_takes(x) and not kernels.fla_takes(x.float())  # fla runs on CUDA only
 
 
 BIASED = {"t5": {}, "t5 shared": {"pe_type": "t5", "t5_shared": True}, "fire": {},
@@ -321,15 +385,69 @@ def test_attention_over_blocks_of_queries_computes_the_reference_function(encodi
     """Encodings whose bias needs a gradient, with attention a block of 5 queries at a time and each block's bias
     rebuilt in the backward pass, against the whole bias at once: logits and every parameter's gradient. PaTH walks
     chunks of 4 tokens, so blocks start inside chunks and meet earlier ones."""
-    from tapelm import attention
-    from tapelm.positional import path
+    from tapelm.kernels.path_attention import naive as path_reference
 
-    monkeypatch.setattr(attention, "BIAS_BLOCK", 5)
-    monkeypatch.setattr(path, "CHUNK", 4)
+    monkeypatch.setattr(blocks, "BIAS_BLOCK", 5)
+    monkeypatch.setattr(path_reference, "CHUNK", 4)
     options = {"pe_type": encoding, **BIASED[encoding]}
     ids = tokens(2, 16)
-    compare_paths(lambda setting, dtype: trained_pass(tiny_model(dtype=dtype, fast_paths=setting, **options), ids,
-                                                      batch, seed=8), DTYPE)
+
+    def run(setting, dtype):
+        with fast_paths.recording() as ran:
+            outputs = trained_pass(tiny_model(dtype=dtype, fast_paths=["attention-blocks"] if setting == "on" else [],
+                                              **options), ids, batch, seed=8)
+        assert ran == ({"attention-blocks"} if setting == "on" else set())
+        return outputs
+
+    compare_paths(run, DTYPE)
+
+
+@pytest.mark.parametrize("mask_kind", ["padding", "a query sees nothing"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_the_efficient_kernel_call_with_a_learned_bias_computes_the_reference_function(kv_heads, mask_kind):
+    """The bias as a float mask on the memory-efficient kernel (SDPA's math kernel on the CPU), grouped KV heads
+    expanded: the output and the gradients of q, k, v and of the bias (one row of it for the whole batch, as T5's and
+    FIRE's are) against the padded reference."""
+    from tapelm.kernels.attention.efficient import efficient_bias_attention
+    from tapelm.kernels.attention.inputs import with_bias
+
+    batch, length, d = 2, 11, 8
+    mask = masks(batch, length)[mask_kind]
+    inputs = [random(batch, 4, length, d, seed=1), random(batch, kv_heads, length, d, seed=2),
+              random(batch, kv_heads, length, d, seed=3), random(1, 4, length, length, seed=4)]
+    weights = random(batch, 4, length, d, seed=5)
+
+    def run(setting, dtype):
+        q, k, v, bias = leaves = [x.to(dtype, copy=True).requires_grad_() for x in inputs]
+        float_mask = with_bias(mask, bias)
+        if setting == "on":
+            out = efficient_bias_attention(q, k, v, float_mask, 0.3)
+        else:
+            out = padded_attention(q, k, v, float_mask, False, 0.3)
+        out = torch.nan_to_num(out)  # the query that sees nothing: NaN on both paths' math kernel
+        (out * weights.to(dtype)).sum().backward()
+        return {"out": out.detach(), **{f"{name} grad": torch.nan_to_num(leaf.grad)
+                                        for name, leaf in zip(("q", "k", "v", "bias"), leaves)}}
+
+    compare_paths(run, DTYPE)
+
+
+@pytest.mark.parametrize("encoding", list(BIASED))
+def test_a_model_with_its_bias_on_the_efficient_kernel_computes_the_reference_function(encoding):
+    """Every encoding whose bias needs a gradient, on a padded batch, with "attention-efficient" alone."""
+    if DEVICE.type != "cuda":
+        pytest.skip("the memory-efficient kernel runs on CUDA (the call itself is tested on the CPU above)")
+    options = {"pe_type": encoding, **BIASED[encoding]}
+    ids = tokens(2, 16)
+
+    def run(setting, dtype):
+        with fast_paths.recording() as ran:
+            outputs = trained_pass(tiny_model(dtype=dtype, fast_paths=["attention-efficient"] if setting == "on"
+                                              else [], **options), ids, "padded", seed=8)
+        assert ran == ({"attention-efficient"} if setting == "on" else set())
+        return outputs
+
+    compare_paths(run, DTYPE)
 
 
 @pytest.mark.parametrize("encoding", ["cope", "path"])
@@ -337,7 +455,7 @@ def test_attention_over_blocks_keeps_no_n_by_n_tensor(encoding):
     """What it is for: CoPE's and PaTH's training steps keep far less for the backward pass (CoPE's gates, positions
     and interpolation weights, PaTH's logits and the pieces of their walk are N x T per head and layer)."""
     saved = {}
-    for setting in ("off", "on"):
+    for setting in ([], ["attention-blocks"]):
         model = tiny_model(encoding, num_hidden_layers=2, fast_paths=setting, max_position_embeddings=1024).train()
-        saved[setting] = saved_bytes(model, tokens(1, 1000))
-    assert saved["on"] < saved["off"] / 3, saved
+        saved[bool(setting)] = saved_bytes(model, tokens(1, 1000))
+    assert saved[True] < saved[False] / 3, saved

@@ -11,10 +11,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import tapelm  # noqa: F401  (registers the Auto classes)
 from tapelm import TapeForCausalLM
-from tapelm.attention import AttentionMask, explicit_attention
-from tapelm.modeling import attention_modules
+from tapelm.kernels.attention import explicit_attention
 from tapelm.pretrained.finetune import METHODS, FinetuneSettings, build_model, finetune, scale_factor, prepare
-from tapelm.pretrained.longlora import make_attend, s2_attention, s2_reference_mask, shifted_sparse_attention
+from tapelm.pretrained.longlora import attention_function, s2_attention, s2_reference_mask, shifted_sparse_attention
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB, INTER = 32, 4, 2, 2, 61, 48
 HEAD_DIM = HIDDEN // HEADS
@@ -111,14 +110,15 @@ def test_s2_attention_is_grouped_causal_attention_with_half_the_heads_shifted(le
 
 
 def test_s2_attention_refuses_what_it_is_not_for_and_is_restored():
-    attend = make_attend(8)
+    attend = attention_function(8)
     q = torch.zeros(1, 2, 16, 4)
     with pytest.raises(ValueError, match="S²-Attn"):
-        attend(q, q, q, AttentionMask(torch.ones(1, 1, 16, 16, dtype=torch.bool), False), None, 0.5)
+        attend(torch.nn.Module().train(), q, q, q, torch.ones(1, 1, 16, 16, dtype=torch.bool), 0.5, is_causal=False)
     model = build_model(tiny_llama(), settings("longlora"))
+    before = model.config._attn_implementation
     with shifted_sparse_attention(model, 8):
-        assert all(m.attention_function is not None for m in attention_modules(model))
-    assert all(m.attention_function is None for m in attention_modules(model))
+        assert model.config._attn_implementation == "tapelm_s2_attention_8"
+    assert model.config._attn_implementation == before
 
 
 def cycle_stream(length: int = 32):

@@ -1,20 +1,27 @@
-"""FoX and PaTH through fla (tapelm.kernels.fla) compute tapelm's reference function.
+"""FoX and PaTH through fla ("forgetting-attention-fla", "path-attention-fla") compute tapelm's reference function.
 
-On the CPU the adapter (layouts, log gates, Householder vectors, packed documents and padding as variable-length
-segments, cached decoding) is routed to fla's naive ops, which run there (its kernels do not run under Triton's CPU
-interpreter), one segment at a time where fla's kernels take `cu_seqlens`. fla's naive ops compute in float32, so the
-float64 model is held to float32's tolerance. Under `pytest --device cuda` the same tests run fla's kernels in bf16,
-held to the reference path's own accuracy in bf16 (tests/accuracy.py)."""
+On the CPU the adapters (layouts, log gates, Householder vectors, packed documents and padding as variable-length
+segments, cached decoding) are routed to fla's naive ops, which run there (its kernels do not run under Triton's CPU
+interpreter), one segment at a time where fla's kernels take `cu_seqlens`: the implementation modules' `kernel(x)` is
+the one place that names fla's function. fla's naive ops compute in float32, so the float64 model is held to
+float32's tolerance. Under `pytest --device cuda` the same tests run fla's kernels in bf16, held to the reference
+path's own accuracy in bf16 (tests/accuracy.py). PaTH goes to fla only within the shapes fla's own tests run (heads of
+64 or 128, at least 512 tokens, sequences of at least 15): the tests use such shapes, and check that others stay on
+the reference."""
 
 import pytest
 import torch
 
 from accuracy import compare_paths, outputs
+import conftest
 from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
-from tapelm.attention import AttentionMask
-from tapelm.kernels import fla
+from tapelm import fast_paths
+from tapelm.kernels.attention import AttentionMask
+from tapelm.kernels.fla_layout import segments
+from tapelm.kernels.forgetting_attention import fla as forgetting_fla
+from tapelm.kernels.path_attention import fla as path_fla
 
-pytestmark = pytest.mark.device
+pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
 naive_path = pytest.importorskip("fla.ops.path_attn.naive", reason="fla is not installed (pip install tapelm[gpu])")
 naive_forgetting = pytest.importorskip("fla.ops.forgetting_attn.naive")
@@ -24,13 +31,15 @@ DTYPE = torch.bfloat16 if ON_GPU else torch.float64
 NAIVE_TOLERANCE = 1e-4
 """Largest error allowed on the CPU, as a fraction of the reference tensor's largest entry (fla's naive ops round
 to float32, amplified through two layers)."""
+PATHS = {"fox": "forgetting-attention-fla", "path": "path-attention-fla"}
+LENGTH = 256
+"""Tokens per row: two rows make the 512 tokens fla's PaTH tests run at least."""
 
 
 def per_segment(op):
     """fla's `cu_seqlens` semantics for a naive op that takes whole sequences: each segment of the one row alone.
-    Called as fla's ops are: (*tensors, scale, cu_seqlens)."""
-    def run(*args):
-        *tensors, scale, cu_seqlens = args
+    Called as fla's kernels are: (*tensors, scale=..., cu_seqlens=...)."""
+    def run(*tensors, scale, cu_seqlens=None):
         if cu_seqlens is None:
             return op(*tensors, scale)
         bounds = cu_seqlens.tolist()
@@ -43,45 +52,46 @@ def naive_path_attn(q, k, v, w, beta, scale):
     return naive_path.naive_path_attn(q, k, v, w, beta, no_gates, scale)
 
 
-NAIVE = fla.FlaOps(per_segment(naive_forgetting.naive_forgetting_attn), per_segment(naive_path_attn))
+def path_with_keys(*tensors, scale, cu_seqlens=None):
+    """As fla's PaTH kernel returns: the output and (unused here) the transformed keys."""
+    return per_segment(naive_path_attn)(*tensors, scale=scale, cu_seqlens=cu_seqlens), None
 
 
-def recorded(ops, calls):
-    """`ops`, noting each call's encoding and `cu_seqlens`."""
-    def forgetting(*args):
-        calls.append(("fox", args[-1]))
-        return ops.forgetting(*args)
-
-    def path(*args):
-        calls.append(("path", args[-1]))
-        return ops.path(*args)
-
-    return fla.FlaOps(forgetting, path)
+NAIVE = {"fox": per_segment(naive_forgetting.naive_forgetting_attn), "path": path_with_keys}
 
 
 @pytest.fixture
 def routed(monkeypatch):
-    """The calls that reached fla: its kernels on CUDA, its naive ops elsewhere."""
+    """The calls that reached fla, each (encoding, cu_seqlens): its kernels on CUDA, its naive ops elsewhere."""
     calls = []
-    ops = recorded(fla.operations(torch.empty(0, device=DEVICE, dtype=DTYPE)) if ON_GPU else NAIVE, calls)
-    monkeypatch.setattr(fla, "operations", lambda tensor: ops)
+    for encoding, module in (("fox", forgetting_fla), ("path", path_fla)):
+        def kernel(x, encoding=encoding, original=module.kernel):
+            function = original(x) if ON_GPU else NAIVE[encoding]
+
+            def recorded(*tensors, scale, cu_seqlens=None):
+                calls.append((encoding, cu_seqlens))
+                return function(*tensors, scale=scale, cu_seqlens=cu_seqlens)
+            return recorded
+        monkeypatch.setattr(module, "kernel", kernel)
     return calls
 
 
-def model(pe_type, setting, dtype=None, **overrides):
-    """Heads of 16 (a size fla's PaTH kernel takes)."""
-    return tiny_model(pe_type, dtype=dtype or DTYPE, fast_paths=setting, **{"hidden_size": 64, **overrides}).train()
+def model(pe_type, on: bool, dtype=None, **overrides):
+    """Heads of 64 (a size fla's PaTH tests run), fla's path alone or no fast path; weights half the tiny models'
+    scale, the model being four times as wide."""
+    return tiny_model(pe_type, dtype=dtype or DTYPE, fast_paths=[PATHS[pe_type]] if on else [],
+                      std=conftest.WEIGHT_STD / 2, **{"hidden_size": 256, **overrides}).train()
 
 
 def batch_inputs(kind, ids):
-    """No mask; the first row left-padded by 5 tokens; two packed documents of 7 and N - 7 tokens."""
+    """No mask; the first row left-padded by 5 tokens; two packed documents of 100 and N - 100 tokens a row."""
     if kind == "padded":
         mask = torch.ones_like(ids)
         mask[0, :5] = 0
         return {"attention_mask": mask}
     if kind == "packed":
-        return {"position_ids": torch.cat([torch.arange(7, device=DEVICE),
-                                           torch.arange(ids.shape[1] - 7, device=DEVICE)])[None]}
+        return {"position_ids": torch.cat([torch.arange(100, device=DEVICE),
+                                           torch.arange(ids.shape[1] - 100, device=DEVICE)])[None]}
     return {}
 
 
@@ -89,50 +99,59 @@ def batch_inputs(kind, ids):
 @pytest.mark.parametrize("pe_type", ["fox", "path"])
 def test_fla_computes_the_reference_function(pe_type, batch, routed):
     """Logits and every parameter's gradient, fla against the reference, for a plain batch, a batch whose first row
-    is left-padded, and packed documents; every attention call went to fla, as one row of segments where the mask
-    cuts the batch."""
-    ids = tokens(2, 20)
+    is left-padded, and packed documents; every attention call went to fla (one row of segments where the mask cuts
+    the batch, and always for PaTH), except PaTH's padded batch, whose padding tokens are sequences of one token,
+    shorter than fla's tests run."""
+    ids = tokens(2, LENGTH)
     inputs = batch_inputs(batch, ids)
 
     def run(setting, dtype):
-        net = model(pe_type, setting, dtype)
+        net = model(pe_type, setting == "on", dtype)
         logits = net(ids, **inputs).logits
         weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64,
                               device="cpu")
         (logits * weights.to(DEVICE, dtype)).sum().backward()
         return outputs(net, logits=logits)
 
-    compare_paths(run, DTYPE, exact=NAIVE_TOLERANCE)
-    assert [name for name, _ in routed] == [pe_type] * 2  # one call per layer, none while the reference ran
-    if batch != "plain":
-        assert all(cuts is not None for _, cuts in routed)
-    elif pe_type == "fox":
-        assert all(cuts is None for _, cuts in routed)
-    else:  # PaTH runs each row as a segment of its own (fla 0.6's kernel without segments failed on a GPU)
-        assert all(cuts.tolist() == [0, 20, 40] for _, cuts in routed)
+    with fast_paths.recording() as ran:
+        compare_paths(run, DTYPE, exact=NAIVE_TOLERANCE)
+    if pe_type == "path" and batch == "padded":
+        assert routed == [] and ran == set()
+        return
+    assert [name for name, _ in routed] == [pe_type] * 2 and ran == {PATHS[pe_type]}  # one call a layer
+    if pe_type == "path" or batch != "plain":
+        cuts = {"plain": [0, LENGTH, 2 * LENGTH], "packed": [0, 100, LENGTH, LENGTH + 100, 2 * LENGTH]}.get(batch)
+        assert all(cut is not None and (cuts is None or cut.tolist() == cuts) for _, cut in routed)
+    else:
+        assert all(cut is None for _, cut in routed)
 
 
 @pytest.mark.parametrize("pe_type", ["fox", "path"])
 def test_fla_prefill_then_cached_decoding_equals_the_reference(pe_type, routed):
-    """The prompt through fla fills tapelm's own cache (FoX's cumulative gates, PaTH's carried keys); the decoding
-    steps read it on the reference path: the logits of the prompt and of six tokens decoded one at a time (the same
-    tokens on both paths) equal the reference's."""
-    ids = tokens(2, 18)
+    """The prompt through fla fills tapelm's own cache (FoX's cumulative gates, PaTH's carried keys); a second chunk
+    after it (its mask covers the cached keys too) and the decoding steps read the cache on the reference path: the
+    logits of the prompt, of the chunk and of four tokens decoded one at a time equal the reference's."""
+    ids = tokens(2, LENGTH + 20)
 
     def run(setting, dtype):
         with torch.no_grad():
-            return {"logits": decode_in_chunks(model(pe_type, setting, dtype).eval(), ids, [12] + [1] * 6)}
+            return {"logits": decode_in_chunks(model(pe_type, setting == "on", dtype).eval(), ids,
+                                               [LENGTH, 16] + [1] * 4)}
 
     compare_paths(run, DTYPE, exact=NAIVE_TOLERANCE)
-    assert [name for name, _ in routed] == [pe_type] * 2  # the prefill only
+    assert [name for name, _ in routed] == [pe_type] * 2  # the prompt only
 
 
-def test_fla_is_off_by_default_and_falls_back_where_it_cannot_take_the_call(routed):
-    """"auto" keeps fla off until a GPU run verified it; head sizes the PaTH kernel lacks run the reference."""
-    ids = tokens(1, 10)
-    model("path", "auto")(ids)
-    model("fox", "auto")(ids)
-    model("path", "on", hidden_size=32)(ids)  # heads of 8
+def test_path_stays_on_the_reference_outside_the_shapes_fla_tests(routed):
+    """Heads of 16, fewer than 512 tokens, or a sequence shorter than 15 tokens: the reference; fla's path off by
+    default ("auto") until a GPU run verified it."""
+    with torch.no_grad():
+        model("path", True, hidden_size=64)(tokens(2, LENGTH))  # heads of 16
+        model("path", True)(tokens(2, 200))  # 400 tokens
+        short = torch.cat([torch.arange(10, device=DEVICE), torch.arange(LENGTH - 10, device=DEVICE)])[None]
+        model("path", True)(tokens(2, LENGTH), position_ids=short)  # documents of 10 tokens
+        tiny_model("path", dtype=DTYPE, hidden_size=256)(tokens(2, LENGTH))
+        tiny_model("fox", dtype=DTYPE, hidden_size=256)(tokens(2, LENGTH))
     assert routed == []
 
 
@@ -144,9 +163,10 @@ def test_segments_read_the_mask():
     padded[:, :2] = False
     padded[:2, :2] = torch.eye(2, dtype=torch.bool, device=DEVICE)  # padding sees itself
     window = causal & ~torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril(-3)
+    continued = torch.ones(6, 9, dtype=torch.bool, device=DEVICE).tril(3)  # 3 cached keys before 6 queries
 
     def cuts(valid, batch=1, keys=6):
-        return fla.segments(AttentionMask(valid, valid is None), batch, 6, keys)
+        return segments(AttentionMask(valid, valid is None), batch, 6, keys)
 
     assert cuts(None) is None
     assert cuts(causal[None, None]) is None
@@ -155,4 +175,5 @@ def test_segments_read_the_mask():
     assert cuts(window[None, None]) is False
     assert cuts(torch.ones(1, 1, 6, 6, dtype=torch.bool, device=DEVICE)) is False  # not causal
     assert cuts(causal[None, None], keys=8) is False  # cached keys
-    assert fla.segments(AttentionMask(None, False), 1, 6, 6) is False
+    assert cuts(continued[None, None]) is False  # cached keys the call does not hold, but the mask covers
+    assert segments(AttentionMask(None, False), 1, 6, 6) is False

@@ -1,23 +1,25 @@
-"""The fused shared parts (tapelm.kernels.fused) compute the reference function: the rotary embedding (RoPE's
-shared tables and xPos's separate q and k tables, at the positions of left-padded rows), RMSNorm, SwiGLU, and the loss
-without logits, with transformers' loss semantics (label shift, ignore_index, num_items_in_batch, shift_labels).
+"""The shared parts through fla's fused kernels ("rotation-fla", "norm-fla", "mlp-fla", "loss-fla") compute the
+reference function: the rotary embedding (RoPE's shared tables and xPos's separate q and k tables, at the positions of
+left-padded rows), RMSNorm, SwiGLU, and the loss without logits, with transformers' loss semantics (label shift,
+ignore_index, num_items_in_batch, shift_labels).
 
 fla's fused linear cross-entropy and rotary embedding run under Triton's CPU interpreter, so CI runs them for real
 in a subprocess with TRITON_INTERPRET=1 (the rotary kernel's autotuner cannot time configurations there, so it gets
-one). Its RMSNorm and SwiGLU kernels do not run there: on the CPU those two parts are routed to plain functions,
-which checks their wiring. Under `pytest --device cuda` every part runs fla's kernels, in bf16."""
+one), each implementation module's `kernel(x)` (the one place that names fla's function) giving fla's function on the
+CPU. Its RMSNorm and SwiGLU kernels do not run there: on the CPU those two parts get plain functions of fla's
+signatures, which checks their wiring. Under `pytest --device cuda` every part runs fla's kernels, in bf16."""
 
 import pytest
 import torch
 
 from conftest import DEVICE, run_under_triton_interpreter
 
-pytestmark = pytest.mark.device
+pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
 pytest.importorskip("fla", reason="fla is not installed (pip install tapelm[gpu])")
 
 CASES = ("labels", "ignored labels", "num_items_in_batch", "shift_labels", "left padding")
-PARTS = ("norm", "swiglu", "loss", "rotary")
+PATHS = ("norm-fla", "mlp-fla", "loss-fla", "rotation-fla")
 
 
 def loss_inputs(case: str, ids: torch.Tensor) -> dict:
@@ -36,27 +38,29 @@ def loss_inputs(case: str, ids: torch.Tensor) -> dict:
     return {"labels": labels}
 
 
-def compare(device: torch.device, dtype: torch.dtype, tolerance: float, routed) -> None:
-    """The loss and every gradient of a tiny model with the fused parts on (through `routed`, a FusedOps) against
-    the reference, for every case; training with labels returns no logits."""
-    from tapelm.kernels import fused
+def compare(device: torch.device, dtype: torch.dtype, tolerance: float, functions=None) -> None:
+    """The loss and every gradient of a tiny model with the four paths on against the reference, for every case;
+    training with labels returns no logits. `functions`, where given, are what each path's `kernel(x)` gives
+    (norm, swiglu, loss, rotary, in fla's signatures), on any device."""
+    from tapelm import fast_paths
+    from tapelm.kernels.loss import fla as loss
+    from tapelm.kernels.mlp import fla as mlp
+    from tapelm.kernels.norm import fla as norm
+    from tapelm.kernels.rotation import fla as rotation
 
-    calls = []
-
-    def counted(name, op):
-        def run(*args):
-            calls.append(name)
-            return op(*args)
-        return run
-
-    original = fused.operations
-    fused.operations = lambda tensor: fused.FusedOps(*(counted(name, op) for name, op in zip(PARTS, routed)))
+    modules = (norm, mlp, loss, rotation)
+    originals = [module.kernel for module in modules]
+    if functions is not None:
+        for module, function in zip(modules, functions):
+            module.kernel = lambda x, function=function: function
     try:
-        for pe_type in ("rope", "xpos"):
-            _compare(device, dtype, tolerance, pe_type)
+        with fast_paths.recording() as ran:
+            for pe_type in ("rope", "xpos"):
+                _compare(device, dtype, tolerance, pe_type)
     finally:
-        fused.operations = original
-    assert set(PARTS) <= set(calls)
+        for module, original in zip(modules, originals):
+            module.kernel = original
+    assert ran == set(PATHS)
 
 
 def _compare(device, dtype, tolerance, pe_type):
@@ -70,7 +74,7 @@ def _compare(device, dtype, tolerance, pe_type):
             torch.manual_seed(0)
             config = TapeConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                 num_attention_heads=4, num_key_value_heads=2, pe_type=pe_type,
-                                xpos_scale_base=16, fast_paths=setting)
+                                xpos_scale_base=16, fast_paths=list(PATHS) if setting == "on" else [])
             model = TapeForCausalLM(config).to(device, dtype).train()
             out = model(ids, **loss_inputs(case, ids))
             out.loss.backward()
@@ -84,7 +88,7 @@ def _compare(device, dtype, tolerance, pe_type):
                 f"{pe_type}, {case}, {name}: {error:.3g}"
 
 
-def plain_rms_norm(x, weight, eps):
+def plain_rms_norm(x, weight, bias, eps):
     wide = x.float()
     return weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -95,38 +99,30 @@ def plain_swiglu(gate, up):
 
 def test_fused_parts_compute_the_reference_function():
     if DEVICE.type == "cuda":
-        from tapelm.kernels import fused
-
-        kernels = fused.operations(torch.empty(0, device=DEVICE, dtype=torch.bfloat16))
-        compare(DEVICE, torch.bfloat16, 3e-2, (kernels.rms_norm, kernels.swiglu, kernels.linear_cross_entropy,
-                                               kernels.rotary))
+        compare(DEVICE, torch.bfloat16, 3e-2)
         return
     script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_fused as t; "
-              "from tapelm.kernels import fused; from fla.modules.rotary import ops; "
+              "from fla.modules.rotary import ops, rotary_embedding; "
+              "from fla.modules.fused_linear_cross_entropy import fused_linear_cross_entropy_loss as loss; "
               "ops.rotary_embedding_kernel.configs = ops.rotary_embedding_kernel.configs[:1]; "
-              "kernels = fused._kernels(); "
               "t.compare(torch.device('cpu'), torch.float32, 1e-4, "
-              "(t.plain_rms_norm, t.plain_swiglu, kernels.linear_cross_entropy, kernels.rotary))")
+              "(t.plain_rms_norm, t.plain_swiglu, loss, rotary_embedding))")
     run_under_triton_interpreter(script)
 
 
-def test_the_fused_parts_are_off_by_default_and_the_reference_elsewhere():
-    from tapelm.kernels import fused
+def test_the_fused_parts_run_in_passes_with_gradients_only():
+    """Prefill and decoding take the reference, which was faster there on the H100; nothing runs where fla does
+    not."""
+    from tapelm.kernels.loss.fla import causal_lm_loss_fla
+    from tapelm.kernels.mlp.fla import swiglu_fla
+    from tapelm.kernels.norm.fla import rms_norm_fla
+    from tapelm.kernels.rotation.fla import rotate_halves_fla
 
-    x = torch.ones(2, device=DEVICE)
-    assert fused.fused_operations(x, "auto") is None  # not yet verified on any device
-    assert fused.fused_operations(x, "off") is None
-    assert (fused.fused_operations(x, "on") is None) == (DEVICE.type != "cuda")
-
-
-def test_the_fused_parts_run_in_passes_with_gradients_only(monkeypatch):
-    """Prefill and decoding take the reference, which was faster there on the H100."""
-    from tapelm.kernels import fused
-
-    monkeypatch.setattr(fused, "fla_takes", lambda x: True)  # as on a GPU with fla
-    monkeypatch.setattr(fused, "_kernels", lambda: "fla's kernels")
-    x = torch.ones(2, device=DEVICE)
-    assert fused.fused_operations(x, "on") == "fla's kernels"
-    assert fused.fused_operations(x, "off") is None
-    with torch.no_grad():
-        assert fused.fused_operations(x, "on") is None
+    x = torch.ones(1, 1, 2, 4, device=DEVICE)
+    table = torch.ones(1, 1, 2, 2, device=DEVICE)
+    calls = {(torch.no_grad, False), (torch.enable_grad, DEVICE.type == "cuda")}
+    for context, runs in calls:
+        with context():
+            results = (rms_norm_fla(x, x[0, 0, 0], 1e-6), swiglu_fla(x, x), rotate_halves_fla(x, table, table),
+                       causal_lm_loss_fla(x[0], x[0, 0], torch.zeros(1, 2, dtype=torch.long, device=DEVICE)))
+        assert all((result is not None) == runs for result in results), (context, results)

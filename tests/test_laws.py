@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tapelm import PE_TYPES
+from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 
 from conftest import DEVICE, tiny_model, tokens
@@ -147,7 +148,7 @@ def test_initial_state_is_relative(block):
     """E0_i E0_j^T depends only on j - i, and with R = L it is RoPE's rotation by (j - i) theta."""
     model = tiny_model("tape", tape_block=block, head_dim=16, hidden_size=64)
     encoding = use_general_path(model).model.positional
-    ctx = PositionContext(query_positions=torch.arange(40, device=DEVICE)[None])
+    ctx = PositionContext(paths=NONE, query_positions=torch.arange(40, device=DEVICE)[None])
     encoding.prepare(ctx, torch.float32)
     blocks = 16 // block[0]
     e = ctx.tables["e0"][0].double().unflatten(-1, (blocks, *block))  # (N, M, L, R)

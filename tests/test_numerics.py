@@ -7,7 +7,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
-from tapelm import attention
+from tapelm.kernels.attention import naive as reference_attention
+from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 
 from conftest import DEVICE, randomize, tiny_model, tokens
@@ -29,7 +30,7 @@ def reference(theta: float, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("pe_type", ["rope", "tape"])
 def test_bf16_angles_are_exact_to_65536(pe_type):
     model = tiny_model(pe_type, dtype=torch.bfloat16)
-    ctx = PositionContext(query_positions=positions())
+    ctx = PositionContext(paths=NONE, query_positions=positions())
     model.model.positional.prepare(ctx, torch.bfloat16)
     half = model.config.head_dim // 2
     if pe_type == "rope":
@@ -59,7 +60,7 @@ def test_bf16_forward_and_generate_run_at_long_positions(pe_type):
 def test_e0_matches_float64_rope_for_general_blocks():
     """The general L x R initial state at large positions equals a float64 construction (to float32 precision)."""
     model = tiny_model("tape", tape_block=(4, 4), head_dim=16, hidden_size=64)
-    ctx = PositionContext(query_positions=torch.tensor([[65535]], device=DEVICE))
+    ctx = PositionContext(paths=NONE, query_positions=torch.tensor([[65535]], device=DEVICE))
     model.model.positional.prepare(ctx, torch.float32)
     e = ctx.tables["e0"][0, 0].double().unflatten(-1, (4, 4, 4))  # (M, L, R)
     theta = model.config.rope_parameters["rope_theta"]
@@ -142,7 +143,7 @@ def tape_layer_and_context(tokens: int):
     """The first layer's TAPE hooks of a tiny float32 model with random weights, its config, and a context for a
     step of `tokens` tokens in a batch of 2."""
     model = tiny_model("tape", dtype=torch.float32).to(DEVICE)
-    ctx = PositionContext(query_positions=torch.zeros(2, tokens, dtype=torch.long, device=DEVICE))
+    ctx = PositionContext(paths=NONE, query_positions=torch.zeros(2, tokens, dtype=torch.long, device=DEVICE))
     return model.model.layers[0].positional, model.config, ctx
 
 
@@ -223,7 +224,7 @@ def test_tape_reference_attention_pads_after_autocasts_cast(monkeypatch):
     pads = [dtype for name, dtype in operations.seen if name == "constant_pad_nd" and dtype.is_floating_point]
     assert pads and set(pads) == {torch.bfloat16}
     assert "slice_backward" not in {name for name, _ in operations.seen}
-    monkeypatch.setattr(attention, "_sdpa_dtype", lambda *tensors: tensors[0].dtype)  # pad as given (float32)
+    monkeypatch.setattr(reference_attention, "sdpa_dtype", lambda *tensors: tensors[0].dtype)  # pad as given (float32)
     padded_in_float32 = _autocast_training_step(model, ids)
     assert len(padded_in_bf16) == len(padded_in_float32)
     for got, want in zip(padded_in_bf16, padded_in_float32):  # a GPU's attention backward may sum in any order

@@ -7,8 +7,9 @@ from test_cache import decode_in_chunks
 from transformers import DynamicCache
 
 from tapelm import TapeConfig
+from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
-from tapelm.positional.path import path_logits
+from tapelm.kernels.path_attention import path_logits
 
 pytestmark = pytest.mark.device
 
@@ -60,7 +61,7 @@ def test_fox_bias_is_the_double_sum_of_log_gates():
     batch, length, heads, dim = 2, 9, 4, 8
     x = randn(batch, length, 32, generator=torch.Generator().manual_seed(3))
     q, k = (torch.zeros(batch, h, length, dim, dtype=torch.float64, device=DEVICE) for h in (heads, 2))
-    ctx = PositionContext(query_positions=torch.arange(length, device=DEVICE).expand(batch, -1))
+    ctx = PositionContext(paths=NONE, query_positions=torch.arange(length, device=DEVICE).expand(batch, -1))
     bias = layer.attention_inputs(x, q, k, k, dim, None, 1, None, ctx)[3].full()
     f = torch.sigmoid(x @ layer.gate.weight.T + layer.gate.bias)  # (B, N, H)
     for i in range(length):
@@ -176,7 +177,8 @@ def test_path_cache_holds_keys_transformed_up_to_the_last_token():
     model(ids, use_cache=False)
     hook.remove()
     norm_hook.remove()
-    w, beta = layer.positional.householder(x["x"], PositionContext(query_positions=torch.arange(7, device=DEVICE)[None]), None)
+    ctx = PositionContext(paths=NONE, query_positions=torch.arange(7, device=DEVICE)[None])
+    w, beta = layer.positional.householder(x["x"], ctx, None)
     k = raw["k"].view(1, 7, 2, 8).transpose(1, 2)
     for h in range(2):
         for j in range(7):

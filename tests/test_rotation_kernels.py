@@ -1,4 +1,4 @@
-"""The rotation kernels (tapelm.kernels.rotation.fused) compute the reference function `rotate_halves`, forward and
+"""The rotation kernels (tapelm.kernels.rotation.triton) compute the reference function `rotate_halves`, forward and
 every gradient: in float64 under Triton's CPU interpreter (a subprocess with TRITON_INTERPRET=1, which is how CI runs
 them), for TAPE's grouped queries and keys and RoPE's tables over heads, on the strides the projections give, with
 token counts and widths that are not powers of two; training under bf16 autocast they write bf16, the reference's
@@ -7,11 +7,10 @@ result rounded once; and TAPE and RoPE models routed through them give the refer
 import pytest
 import torch
 
-from accuracy import compare_models_through_kernels
+from accuracy import compare_models_through_path
 from conftest import DEVICE, run_under_triton_interpreter
-from tapelm import fast_paths
 
-pytestmark = pytest.mark.device
+pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
 LAYOUTS = {  # x's shape and (a, b)'s, as the encodings call the rotation
     "TAPE's grouped queries": ((2, 3, 2, 19, 10), (2, 3, 1, 19, 5)),
@@ -25,7 +24,7 @@ def check_kernels(device, dtype, tolerance: float) -> None:
     """The kernels against the reference (computed in float64) for every layout, with and without the angles'
     gradient: output (its dtype and memory layout too) and every gradient."""
     from tapelm.kernels.rotation import rotate_halves
-    from tapelm.kernels.rotation.fused import rotate_halves_fused, takes
+    from tapelm.kernels.rotation.triton import rotate_halves_triton, takes
 
     generator = torch.Generator().manual_seed(0)
 
@@ -39,7 +38,7 @@ def check_kernels(device, dtype, tolerance: float) -> None:
             a, b, weights = draw(*angle_shape), draw(*angle_shape), draw(*x_shape)
             assert takes(x, a, b), layout
             inputs = [x.to(dtype).requires_grad_(), *(t.to(dtype).requires_grad_(angles_need_grad) for t in (a, b))]
-            out = rotate_halves_fused(*inputs)
+            out = rotate_halves_triton(*inputs)
             assert out.dtype == dtype and out.stride() == inputs[0].stride(), layout
             fused = (out, *torch.autograd.grad(out, [t for t in inputs if t.requires_grad], weights.to(dtype)))
             wide = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
@@ -55,24 +54,19 @@ def check_kernels(device, dtype, tolerance: float) -> None:
 def check_autocast(device) -> None:
     """Training under bf16 autocast, `rotate_pairs` through the kernels writes q in bf16 (what attention computes
     in): the reference's float32 rotation rounded to bf16 (within one rounding), and every gradient within bf16's."""
-    import tapelm.kernels.rotation as rotation
+    from tapelm.kernels.rotation import rotate_pairs
 
     generator = torch.Generator().manual_seed(0)
     x, a, b, weights = (torch.randn(*shape, generator=generator, device="cpu").to(device)
                         for shape in ((2, 3, 2, 19, 10), (2, 3, 1, 19, 5), (2, 3, 1, 19, 5), (2, 3, 2, 19, 10)))
-    original = rotation.triton_takes
-    rotation.triton_takes = lambda tensor: True
-    try:
-        results = []
-        for setting in ("on", "off"):
-            inputs = [t.clone().requires_grad_() for t in (x, a, b)]
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                out = rotation.rotate_pairs(*inputs, fast_paths=setting)
-            assert out.dtype == (torch.bfloat16 if setting == "on" else torch.float32)
-            (out.float() * weights).sum().backward()
-            results.append((out.float(), [t.grad for t in inputs]))
-    finally:
-        rotation.triton_takes = original
+    results = []
+    for paths in ({"rotation-triton"}, set()):
+        inputs = [t.clone().requires_grad_() for t in (x, a, b)]
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            out = rotate_pairs(*inputs, frozenset(paths))
+        assert out.dtype == (torch.bfloat16 if paths else torch.float32)
+        (out.float() * weights).sum().backward()
+        results.append((out.float(), [t.grad for t in inputs]))
     (kernel, kernel_grads), (reference, reference_grads) = results
     torch.testing.assert_close(kernel, reference.bfloat16().float(), rtol=0, atol=2 * 2**-8 * reference.abs().max().item())
     for name, actual, expected in zip("xab", kernel_grads, reference_grads):
@@ -81,10 +75,7 @@ def check_autocast(device) -> None:
 
 def check_models(device, dtype) -> None:
     """Tiny TAPE (grouped queries) and RoPE models with the kernels on against the reference paths."""
-    import tapelm.kernels.rotation as rotation
-    from tapelm.kernels.rotation import fused
-
-    compare_models_through_kernels(rotation, fused, "rotate_halves_fused", ("tape", "rope"), device, dtype)
+    compare_models_through_path("rotation-triton", ("tape", "rope"), device, dtype)
 
 
 def test_the_kernels_compute_the_reference_function():
@@ -101,11 +92,10 @@ def test_the_kernels_compute_the_reference_function():
     run_under_triton_interpreter(script)
 
 
-def test_the_kernels_are_off_by_default_and_take_only_what_they_compute():
-    from tapelm.kernels.rotation.fused import takes
+def test_the_kernels_take_only_what_they_compute():
+    pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
+    from tapelm.kernels.rotation.triton import takes
 
-    assert not fast_paths.enabled("triton-rotation", torch.device("cuda"), "auto")  # not yet verified
-    assert fast_paths.enabled("triton-rotation", torch.device("cuda"), "on")
     x = torch.zeros(2, 4, 5, 8)
     assert takes(x, torch.zeros(2, 1, 5, 4), torch.zeros(2, 1, 5, 4))
     assert not takes(x, torch.zeros(2, 1, 5, 8), torch.zeros(2, 1, 5, 8))  # angles as wide as x

@@ -8,11 +8,10 @@ reference's one-token branches (an eager or a compiled decoding step) compute wh
 import pytest
 import torch
 
-from accuracy import compare_models_through_kernels
+from accuracy import compare_models_through_path
 from conftest import DEVICE, run_under_triton_interpreter
-from tapelm import fast_paths
 
-pytestmark = pytest.mark.device
+pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
 BATCH, HEADS, LENGTH, WIDTH = 2, 3, 5, 6  # not powers of two: the kernels mask their tiles
 VIEWS = {
@@ -37,11 +36,11 @@ def leaves(layout: str, device, dtype):
 def check_kernels(device, dtype, tolerance: float) -> None:
     """The fused update against the reference (computed in float64) for every layout: output and gradients."""
     from tapelm.kernels.state_mixing import mix_state_reference
-    from tapelm.kernels.state_mixing.fused import mix_state_fused
+    from tapelm.kernels.state_mixing.triton import mix_state_triton
 
     for layout, (_, view) in VIEWS.items():
         tensors = leaves(layout, device, dtype)
-        out = mix_state_fused(*view(*tensors))
+        out = mix_state_triton(*view(*tensors))
         assert out.dtype == dtype and out.shape == (BATCH, HEADS, LENGTH, WIDTH), layout
         grad = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
         fused = (out, *torch.autograd.grad(out, tensors, grad.to(dtype)))
@@ -55,10 +54,7 @@ def check_kernels(device, dtype, tolerance: float) -> None:
 
 def check_model(device, dtype) -> None:
     """A tiny TAPE model with the kernels on against the reference paths."""
-    import tapelm.kernels.state_mixing as state_mixing
-    from tapelm.kernels.state_mixing import fused
-
-    compare_models_through_kernels(state_mixing, fused, "mix_state_fused", ("tape",), device, dtype)
+    compare_models_through_path("state-mixing-triton", ("tape",), device, dtype)
 
 
 def test_the_kernels_compute_the_reference_function():
@@ -72,14 +68,6 @@ def test_the_kernels_compute_the_reference_function():
               "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); "
               "t.check_model(cpu, torch.float64)")
     run_under_triton_interpreter(script)
-
-
-def test_the_kernels_are_off_by_default_and_on_cuda_only():
-    from tapelm.kernels import triton_takes
-
-    assert not fast_paths.enabled("fused-state-mixing", torch.device("cuda"), "auto")  # not yet verified
-    assert fast_paths.enabled("fused-state-mixing", torch.device("cuda"), "on")
-    assert not triton_takes(torch.ones(1, device="cpu"))
 
 
 def check_one_token_at_a_time(sequence, step, layout: str) -> None:

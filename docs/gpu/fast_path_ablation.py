@@ -1,8 +1,8 @@
 """What each fast path gives RoPE and TAPE alone: the training step and batch-1 decoding with no fast path, with each
 one alone, and with all of them, at one of `bench speed`'s sizes, in one process.
 
-Every fast path is chosen at call time (`tapelm.fast_paths.enabled`), so one model per encoding serves every setting:
-a setting is the set of paths counted as verified for the device while `fast_paths="auto"`. Each repetition visits
+Every forward pass resolves its config's `fast_paths` (`tapelm.fast_paths.resolve`), so one model per encoding serves
+every setting: a setting is the list of path names the models' `fast_paths` holds while it is measured. Each repetition visits
 every setting in turn (the training steps of all settings first, then, the models in the decoding dtype, the decoding
 steps), so the ratios of one repetition are taken under the same load. The first visit of a setting is not timed:
 Triton and fla compile and autotune there. The JSON holds every time and, per setting, each encoding's time as a
@@ -14,7 +14,6 @@ ratio to its own time with no fast path (mean and 95% interval over repetitions)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -22,14 +21,13 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from tapelm import fast_paths
 from tapelm.bench.speed import SIZES, Options, Workload, check_device
 from tapelm.experiments.provenance import environment
 from tapelm.experiments.statistics import interval
 
-OFFERED = {"cuda": ("cuda-unpadded-attention", "fused-rotation", "triton-rotation", "fused-modules",
-                    "fused-state-mixing"),
-           "cpu": ("cpu-flash-attention", "fused-rotation")}
+OFFERED = {"cuda": ("attention-unpadded", "rotation-autograd", "rotation-triton", "rotation-fla", "norm-fla",
+                    "mlp-fla", "loss-fla", "state-mixing-triton"),
+           "cpu": ("attention-cpu-flash", "rotation-autograd")}
 """The fast paths that RoPE's and TAPE's training and decoding can take, by device type."""
 ROWS = ("rope", "tape")
 TRAIN_STEPS = 3
@@ -38,17 +36,10 @@ DECODE_TOKENS = 16
 """Timed decoding steps per setting and repetition, after a 2,048-token prompt (the size's decode context)."""
 
 
-@contextlib.contextmanager
-def verified_only(device_type: str, paths: tuple[str, ...]):
-    """`fast_paths.VERIFIED` holding `device_type` for `paths` only, restored after."""
-    saved = dict(fast_paths.VERIFIED)
-    for name, devices in saved.items():
-        others = tuple(device for device in devices if device != device_type)
-        fast_paths.VERIFIED[name] = others + ((device_type,) if name in paths else ())
-    try:
-        yield
-    finally:
-        fast_paths.VERIFIED.update(saved)
+def choose(workloads: dict, paths: tuple[str, ...]) -> None:
+    """Every model runs exactly `paths` from its next forward pass on."""
+    for workload in workloads.values():
+        workload.model.config.fast_paths = list(paths)
 
 
 def train_seconds(workload: Workload) -> float:
@@ -110,11 +101,11 @@ def main() -> None:
     train = {setting: {row: [] for row in ROWS} for setting in settings}
     for repeat in range(args.repeats + 1):
         for setting, paths in settings.items():
-            with verified_only(device.type, paths):
-                for row, workload in workloads.items():
-                    seconds = train_seconds(workload)
-                    if repeat:
-                        train[setting][row].append(seconds)
+            choose(workloads, paths)
+            for row, workload in workloads.items():
+                seconds = train_seconds(workload)
+                if repeat:
+                    train[setting][row].append(seconds)
         print(f"training, repetition {repeat} of {args.repeats} done", flush=True)
 
     for workload in workloads.values():
@@ -124,11 +115,11 @@ def main() -> None:
     decode = {setting: {row: [] for row in ROWS} for setting in settings}
     for repeat in range(args.repeats + 1):
         for setting, paths in settings.items():
-            with verified_only(device.type, paths):
-                for row, workload in workloads.items():
-                    seconds = decode_seconds(workload, caches[row], token)
-                    if repeat:
-                        decode[setting][row].append(seconds)
+            choose(workloads, paths)
+            for row, workload in workloads.items():
+                seconds = decode_seconds(workload, caches[row], token)
+                if repeat:
+                    decode[setting][row].append(seconds)
         print(f"decoding, repetition {repeat} of {args.repeats} done", flush=True)
 
     record.update(train_step_s=train, decode_s_per_token_batch1=decode, train=summary(train),

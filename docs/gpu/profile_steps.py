@@ -20,8 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import StaticCache
 
-from tapelm.bench.speed import SIZES, Options, Workload, check_device
-from tapelm.config import FAST_PATHS
+from tapelm.bench.speed import SIZES, Options, Workload, check_device, fast_path_setting
 from tapelm.experiments.provenance import environment
 
 STEPS = 3
@@ -78,12 +77,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bf16"], default="float32")
     parser.add_argument("--size", default="small", choices=sorted(SIZES))
-    parser.add_argument("--fast-paths", default="auto", choices=FAST_PATHS)
+    parser.add_argument("--fast-paths", nargs="+", default=["auto"], help="a setting or path names (bench speed's)")
     parser.add_argument("--out", type=Path, default=Path("profile-steps"))
     args = parser.parse_args()
     device = check_device(args.device)
     size = SIZES[args.size]
-    options = Options(device=device, bf16=args.dtype == "bf16", fast_paths=args.fast_paths)
+    options = Options(device=device, bf16=args.dtype == "bf16", fast_paths=fast_path_setting(args.fast_paths))
     record = {"size": args.size, "options": options.record(), "environment": environment(), "steps": STEPS,
               "rows": {}}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,21 +2,21 @@
 
 One forward and backward pass (no optimizer: the same for every row) of RoPE and TAPE at one of `bench speed`'s GPU
 sizes, under bf16 autocast as `bench speed --dtype bf16` trains, run on the CPU: the same aten operations a GPU runs
-on the same path (`--fast-paths off` is what CUDA runs today, where no CUDA fast path is verified), except the
-attention kernel's name. Every operation's bytes (its tensor inputs read, its outputs written; views and
-allocations move none) and FLOPs (torch's FLOP formulas; attention's with the causal half) are taken at batch 1 and
-2, so each extrapolates exactly to the size's batch (both are affine in it). Each operation then takes
+on the same paths (without `--paths`, the reference paths), except the attention kernel's name. Every operation's
+bytes (its tensor inputs read, its outputs written; views and allocations move none) and FLOPs (torch's FLOP
+formulas; attention's with the causal half) are taken at batch 1 and 2, so each extrapolates exactly to the size's batch (both are affine in it). Each operation then takes
 max(FLOPs / peak, bytes / bandwidth) at the given peaks: the roofline, a lower bound on the step a GPU can run this
 code in. A step's measured time above its roofline is kernels that run below the peaks; TAPE's roofline over
 RoPE's is what this code asks of any GPU.
 
-`--paths` counts the step with fast paths on, for both rows: the plain PyTorch ones run as they are; the Triton
-kernels of tapelm ("triton-rotation", "fused-state-mixing") and of fla's fused modules ("fused-modules": RMSNorm,
-SwiGLU, the rotary embedding, the output projection with the loss) cannot run here, so each launch is counted as one
-operation moving the bytes of the tensors it is handed (each element once: what the kernel reads and writes), its
-outputs left unwritten (no byte count depends on values).
+`--paths` counts the step with those fast paths on (the models' `fast_paths`), for both rows: the plain PyTorch ones
+run as they are; the Triton kernels of tapelm ("rotation-triton", "state-mixing-triton") and of fla ("rotation-fla",
+"norm-fla", "mlp-fla", "loss-fla": the rotary embedding, RMSNorm, SwiGLU, the output projection with the loss) cannot
+run here, so they are taken as running on the CPU and each launch is counted as one operation moving the bytes of the
+tensors it is handed (each element once: what the kernel reads and writes), its outputs left unwritten (no byte count
+depends on values).
 
-    python docs/speed/step_bytes.py [--sizes paper-1k ...] [--paths triton-rotation ...] [--out FILE]
+    python docs/speed/step_bytes.py [--sizes paper-1k ...] [--paths rotation-triton ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from tapelm import fast_paths
 from tapelm.bench.speed import GPU_SIZES, SIZES, build_model
 from tapelm.experiments.provenance import environment
 
@@ -45,7 +44,8 @@ ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default: False,
 NO_TRAFFIC = {aten.detach.default, aten._unsafe_view.default, aten.empty.memory_format, aten.empty_like.default,
               aten.new_empty_strided.default, aten.empty_strided.default, aten.new_empty.default}
 MATRIX = {"mm", "bmm", "addmm", "baddbmm"}
-PATHS = ("fused-rotation", "triton-rotation", "fused-state-mixing", "fused-modules")
+PATHS = ("rotation-autograd", "rotation-triton", "state-mixing-triton", "rotation-fla", "norm-fla", "mlp-fla",
+         "loss-fla")
 """The fast paths `--paths` can count: those that RoPE's and TAPE's training steps take on CUDA and that run, or whose
 kernels can be counted, on the CPU."""
 H100 = {"bandwidth": 3.35e12, "bf16": 989e12, "float32": 67e12}
@@ -124,45 +124,32 @@ def _distinct_elements(x: torch.Tensor) -> int:
 
 
 @contextlib.contextmanager
-def paths_on(paths: tuple[str, ...]):
-    """The model's `fast_paths="auto"` running exactly `paths` on the CPU, tapelm's Triton kernels counted."""
-    saved = dict(fast_paths.VERIFIED)
-    for name in saved:
-        fast_paths.VERIFIED[name] = ("cpu",) if name in paths else ()
-    try:
-        with _kernels_counted() if paths else contextlib.nullcontext():
-            yield
-    finally:
-        fast_paths.VERIFIED.update(saved)
-
-
-@contextlib.contextmanager
-def _kernels_counted():
-    """The Triton kernels of tapelm and of fla's fused modules taking every tensor they compute on, each launch a
-    `CountedKernel`."""
+def kernels_counted():
+    """The Triton kernels of tapelm and of fla's fused modules taken as running on the CPU, for every tensor in the
+    dtypes they take, each launch a `CountedKernel`."""
     import sys
 
     import fla.modules.activations
     import fla.modules.fused_linear_cross_entropy
     import fla.modules.norm.layernorm
-    import fla.modules.rotary  # noqa: F401 (the modules whose kernels "fused-modules" launches)
+    import fla.modules.rotary  # noqa: F401 (the modules whose kernels the fla paths launch)
     from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.jit import JITFunction
 
-    import tapelm.kernels.fused as fused_modules
+    import tapelm.kernels as kernels
     import tapelm.kernels.rotation as rotation
     import tapelm.kernels.state_mixing as state_mixing
-    from tapelm.kernels import KERNEL_DTYPES
-    from tapelm.kernels.rotation import fused as rotation_kernels
-    from tapelm.kernels.state_mixing import fused as mixing_kernels
+    from tapelm.kernels import FLA_DTYPES
+    from tapelm.kernels.rotation import triton as rotation_kernels
+    from tapelm.kernels.state_mixing import triton as mixing_kernels
 
-    takes = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (fused_modules, "fla_takes")]
+    takes = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (kernels, "fla_takes")]
     kernels = [(module, name) for module in (rotation_kernels, mixing_kernels)
                + tuple(module for key, module in sys.modules.items() if key.startswith("fla.modules"))
                for name, value in vars(module).items() if isinstance(value, (JITFunction, Autotuner, Heuristics))]
     originals = [(module, name, getattr(module, name)) for module, name in takes + kernels]
     for module, name in takes:
-        setattr(module, name, lambda x: x.dtype in KERNEL_DTYPES)
+        setattr(module, name, lambda x: x.dtype in FLA_DTYPES)
     for module, name in kernels:
         setattr(module, name, CountedKernel(name.removeprefix("_")))
     try:
@@ -175,10 +162,10 @@ def _kernels_counted():
 def step_calls(row: str, size_name: str, batch: int, paths: tuple[str, ...]) -> list[tuple[str, str, int, float]]:
     size = replace(SIZES[size_name], batch=batch)
     torch.manual_seed(0)
-    model = build_model(size, row, "auto").train()
+    model = build_model(size, row, list(paths)).train()
     ids = torch.randint(0, size.vocab, (batch, size.seq))
     account = Account()
-    with paths_on(paths), account:
+    with kernels_counted() if paths else contextlib.nullcontext(), account:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(ids, labels=ids, use_cache=False).loss
         loss.backward()

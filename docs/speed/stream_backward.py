@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tapelm.attention import stream_attention_backward
+from tapelm.kernels.attention.cpu_flash import stream_attention_backward
 from tapelm.bench.speed import SIZES
 from tapelm.experiments.provenance import environment
 

@@ -7,6 +7,7 @@ import math
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
+from .fast_paths import check_setting as check_fast_paths
 from .remote_code import AUTO_MAP, write_modules
 
 PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned", "fox",
@@ -17,7 +18,6 @@ TAPE_ATTN_MIXING = ("heads", "per_head")
 TAPE_UPDATES = ("both", "attention", "mlp", "none")
 TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
 RANDPE_EVAL_POSITIONS = ("random", "given")
-FAST_PATHS = ("auto", "on", "off")
 
 
 def _choice(field: str, value, allowed) -> None:
@@ -80,7 +80,8 @@ class TapeConfig(PreTrainedConfig):
 
     `fast_paths`: "auto" (default) runs each fast path (a kernel or formulation computing the same function as its
     plain PyTorch reference, `tapelm.fast_paths`) on the devices where the law tests have passed with it on; "on" runs
-    every fast path the device offers, verified or not; "off" runs the reference paths only.
+    every fast path the device offers, verified or not; "off" runs the reference paths only; a list of path names
+    (`tapelm.fast_paths.NAMES`, e.g. ["rotation-triton", "attention-unpadded"]) runs exactly those.
     """
 
     model_type = "tape"
@@ -128,7 +129,7 @@ class TapeConfig(PreTrainedConfig):
     fox_gate_bias_init: float = 0.0
     path_low_rank: int = 32
     path_conv_size: int = 3
-    fast_paths: str = "auto"
+    fast_paths: str | list[str] = "auto"
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
@@ -140,6 +141,8 @@ class TapeConfig(PreTrainedConfig):
         if self.randpe_max_position is None and isinstance(self.max_position_embeddings, int):
             self.randpe_max_position = 2 * self.max_position_embeddings
         self.tape_block = tuple(self.tape_block)
+        if isinstance(self.fast_paths, tuple):  # a list, as config.json reads it back
+            self.fast_paths = list(self.fast_paths)
         super().__post_init__(**kwargs)
         # the `tapelm.remote_code` modules every saved folder gets: part of the config itself, so that a config read
         # back from its JSON equals the one written
@@ -166,7 +169,7 @@ class TapeConfig(PreTrainedConfig):
     def _validate(self) -> None:
         """Raise ValueError naming the first invalid field or combination."""
         _choice("pe_type", self.pe_type, PE_TYPES)
-        _choice("fast_paths", self.fast_paths, FAST_PATHS)
+        check_fast_paths(self.fast_paths)
         _choice("tape_attn_mixing", self.tape_attn_mixing, TAPE_ATTN_MIXING)
         _choice("tape_update", self.tape_update, TAPE_UPDATES)
         _choice("randpe_eval_positions", self.randpe_eval_positions, RANDPE_EVAL_POSITIONS)

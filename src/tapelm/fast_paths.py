@@ -1,49 +1,156 @@
-"""The fast paths and where they run by default.
+"""The fast paths: every kernel or formulation that computes the function of a plain PyTorch reference, by name
+(`<operation>-<implementation>`, the operation being a folder of `tapelm.kernels`), and where each runs by default.
 
-A fast path computes exactly the function of a plain PyTorch reference path (the tests hold each to its reference:
-forward and every gradient in float64 on the CPU, within bf16 tolerance on a device). It runs by default
-(`TapeConfig.fast_paths="auto"`) only on the device types where `pytest --device ...` has passed with it on, as
-recorded under docs/gpu/; `fast_paths="on"` runs it wherever the device offers it, `"off"` never.
+A forward pass resolves the config's `fast_paths` once (`resolve`) into the frozen set of path names on for its device
+and encoding, and hands it down through `PositionContext.paths` to every dispatcher (`tapelm.kernels.<op>`), which
+tries its candidates in order. "auto" (the default) turns on the paths whose law tests passed on that device type
+(`pytest --device ...`, recorded under docs/gpu/), "on" every path, "off" none, and a list of names exactly those.
+A path that is on still runs only where its kernel takes the call (device, dtype, shapes, installed libraries).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
 import torch
 
-VERIFIED: dict[str, tuple[str, ...]] = {
-    # SDPA's CPU flash kernel for a value stream wider than q and k (tapelm.attention.CpuFlashAttention), keeping
-    # only the unpadded q and k for the backward pass, which in float32 and float64 is plain matrix products over
-    # blocks of queries at q's width (tapelm.attention.stream_attention_backward)
-    "cpu-flash-attention": ("cpu",),
-    # attention without zero-padding q and k, on the CUDA kernels that take a wider value (cuDNN, memory-efficient):
-    # not yet run under `pytest --device cuda`
-    "cuda-unpadded-attention": (),
-    # the rotation of q and k by RoPE's tables or TAPE's state as an autograd function with a hand-written backward
-    # (tapelm.kernels.rotation.HalvesRotation): plain PyTorch, run under `pytest --device cuda` not yet
-    "fused-rotation": ("cpu",),
-    # the same rotation as Triton kernels, the angles' gradient summed over a query group in the same pass
-    # (tapelm.kernels.rotation.fused): CUDA with Triton, not yet run under `pytest --device cuda`
-    "triton-rotation": (),
-    # attention over blocks of queries with a bias built per block inside activation checkpoints
-    # (tapelm.attention.chunked_bias_attention): plain PyTorch, run under `pytest --device cuda` not yet
-    "chunked-bias-attention": ("cpu",),
-    # FoX and PaTH through fla's kernels where fla is installed (tapelm.kernels.fla): CUDA only, not yet run under
-    # `pytest --device cuda`
-    "fla-kernels": (),
-    # the rotary embedding, RMSNorm, SwiGLU and the output projection with the cross-entropy through fla's kernels
-    # (tapelm.kernels.fused): CUDA only, not yet run under `pytest --device cuda`
-    "fused-modules": (),
-    # TAPE's MLP-branch update of the state, one Triton program per token (tapelm.kernels.state_mixing): CUDA with
-    # Triton, not yet run under `pytest --device cuda`
-    "fused-state-mixing": (),
-}
+SETTINGS = ("auto", "on", "off")
+EVERY_ENCODING = None
 
 
-def enabled(name: str, device: torch.device, setting: str) -> bool:
-    """Whether fast path `name` runs on `device` under the config's `fast_paths` setting."""
+@dataclass(frozen=True)
+class FastPath:
+    """One implementation of one operation. `verified` maps a device type to the encodings (`pe_type`s) whose law
+    tests passed there with the path on, or to `EVERY_ENCODING`; "auto" runs it there for those."""
+
+    operation: str
+    implementation: str
+    summary: str
+    verified: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.operation}-{self.implementation}"
+
+    def verified_for(self, device_type: str, encoding: str) -> bool:
+        if device_type not in self.verified:
+            return False
+        encodings = self.verified[device_type]
+        return encodings is EVERY_ENCODING or encoding in encodings
+
+
+H200 = "docs/gpu/h200-2026-11-27"
+"""The GPU record that verified the CUDA entries below (`pytest --device cuda -m device`, all of them passed)."""
+
+PATHS: tuple[FastPath, ...] = (
+    FastPath("attention", "cpu-flash",
+             "SDPA's CPU flash kernel for a value stream wider than q and k, keeping only the unpadded q and k for a "
+             "backward pass of plain products over blocks of queries (kernels/attention/cpu_flash.py)",
+             {"cpu": EVERY_ENCODING}),
+    FastPath("attention", "unpadded",
+             "a value wider than q and k without zero-padding them, on CUDA's kernels that take it: cuDNN (training) "
+             "or memory-efficient (kernels/attention/unpadded.py)",
+             {"cuda": EVERY_ENCODING}),
+    FastPath("attention", "efficient",
+             "a bias that needs a gradient (T5, FIRE, CoPE, FoX, PaTH) as SDPA's float mask on CUDA's "
+             "memory-efficient kernel, which computes the mask's gradient itself (kernels/attention/efficient.py)"),
+    FastPath("attention", "blocks",
+             "a bias built per block of queries inside activation checkpoints, so no N x T tensor per head is kept "
+             "(kernels/attention/blocks.py); on CUDA verified for every encoding but FIRE, whose gradients missed the "
+             "accuracy rule there",
+             {"cpu": EVERY_ENCODING, "cuda": ("alibi", "t5", "cope", "fox", "path")}),
+    FastPath("rotation", "triton",
+             "the rotation of q and k by RoPE's tables or TAPE's state as Triton kernels, the state's gradient summed "
+             "over a query group in the same pass (kernels/rotation/triton.py)",
+             {"cuda": EVERY_ENCODING}),
+    FastPath("rotation", "fla",
+             "RoPE's rotation through fla's rotary kernel, in passes with gradients (kernels/rotation/fla.py)"),
+    FastPath("rotation", "autograd",
+             "the rotation as an autograd function with a hand-written backward (kernels/rotation/autograd.py)",
+             {"cpu": EVERY_ENCODING, "cuda": EVERY_ENCODING}),
+    FastPath("state-mixing", "triton",
+             "TAPE's MLP-branch update of the state, one Triton program per token (kernels/state_mixing/triton.py)",
+             {"cuda": EVERY_ENCODING}),
+    FastPath("forgetting-attention", "fla",
+             "FoX's attention through fla's kernel (kernels/forgetting_attention/fla.py)"),
+    FastPath("path-attention", "fla",
+             "PaTH's attention through fla's kernel, within fla's tested shapes (kernels/path_attention/fla.py)"),
+    FastPath("norm", "fla", "RMSNorm through fla's kernel, in passes with gradients (kernels/norm/fla.py)"),
+    FastPath("mlp", "fla", "the SwiGLU product through fla's kernel, in passes with gradients (kernels/mlp/fla.py)"),
+    FastPath("loss", "fla",
+             "the output projection and the cross-entropy through fla's fused kernel, no logits made, in training "
+             "with labels (kernels/loss/fla.py)"),
+)
+BY_NAME: dict[str, FastPath] = {path.name: path for path in PATHS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+assert len(NAMES) == len(PATHS), "two fast paths share a name"
+
+FastPaths = frozenset
+"""The resolved setting of one forward pass: the names of the paths that are on (a `frozenset[str]`)."""
+NONE: FastPaths = frozenset()
+
+
+def check_setting(setting) -> None:
+    """Raise ValueError unless `setting` is one of `SETTINGS` or a list of known path names."""
+    allowed = f"choose one of: {', '.join(SETTINGS)}, or a list of fast path names ({', '.join(NAMES)})"
+    if isinstance(setting, str):
+        if setting not in SETTINGS:
+            raise ValueError(f"fast_paths={setting!r} is not allowed; {allowed}")
+        return
+    if not isinstance(setting, Sequence) or not all(isinstance(name, str) for name in setting):
+        raise ValueError(f"fast_paths={setting!r} is not allowed; {allowed}")
+    unknown = [name for name in setting if name not in BY_NAME]
+    if unknown:
+        raise ValueError(f"fast_paths names unknown fast path(s) {', '.join(unknown)}; {allowed}")
+
+
+def resolve(setting, device: torch.device, encoding: str) -> FastPaths:
+    """The paths on for one forward pass of an `encoding` model on `device` under the config's `setting`."""
+    key = setting if isinstance(setting, str) else tuple(setting)
+    if torch.compiler.is_compiling():  # traced as constants; the compiler guards on the setting itself
+        return _resolve(key, device.type, encoding)
+    return _cached_resolve(key, device.type, encoding)
+
+
+def _resolve(setting: str | tuple[str, ...], device_type: str, encoding: str) -> FastPaths:
     if setting == "off":
-        return False
-    return setting == "on" or device.type in VERIFIED[name]
+        return NONE
+    if setting == "on":
+        return frozenset(NAMES)
+    if setting == "auto":
+        return frozenset(path.name for path in PATHS if path.verified_for(device_type, encoding))
+    check_setting(setting)
+    return frozenset(setting)
 
 
-__all__ = ["VERIFIED", "enabled"]
+_cached_resolve = functools.lru_cache(maxsize=None)(_resolve)
+"""The same object for the same setting: torch.compile's guards on a compiled layer's inputs then hold."""
+
+
+_ran: list[set[str]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[set[str]]:
+    """A set that collects the name of every fast path that computed a result inside the block (eager code only:
+    nothing is recorded while torch.compile traces)."""
+    names: set[str] = set()
+    _ran.append(names)
+    try:
+        yield names
+    finally:
+        _ran.remove(names)
+
+
+def note(name: str) -> None:
+    """Record that fast path `name` computed a result (see `recording`)."""
+    if _ran and not torch.compiler.is_compiling():
+        for names in _ran:
+            names.add(name)
+
+
+__all__ = ["BY_NAME", "NAMES", "PATHS", "SETTINGS", "FastPath", "FastPaths", "check_setting", "recording",
+           "resolve"]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers.utils.import_utils import is_tracing
 
-from .attention import AttentionMask
+from .kernels.attention import AttentionMask
 
 
 def tracing(tensor: torch.Tensor | None = None) -> bool:

@@ -14,19 +14,11 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .attention import (
-    AttentionFunction,
-    AttentionMask,
-    RowBias,
-    attend,
-    attend_stream,
-    attend_with_probabilities,
-    joined_stream,
-    materialized,
-)
 from .cache import (
     SHARED_STREAM,
     capacity,
@@ -38,7 +30,18 @@ from .cache import (
     store_state,
 )
 from .config import TapeConfig
-from .kernels.fused import MLP, RMSNorm, causal_lm_loss, fused_operations
+from .fast_paths import FastPaths, resolve
+from .kernels.attention import (
+    AttentionMask,
+    RowBias,
+    attend_registered,
+    attend_stream,
+    attend_with_probabilities,
+    joined_stream,
+)
+from .kernels.loss import loss_without_logits
+from .kernels.mlp import swiglu
+from .kernels.norm import rms_norm
 from .layout import TokenLayout
 from .masks import build_attention_mask, packed_documents, real_tokens
 from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer, build_encoding
@@ -46,25 +49,31 @@ from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer,
 logger = logging.get_logger(__name__)
 
 
+TAPELM_ATTENTION = ("sdpa", "eager")
+"""`attn_implementation`s that are tapelm's own attention: "sdpa" (SDPA and the fast paths), "eager" (the explicit
+reference). Any other name a model takes is a function registered with transformers' `AttentionInterface`."""
+
+
 class TapeAttention(nn.Module):
     """Multi-head attention with GQA; the positional hooks decide how q, k, the logits and the values look.
 
-    `attention_function` (None: SDPA, or the explicit path when the config asks for "eager") overrides how this
-    module turns q, k, the value stream, the mask and the bias into its output: see `tapelm.attention.AttentionFunction`
-    and `TapePreTrainedModel.set_attention_function`."""
+    The config's `attn_implementation` chooses how q, k, the value stream, the mask and the bias become the output:
+    tapelm's own attention ("sdpa", or "eager" for the explicit reference), or a function registered under that name
+    with transformers' `AttentionInterface` (`tapelm.kernels.attention.attend_registered` says how it is called)."""
 
     def __init__(self, config: TapeConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
         self.config = config
+        self.is_causal = config.causal
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
         bias = config.attention_bias or config.qkv_bias
         self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size,
                                 bias=config.attention_bias)
-        self.attention_function: AttentionFunction | None = None
 
     def forward(self, hidden, positional: LayerPositional, state, ctx: PositionContext, mask: AttentionMask,
                 cache: Cache | None, layout: TokenLayout, output_attentions: bool = False):
@@ -89,34 +98,47 @@ class TapeAttention(nn.Module):
                                                          self.layer_idx, mask.valid, ctx)
         bias = RowBias.add(ctx.bias, bias)
         scale, probs = positional.logit_scale(self.head_dim), None
-        if output_attentions or self.attention_function is not None:
-            if output_attentions and self.attention_function is not None:
-                raise ValueError("output_attentions=True needs tapelm's own attention; this model has a custom "
-                                 "attention function (set_attention_function(None) removes it)")
+        implementation = self.config._attn_implementation
+        if output_attentions or implementation not in TAPELM_ATTENTION:
+            if output_attentions and implementation not in TAPELM_ATTENTION:
+                raise ValueError(f"output_attentions=True needs tapelm's own attention (attn_implementation 'sdpa' or "
+                                 f"'eager'); this model uses {implementation!r}")
             stream = joined_stream(stream, shared)
             if output_attentions:
                 out, probs = attend_with_probabilities(q, k, stream, mask, bias, scale)
             else:
-                out = self.attention_function(q, k, stream, mask, materialized(bias), scale)
+                out = attend_registered(ALL_ATTENTION_FUNCTIONS[implementation], self, q, k, stream, mask, bias, scale)
             values, attended = out[..., : self.head_dim], (out[..., self.head_dim:] if extra is not None else None)
         else:
-            values, attended = attend_stream(q, k, stream, self.head_dim, mask, bias, scale,
-                                             eager=self.config._attn_implementation == "eager",
-                                             fast_paths=self.config.fast_paths, shared=shared)
+            values, attended = attend_stream(q, k, stream, self.head_dim, mask, bias, scale, ctx.paths,
+                                             eager=implementation == "eager", shared=shared)
         out_v = layout.pack(values.transpose(1, 2).reshape(batch, length, -1))
         return self.o_proj(out_v), attended, probs
-
-    def own_attention(self, q, k, v, mask: AttentionMask, bias, scale: float) -> torch.Tensor:
-        """tapelm's attention as this module's config asks for it: SDPA (with the fast paths `fast_paths` allows) or,
-        with attn_implementation "eager", the explicit-softmax reference."""
-        return attend(q, k, v, mask, bias, scale, eager=self.config._attn_implementation == "eager",
-                      fast_paths=self.config.fast_paths)
 
 
 def same_for_every_head(extra: torch.Tensor) -> bool:
     """Whether a value-stream part (B, Hkv, N, F) is one head's expanded over the others (a zero stride), so that a
     cache can hold it once per token."""
     return extra.shape[1] > 1 and extra.stride(1) == 0
+
+
+class RMSNorm(LlamaRMSNorm):
+    """transformers' Llama RMSNorm (the same parameter), computed by `tapelm.kernels.norm` with the pass's fast
+    paths."""
+
+    def __init__(self, config: TapeConfig):
+        super().__init__(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, paths: FastPaths) -> torch.Tensor:
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon, paths)
+
+
+class MLP(LlamaMLP):
+    """transformers' Llama SwiGLU MLP (the same parameters), its product silu(gate) * up computed by
+    `tapelm.kernels.mlp` with the pass's fast paths (the config's activation is SiLU)."""
+
+    def forward(self, x: torch.Tensor, paths: FastPaths) -> torch.Tensor:
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), paths))
 
 
 class TapeDecoderLayer(GradientCheckpointingLayer):
@@ -133,18 +155,13 @@ class TapeDecoderLayer(GradientCheckpointingLayer):
     def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, layout: TokenLayout,
                 cache=None, output_attentions: bool = False):
         """`hidden` holds the tokens as `layout` lays them out (the real tokens only, when the batch is padded)."""
-        attn_out, attended, probs = self.self_attn(self.input_layernorm(hidden), self.positional, state, ctx, mask,
-                                                   cache, layout, output_attentions)
+        attn_out, attended, probs = self.self_attn(self.input_layernorm(hidden, ctx.paths), self.positional, state,
+                                                   ctx, mask, cache, layout, output_attentions)
         hidden = hidden + attn_out
         state = self.positional.after_attention(state, attended, ctx)
-        mlp_out = self.mlp(self.post_attention_layernorm(hidden))
+        mlp_out = self.mlp(self.post_attention_layernorm(hidden, ctx.paths), ctx.paths)
         hidden = hidden + mlp_out
         return hidden, self.positional.after_mlp(state, layout.unpack(mlp_out), ctx), probs
-
-
-def attention_modules(model: nn.Module) -> list[TapeAttention]:
-    """Every tapelm attention module inside `model` (also through wrappers such as peft's)."""
-    return [module for module in model.modules() if isinstance(module, TapeAttention)]
 
 
 class TapePreTrainedModel(PreTrainedModel):
@@ -163,16 +180,10 @@ class TapePreTrainedModel(PreTrainedModel):
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
-        """`set_attn_implementation` may switch between "sdpa" and "eager" at run time: every attention call reads
-        `config._attn_implementation` (transformers' own heuristic looks for its attention interface in the source
-        and would refuse)."""
+        """`set_attn_implementation` may switch at run time between "sdpa", "eager" and the functions registered with
+        transformers' `AttentionInterface`: every attention call reads `config._attn_implementation` (transformers' own
+        heuristic looks for its attention interface in the source and would refuse)."""
         return True
-
-    def set_attention_function(self, function: AttentionFunction | None) -> None:
-        """Use `function` (see `tapelm.attention.AttentionFunction`) in every attention module of this model, or
-        tapelm's own attention again with None. Other models in the process are not affected."""
-        for module in attention_modules(self):
-            module.attention_function = function
 
     def compile_layers(self, **options) -> None:
         """Compile each decoder layer with torch.compile (regional compilation: the layers share one compiled graph,
@@ -220,7 +231,9 @@ class TapeModel(TapePreTrainedModel):
                 position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
                 output_hidden_states: bool | None = None, output_attentions: bool | None = None,
-                **kwargs) -> BaseModelOutputWithPast:
+                paths: FastPaths | None = None, **kwargs) -> BaseModelOutputWithPast:
+        """`paths`: the fast paths this pass runs, resolved by the caller (`TapeForCausalLM`) or here from the
+        config's `fast_paths`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         check_cache_type(cache)
@@ -256,9 +269,10 @@ class TapeModel(TapePreTrainedModel):
         mask = build_attention_mask(attention_mask, documents, length, key_length, self.config.causal,
                                     dense=self.positional.adds_logit_bias or fixed, device=inputs_embeds.device,
                                     past=past)
-        ctx = PositionContext(query_positions=self.positional.positions(position_ids, past, documents),
-                              token_mask=real_tokens(attention_mask, length, past),
-                              fast_paths=self.config.fast_paths)
+        if paths is None:
+            paths = resolve(self.config.fast_paths, inputs_embeds.device, self.config.pe_type)
+        ctx = PositionContext(query_positions=self.positional.positions(position_ids, past, documents), paths=paths,
+                              token_mask=real_tokens(attention_mask, length, past))
         if self.positional.needs_key_positions:
             ctx.key_positions = key_positions(cache, ctx.query_positions)
         self.positional.prepare(ctx, inputs_embeds.dtype)
@@ -277,7 +291,7 @@ class TapeModel(TapePreTrainedModel):
                                          output_attentions=output_attentions)
             if all_attentions is not None:
                 all_attentions.append(probs)
-        hidden = layout.unpack(self.norm(hidden))
+        hidden = layout.unpack(self.norm(hidden, paths))
         if all_hidden is not None:
             all_hidden.append(hidden)
         return BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache,
@@ -338,20 +352,22 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 output_hidden_states: bool | None = None, output_attentions: bool | None = None,
                 **kwargs) -> CausalLMOutputWithPast:
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        paths = resolve(self.config.fast_paths, device, self.config.pe_type)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-                             return_dict=True, **kwargs)
+                             return_dict=True, paths=paths, **kwargs)
         hidden = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, torch.Tensor):
             hidden = hidden[:, logits_to_keep]
-        ops = fused_operations(hidden, self.config.fast_paths) if labels is not None and self.training else None
-        if ops is not None:  # training with labels: the loss without the logits
-            return CausalLMOutputWithPast(loss=causal_lm_loss(ops, hidden, self.lm_head.weight, labels, **kwargs),
-                                          cache=outputs.cache, hidden_states=outputs.hidden_states,
-                                          attentions=outputs.attentions)
+        if labels is not None and self.training:  # training with labels: the loss without the logits, where it can
+            loss = loss_without_logits(hidden, self.lm_head.weight, labels, paths, **kwargs)
+            if loss is not None:
+                return CausalLMOutputWithPast(loss=loss, cache=outputs.cache, hidden_states=outputs.hidden_states,
+                                              attentions=outputs.attentions)
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:

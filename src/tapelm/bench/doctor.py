@@ -3,7 +3,8 @@
 On the device accelerate gives this process (the GPU when there is one), in four parts, each recorded whether it
 passes or fails, so one failing part does not hide the others:
 
-1. tests: the law tests on the device (`pytest --device DEVICE -m device`, from the source checkout's tests/);
+1. tests: the law tests on the device (`pytest --device DEVICE -m device`, from the source checkout's tests/), those
+   that call Triton kernels one process each, so that a fault that corrupts the CUDA context fails one test;
 2. speed: `tapelm bench speed` for TAPE, RoPE and transformers' Llama at the GPU sizes, under bf16 autocast, with
    every fast path the device offers (`--fast-paths on`) when the law tests (which run them) passed, else with the
    verified ones only;
@@ -17,6 +18,8 @@ benchmark size, a tiny model with the paper preset's training settings. The comm
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import importlib.util
 import json
 import re
 import subprocess
@@ -48,25 +51,72 @@ def source_tests() -> Path | None:
     return tests if (tests / "conftest.py").is_file() else None
 
 
-def run_tests(device: torch.device, tiny: bool, log: Path) -> dict:
-    """The law tests on `device` in a subprocess, its output written to `log` as it runs (so a visit cut short still
-    shows how far they got, and the slowest tests); pytest's counts and exit status."""
+OWN_PROCESS_SECONDS = 300
+"""The longest a test that runs in a process of its own may take before it is stopped and counted as failed."""
+
+
+def run_tests(device: torch.device, tiny: bool, log: Path, workers: int = 1, select: str | None = None) -> dict:
+    """The law tests on `device` in subprocesses, their output written to `log` as they run (so a visit cut short
+    still shows how far they got, and the slowest tests); pytest's counts and exit status. On a device the tests
+    marked `own_process` (those that call Triton kernels, fla's or tapelm's, where a fault corrupts the process's
+    CUDA context) run one process each, `workers` at a time, after the others (on `workers` pytest-xdist workers
+    where it is installed); `select` is a pytest -k expression."""
     tests = source_tests()
     if tests is None:
         return {"status": "skipped", "reason": "the law tests live in the source checkout's tests/, which this "
                                                "installed tapelm does not have"}
-    selection = [str(tests / name) for name in TINY_TESTS] if tiny else [str(tests), "-m", "device"]
-    command = [sys.executable, "-m", "pytest", *selection, "--device", str(device), "-q", "-p", "no:cacheprovider",
-               "--durations=20", "--rootdir", str(tests.parent)]
+    common = ["--device", str(device), "-p", "no:cacheprovider", "--rootdir", str(tests.parent),
+              *(["-k", select] if select else [])]
+    if tiny:
+        runs = [[*(str(tests / name) for name in TINY_TESTS), "-q", "--durations=20", *common]]
+    else:
+        parallel = ["-n", str(workers)] if workers > 1 and importlib.util.find_spec("xdist") else []
+        runs = [[str(tests), "-m", "device and not own_process", "-vv", "--durations=20", *parallel, *common]]
+        runs += [[test, "-vv", *common] for test in _collected(tests, "device and own_process", common)]
+    isolated = []
     with log.open("w") as output:
-        done = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, text=True, cwd=tests.parent)
-    lines = log.read_text().strip().splitlines()
-    counts = {kind: int(number) for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)",
-                                                                lines[-1] if lines else "")}
-    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    return {"status": "passed" if done.returncode == 0 else "failed", "returncode": done.returncode,
-            "counts": counts, "failures": failures[:50], "selection": "tiny" if tiny else "-m device", "log": log.name,
-            **({"output_tail": "\n".join(lines)[-4000:]} if done.returncode else {})}
+        first = _pytest(runs[0], tests.parent, output, None)
+        with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
+            results = pool.map(lambda run: _pytest(run, tests.parent, None, OWN_PROCESS_SECONDS), runs[1:])
+            for run, (code, text) in zip(runs[1:], results):
+                output.write(f"\n== {run[0]} (a process of its own): exit {code}\n{text}")
+                output.flush()
+                isolated.append((code, text))
+    text, codes, counts = log.read_text(), [first[0]] + [code for code, _ in isolated], {}
+    for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", _summaries(text)):
+        counts[kind] = counts.get(kind, 0) + int(number)
+    failures = [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    failures += [f"TIMEOUT {run[0]}" for run, (code, _) in zip(runs[1:], isolated) if code is None]
+    passed = all(code in (0, 5) for code in codes)  # 5: nothing selected (a -k expression)
+    return {"status": "passed" if passed else "failed", "returncodes": codes, "counts": counts,
+            "failures": failures[:50], "own_process": len(runs) - 1,
+            "selection": "tiny" if tiny else "-m device", "log": log.name,
+            **({} if passed else {"output_tail": text[-4000:]})}
+
+
+def _collected(tests: Path, marks: str, common: list[str]) -> list[str]:
+    """The node ids of the tests `marks` selects."""
+    done = subprocess.run([sys.executable, "-m", "pytest", str(tests), "-m", marks, "--collect-only", "-q", *common],
+                          capture_output=True, text=True, cwd=tests.parent)
+    return [line.strip() for line in done.stdout.splitlines() if "::" in line]
+
+
+def _pytest(arguments: list[str], cwd: Path, output, seconds: float | None) -> tuple[int | None, str]:
+    """pytest with `arguments`: its exit status (None when stopped after `seconds`) and, where `output` is None, its
+    output (else written to `output` as it runs)."""
+    command = [sys.executable, "-m", "pytest", *arguments]
+    try:
+        done = subprocess.run(command, stdout=output if output is not None else subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=cwd, timeout=seconds)
+    except subprocess.TimeoutExpired as stopped:
+        return None, f"{stopped.output or ''}\nstopped after {seconds} s"
+    return done.returncode, done.stdout or ""
+
+
+def _summaries(text: str) -> str:
+    """pytest's summary lines ("== 3 passed, 1 failed in 2.0s ==", or -q's "3 passed in 2.0s")."""
+    return "\n".join(line for line in text.splitlines()
+                     if re.search(r"\d+ (passed|failed|skipped|errors?)", line) and " in " in line)
 
 
 def run_speed(device: torch.device, tiny: bool, out: Path, fast_paths: str = "auto") -> dict:
@@ -138,7 +188,7 @@ def _speed_fast_paths(record: dict) -> str:
     return "on" if record["parts"].get("tests", {}).get("status") == "passed" else "auto"
 
 
-def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = ()) -> dict:
+def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = (), workers: int = 1, select: str | None = None) -> dict:
     """Every part on this process's device; the record, also written to `out`/doctor-<device>.json after each
     part. A part that raises is recorded as failed with its traceback; the others still run."""
     device = process_device()
@@ -149,7 +199,7 @@ def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = ()) -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tapelm-doctor-") as scratch:
         runs = Path(scratch)
-        parts = {"tests": lambda: run_tests(device, tiny, path.with_name(path.stem + "-tests.log")),
+        parts = {"tests": lambda: run_tests(device, tiny, path.with_name(path.stem + "-tests.log"), workers, select),
                  "speed": lambda: run_speed(device, tiny, runs / "speed", _speed_fast_paths(record)),
                  "training": lambda: run_training(tiny, runs),
                  "generation": lambda: run_generation(device, runs, 8 if tiny else 64)}
@@ -179,8 +229,10 @@ def _doctor(args: argparse.Namespace) -> int:
     unknown = [part for part in args.skip if part not in ("tests", "speed", "training", "generation")]
     if unknown:
         raise ValueError(f"--skip {unknown[0]!r} is not a part; choose from tests, speed, training, generation")
+    if args.workers < 1:
+        raise ValueError(f"--workers={args.workers} is not allowed; it must be a positive integer")
     tiny = args.tiny or process_device().type == "cpu"
-    record = run_doctor(Path(args.out), tiny, tuple(args.skip))
+    record = run_doctor(Path(args.out), tiny, tuple(args.skip), args.workers, args.select)
     failed = [part for part, result in record["parts"].items() if result["status"] == "failed"]
     if failed:
         print(f"tapelm: doctor: failed: {', '.join(failed)}", file=sys.stderr)
@@ -198,4 +250,9 @@ def add_commands(commands) -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (the default on the CPU)")
     parser.add_argument("--skip", nargs="+", default=[], metavar="PART",
                         help="parts to skip: tests, speed, training, generation")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="test processes at a time on a device (pytest-xdist workers for the shared run, and the "
+                             "tests that run in a process of their own) (default: %(default)s)")
+    parser.add_argument("--select", metavar="EXPRESSION",
+                        help="only the law tests this pytest -k expression selects (e.g. a rerun of those that failed)")
     parser.set_defaults(handler=_doctor)

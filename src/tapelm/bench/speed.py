@@ -39,7 +39,10 @@ import torch
 from tqdm import tqdm
 from transformers import Cache, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
-from ..config import FAST_PATHS, PE_TYPES, TapeConfig
+from ..config import PE_TYPES, TapeConfig
+from ..fast_paths import NAMES as FAST_PATH_NAMES
+from ..fast_paths import SETTINGS as FAST_PATH_SETTINGS
+from ..fast_paths import check_setting
 from ..experiments.provenance import environment, installed_version
 from ..experiments.statistics import interval
 from ..experiments.variants import VARIANTS, resolve_variant
@@ -71,7 +74,7 @@ class SpeedSize:
     vocab: int = 256
     decode_batches: tuple[int, ...] = (1, 8)
 
-    def config(self, row: str, fast_paths: str = "auto") -> TapeConfig:
+    def config(self, row: str, fast_paths="auto") -> TapeConfig:
         """An encoding or one of TAPE's variants (`tapelm.experiments.variants`) with the given fast-path setting.
         RandPE decodes on the given positions (a cache cannot be continued otherwise); it trains as always."""
         pe_type, options = resolve_variant(row)
@@ -115,13 +118,14 @@ GPU_SIZES = ("paper-1k", "paper-4k", "gqa-2k")
 @dataclass(frozen=True)
 class Options:
     """How every row is run: the device, bf16 autocast (training) and bf16 weights (decoding), compiled layers, and
-    the fast-path setting of tapelm's rows (`TapeConfig.fast_paths`; the peers have none)."""
+    the fast-path setting of tapelm's rows (`TapeConfig.fast_paths`: a setting or a tuple of path names; the peers
+    have none)."""
 
     device: torch.device
     bf16: bool = False
     compile: bool = False
     compile_backend: str = "inductor"  # the tests use dynamo's own "eager": the same graph capture, no C++ build
-    fast_paths: str = "auto"
+    fast_paths: str | tuple[str, ...] = "auto"
 
     def autocast(self):
         if not self.bf16:
@@ -134,7 +138,8 @@ class Options:
 
     def record(self) -> dict:
         return {**device_record(self.device), "dtype": "bf16" if self.bf16 else "float32", "compile": self.compile,
-                "compile_backend": self.compile_backend, "fast_paths": self.fast_paths}
+                "compile_backend": self.compile_backend,
+                "fast_paths": self.fast_paths if isinstance(self.fast_paths, str) else list(self.fast_paths)}
 
 
 def device_record(device: torch.device) -> dict:
@@ -171,7 +176,7 @@ def cache_bytes(cache) -> int:
                for layer in cache.layers)
 
 
-def build_model(size: SpeedSize, row: str, fast_paths: str = "auto") -> torch.nn.Module:
+def build_model(size: SpeedSize, row: str, fast_paths="auto") -> torch.nn.Module:
     """A tapelm encoding or variant with the given fast-path setting, or a peer (`PEERS`), at `size`, on the default
     device."""
     if row == "llama":
@@ -441,10 +446,13 @@ def _compile_budget():
     return config.patch(**{name: max(64, getattr(config, name))})
 
 
-def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool = True) -> dict[str, dict]:
+def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool = True,
+            update=None) -> dict[str, dict]:
     """Per row: its memory (measured alone), its median timings, and per repetition its timings and RoPE's taken in
     alternation with it (`samples`, `rope_samples`). Repetitions visit every row in turn. RoPE's own timings are the
-    median of all its paired ones. A row that runs out of memory is {"error": ...} and is not visited again."""
+    median of all its paired ones. A row that runs out of memory is {"error": ...} and is not visited again.
+    `update(results)`, where given, receives the results so far after every row's measurement (a row not yet
+    visited holds what was measured of it alone, `"repetitions": 0`)."""
     others = [row for row in rows if row != "rope"] or ["rope"]
     samples: dict[str, list[dict]] = {row: [] for row in others}
     paired: dict[str, list[dict]] = {row: [] for row in others}
@@ -463,6 +471,8 @@ def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool =
             failed[row] = f"out of memory: {str(error).splitlines()[0][:200]}"
             _free(options)
         steps.update()
+        if update is not None:
+            update(_summary(size, rows, static, samples, paired, failed))
 
     with _compile_budget():
         for row in rows:
@@ -475,6 +485,13 @@ def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool =
                     paired[r].append(rope)
                 attempt(row, visit)
     steps.close()
+    return _summary(size, rows, static, samples, paired, failed)
+
+
+def _summary(size: SpeedSize, rows: list[str], static: dict, samples: dict, paired: dict,
+             failed: dict) -> dict[str, dict]:
+    """`measure`'s results from what was measured so far."""
+    others = list(samples)
     if "rope" in failed:
         return {row: {"error": failed.get(row, "not measured: RoPE, every row's reference, " + failed["rope"])}
                 for row in rows}
@@ -485,8 +502,13 @@ def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool =
         if row in failed:
             results[row] = {"error": failed[row]}
             continue
+        if row not in static:
+            continue
         mine = rope_timings if row == "rope" else samples[row]
-        result = dict(static[row])
+        result = {**static[row], "repetitions": len(mine)}
+        if not mine:
+            results[row] = result
+            continue
         for key in _timed_keys(size):
             if key in mine[0]:
                 result[key] = statistics.median(sample[key] for sample in mine)
@@ -506,13 +528,13 @@ def ratios_to_rope(size: SpeedSize, results: dict[str, dict]) -> dict[str, dict[
     95% interval over repetitions); memory and cache bytes once (they do not vary). `decode_bytes_bound_batchB` is
     the tokens/s ratio a decoder bound by bytes would reach: RoPE's bytes read per decode step (weights and cache) over
     the row's."""
-    rope = results["rope"]
+    rope = results.get("rope", {"error": "not measured yet"})
     ratios: dict[str, dict[str, dict]] = {}
     for row, result in results.items():
         if "error" in result or "error" in rope:
             continue
         if row == "rope":
-            ratios[row] = {key: {"mean": 1.0, "n": size.repeats} for key in _timed_keys(size)}
+            ratios[row] = {key: {"mean": 1.0, "n": size.repeats} for key in _timed_keys(size) if key in result}
         else:
             ratios[row] = {key: interval([mine[key] / theirs[key] for mine, theirs in
                                           zip(result["samples"], result["rope_samples"])])
@@ -581,7 +603,9 @@ def _bound(entry: dict | None) -> str:
 
 def _fast_paths_label(options: dict) -> str:
     setting = options.get("fast_paths", "auto")
-    return "" if setting == "auto" else f", fast paths {setting}"
+    if setting == "auto":
+        return ""
+    return f", fast paths {setting if isinstance(setting, str) else ', '.join(setting) or 'none'}"
 
 
 def plot(report: dict, path: Path) -> None:
@@ -649,21 +673,28 @@ def check_device(name: str) -> torch.device:
 
 def run(sizes: list[SpeedSize], rows: list[str], out_dir: Path, options: Options, progress: bool = True,
         stem: str | None = None) -> dict:
-    """Measure every size, print the tables, write JSON and a PNG after each size (default name
-    speed-DEVICE-SIZES); returns the report."""
+    """Measure every size, print the tables, write the JSON after every row's measurement (each size's entry
+    `"complete": false` until its last repetition) and a PNG after each size (default name speed-DEVICE-SIZES);
+    returns the report."""
     rows = check_rows(rows, options.device)
     report = {"environment": {**environment(), "fla": installed_version("flash-linear-attention")},
               "options": options.record(), "sizes": {}}
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / (stem or f"speed-{options.device.type}-{'-'.join(size.name for size in sizes)}")
-    for size in sizes:  # results are written after every size, so a later failure loses nothing
-        results = measure(size, rows, options, progress)
-        entry = {"settings": asdict(size), "options": options.record(), "results": results,
-                 "ratios_to_rope": ratios_to_rope(size, results)}
-        report["sizes"][size.name] = entry
+    for size in sizes:  # the JSON is written after every row's measurement, so a run stopped early keeps it
+
+        def write(results: dict, complete: bool, size=size) -> dict:
+            entry = {"settings": asdict(size), "options": options.record(), "complete": complete,
+                     "results": results, "ratios_to_rope": ratios_to_rope(size, results)}
+            report["sizes"][size.name] = entry
+            temporary = stem.with_suffix(".json.tmp")
+            temporary.write_text(json.dumps(report, indent=1))
+            temporary.replace(stem.with_suffix(".json"))
+            return entry
+
+        entry = write(measure(size, rows, options, progress, update=lambda results: write(results, False)), True)
         print(format_table(size, entry), flush=True)
         print(flush=True)
-        stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
         plot(report, stem.with_suffix(".png"))
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
     return report
@@ -675,7 +706,8 @@ def _bench_speed(args: argparse.Namespace) -> None:
             raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
         torch.set_num_threads(args.threads)
     device = check_device(args.device)
-    options = Options(device, bf16=args.dtype == "bf16", compile=args.compile, fast_paths=args.fast_paths)
+    fast_paths = fast_path_setting(args.fast_paths)
+    options = Options(device, bf16=args.dtype == "bf16", compile=args.compile, fast_paths=fast_paths)
     if args.quick:
         sizes = ["quick"]
     else:
@@ -685,6 +717,14 @@ def _bench_speed(args: argparse.Namespace) -> None:
     rows = args.pe or [*PE_TYPES, *(peer for peer in PEERS if peer not in FLA_PEERS or fla_runs_on(device))]
     chosen = [SIZES[name] if args.repeats is None else replace(SIZES[name], repeats=args.repeats) for name in sizes]
     run(chosen, rows, Path(args.out), options, progress=not args.no_progress)
+
+
+def fast_path_setting(words: list[str]) -> str | tuple[str, ...]:
+    """`--fast-paths` as `TapeConfig.fast_paths` takes it: one of the settings, or a tuple of path names; a
+    ValueError names what is wrong."""
+    setting = words[0] if len(words) == 1 and words[0] in FAST_PATH_SETTINGS else tuple(words)
+    check_setting(setting)
+    return setting
 
 
 def add_arguments(bench) -> None:
@@ -708,10 +748,11 @@ def add_arguments(bench) -> None:
                        help="train with compile_layers() (torch.compile per decoder layer), and decode with a static "
                             "cache and the decode step compiled as one graph (CUDA graphs on a GPU; PaTH decodes "
                             "eagerly)")
-    speed.add_argument("--fast-paths", choices=FAST_PATHS, default="auto",
+    speed.add_argument("--fast-paths", nargs="+", default=["auto"], metavar="SETTING_OR_PATH",
                        help="tapelm's fast paths for every tapelm row, RoPE's and TAPE's alike: auto (those verified "
                             "on the device), on (every one the device offers: how a GPU visit measures the ones not "
-                            "yet verified), off (the reference paths) (default: %(default)s)")
+                            "yet verified), off (the reference paths), or path names to run exactly those "
+                            f"({', '.join(FAST_PATH_NAMES)}) (default: auto)")
     speed.add_argument("--repeats", type=int, help="repetitions (default: the size's; one gives no interval)")
     speed.add_argument("--out", default="bench-results", help="folder for the JSON and PNG (default: %(default)s)")
     speed.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")

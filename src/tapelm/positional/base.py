@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..cache import store_keys_values
+from ..fast_paths import FastPaths
 
 
 @dataclass
@@ -22,20 +23,20 @@ class PositionContext:
     """What a forward pass knows about positions, computed once and read by every layer.
 
     `query_positions` (batch, N) are the positions of the new tokens, `key_positions` (batch, T) those of every key
-    including the cached ones (only filled when the encoding asks for them). `tables` holds whatever the encoding
+    including the cached ones (only filled when the encoding asks for them). `paths` are the fast paths on for this
+    pass (`tapelm.fast_paths.resolve`): every hook with a fast path hands them to its operation's dispatcher. `tables` holds whatever the encoding
     precomputed (e.g. cos/sin), `bias` an optional additive logit bias (batch or 1, heads, N, T) shared by all layers
-    (a tensor or a `tapelm.attention.RowBias`).
+    (a tensor or a `tapelm.kernels.attention.RowBias`).
     `token_mask` (batch, N) is True for the new tokens that are real and False for padding (None: no padding), so
     that per-token state (FoX's forget gates, PaTH's convolution) can ignore padding tokens.
-    `fast_paths` is the config's setting (`tapelm.fast_paths`), for hooks that have a fast path of their own.
     """
 
     query_positions: torch.Tensor
+    paths: FastPaths
     key_positions: torch.Tensor | None = None
     tables: dict[str, torch.Tensor] = field(default_factory=dict)
     bias: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
-    fast_paths: str = "auto"
 
 
 class Float32Buffers(nn.Module):
@@ -73,7 +74,7 @@ class LayerPositional(CustomInit):
 
     def logit_bias(self, q: torch.Tensor, k: torch.Tensor, valid: torch.Tensor | None, ctx: PositionContext):
         """An extra additive bias (B, H, N, T) computed from q and all keys, or None: a tensor, or a
-        `tapelm.attention.RowBias` that builds it for any block of queries (so attention need not keep all of it).
+        `tapelm.kernels.attention.RowBias` that builds it for any block of queries (so attention need not keep all of it).
         `valid` is the boolean mask."""
         return None
 

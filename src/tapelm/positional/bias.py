@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from ..attention import RowBias
+from ..kernels.attention import RowBias
 from ..masks import tracing
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 

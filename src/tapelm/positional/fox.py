@@ -21,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import RowBias
 from ..cache import last_cached_state, store_keys_values, store_state
-from ..kernels import fla
+from ..kernels.forgetting_attention import forgetting_attention_bias
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 
 
@@ -74,11 +73,4 @@ class FoXLayer(LayerPositional):
         every = store_state(cache, layer_idx, "forget", cumulative)  # (B, H, T, 1)
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         every = every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
-
-        def kernel(q, k, v, mask, scale):
-            ops = fla.operations(q)
-            return None if ops is None else fla.forgetting_attention(ops, q, k, v, log_f, mask, scale)
-
-        bias = RowBias(lambda start, end, keys: (cumulative[..., start:end, :] - every[..., :keys]).to(q.dtype),
-                       q.shape[-2], kernel)
-        return q, k, stream, bias
+        return q, k, stream, forgetting_attention_bias(log_f, cumulative, every, q.dtype)

@@ -11,7 +11,6 @@ import torch
 from transformers.modeling_rope_utils import dynamic_rope_update
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..kernels.fused import fused_operations
 from ..kernels.rotation import rotate_pairs
 from .base import Float32Buffers, LayerPositional, PositionalEncoding, PositionContext
 
@@ -40,16 +39,12 @@ class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
 
 
 class RotaryLayer(LayerPositional):
-    """Rotate q and k with the tables the model-level encoding prepared (through fla's kernel where the fast path
-    "fused-modules" is on)."""
+    """Rotate q and k with the tables the model-level encoding prepared."""
 
     def transform_qk(self, q, k, state, ctx: PositionContext):
         tables = ctx.tables
-        ops = fused_operations(q, ctx.fast_paths)
-        if ops is not None:
-            return ops.rotary(q, tables["q_cos"], tables["q_sin"]), ops.rotary(k, tables["k_cos"], tables["k_sin"])
-        return (rotate_pairs(q, tables["q_cos"], tables["q_sin"], ctx.fast_paths),
-                rotate_pairs(k, tables["k_cos"], tables["k_sin"], ctx.fast_paths))
+        return (rotate_pairs(q, tables["q_cos"], tables["q_sin"], ctx.paths),
+                rotate_pairs(k, tables["k_cos"], tables["k_sin"], ctx.paths))
 
 
 class RoPE(PositionalEncoding):

@@ -140,8 +140,8 @@ class TapeLayer(LayerPositional):
     def transform_qk(self, q, k, state, ctx: PositionContext):
         if self.compact:  # each pair rotated by the complex number (a_i, b_i) of the state [a | b]
             a, b = state.chunk(2, dim=-1)
-            q = rotate_pairs(group_queries(q, self.kv_heads), a[:, :, None], b[:, :, None], ctx.fast_paths)
-            return q.flatten(1, 2), rotate_pairs(k, a, b, ctx.fast_paths)
+            q = rotate_pairs(group_queries(q, self.kv_heads), a[:, :, None], b[:, :, None], ctx.paths)
+            return q.flatten(1, 2), rotate_pairs(k, a, b, ctx.paths)
         return self._transform_blocks(q, state, grouped=True), self._transform_blocks(k, state, grouped=False)
 
     def _transform_blocks(self, x: torch.Tensor, state: torch.Tensor, grouped: bool) -> torch.Tensor:
@@ -180,7 +180,7 @@ class TapeLayer(LayerPositional):
         mix = self._token_maps(F.silu(self.gate(mlp_out)))
         if self.dense:
             return state + state_delta(state, mix) @ self.mlp_dense
-        return mix_state(state, mix, ctx.fast_paths)
+        return mix_state(state, mix, ctx.paths)
 
     def _token_maps(self, z: torch.Tensor) -> torch.Tensor:
         """The MLP update's map W_down diag(z) W_up of each token (cheaper than materialising W_up E): z (B, N, I) ->

@@ -7,8 +7,8 @@ appended to the last one (and, under a causal mask, lets those first tokens see 
 shifted heads here treat the first and last half-groups as two groups of their own: nothing ever sees the future.
 
 Each group is attended as its own batch row (the reshape that makes S²-Attn cheap). Evaluation uses full attention:
-`shifted_sparse_attention(model, group)` sets S²-Attn as the attention function of that model's attention modules
-only inside its `with` block; other models in the process are untouched.
+`shifted_sparse_attention(model, group)` registers S²-Attn with transformers' `AttentionInterface` and sets it as
+that model's `attn_implementation` only inside its `with` block; other models in the process are untouched.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..attention import AttentionMask
-from ..modeling import attention_modules
+from transformers import AttentionInterface, PreTrainedModel
+
+from ..kernels.attention import padded_attention
 
 
 def _grouped_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float) -> torch.Tensor:
@@ -75,45 +76,35 @@ def s2_reference_mask(heads: int, length: int, group: int) -> torch.Tensor:
     return torch.stack(masks)[None]
 
 
-def make_attend(group: int):
-    """An attention function (see tapelm.attention.AttentionFunction) computing S²-Attn for causal, unpadded, unbiased,
-    uncached training batches, and refusing anything else."""
+def attention_function(group: int):
+    """S²-Attn as an attention function of transformers' `AttentionInterface`: on causal, unpadded, unbiased,
+    uncached batches while the module trains (anything else refused), full attention (tapelm's reference call) while
+    it evaluates."""
 
-    def attend(q, k, v, mask: AttentionMask, bias, scale: float):
-        if bias is not None or mask.valid is not None or not mask.is_causal or q.shape[2] != k.shape[2]:
+    def attend(module, query, key, value, attention_mask, scaling: float, is_causal: bool = True, **_):
+        if not module.training:
+            return padded_attention(query, key, value, attention_mask, is_causal, scaling).transpose(1, 2), None
+        if attention_mask is not None or not is_causal or query.shape[2] != key.shape[2]:
             raise ValueError("S²-Attn (LongLoRA) needs causal, unpadded, uncached batches without a logit bias; "
                              "it is for training a RoPE model only")
-        return s2_attention(q, k, v, group, scale)
+        return s2_attention(query, key, value, group, scaling).transpose(1, 2), None
 
     return attend
 
 
 @contextlib.contextmanager
 def shifted_sparse_attention(model: torch.nn.Module, group: int) -> Iterator[None]:
-    """Inside this block every attention module of `model` computes S²-Attn with groups of `group` tokens while it is
-    in training mode, and full attention in eval mode (evaluations during training); on exit each gets back the
-    attention function it had."""
-    modules = attention_modules(model)
-    previous = [module.attention_function for module in modules]
-    s2 = make_attend(group)
-    for module, full in zip(modules, previous):
-        module.attention_function = _while_training(module, s2, full)
+    """Inside this block `model` (or the transformers models it wraps, as peft's does) computes S²-Attn with groups
+    of `group` tokens while it is in training mode, and full attention in eval mode (evaluations during training);
+    on exit each gets back the attention implementation it had."""
+    name = f"tapelm_s2_attention_{group}"
+    AttentionInterface.register(name, attention_function(group))
+    models = [module for module in model.modules() if isinstance(module, PreTrainedModel)]
+    previous = [module.config._attn_implementation for module in models]
+    for module in models:
+        module.set_attn_implementation(name)
     try:
         yield
     finally:
-        for module, function in zip(modules, previous):
-            module.attention_function = function
-
-
-def _while_training(module: torch.nn.Module, training_function, eval_function):
-    """An attention function that is `training_function` while `module` trains, and otherwise `eval_function` (None:
-    tapelm's own attention, as the module computes it without a custom function)."""
-
-    def function(q, k, v, mask, bias, scale: float):
-        if module.training:
-            return training_function(q, k, v, mask, bias, scale)
-        if eval_function is not None:
-            return eval_function(q, k, v, mask, bias, scale)
-        return module.own_attention(q, k, v, mask, bias, scale)
-
-    return function
+        for module, implementation in zip(models, previous):
+            module.set_attn_implementation(implementation)

@@ -91,9 +91,9 @@ class StateMixing(torch.autograd.Function):
         return grad_state.to(state.dtype), grad_mix.to(mix.dtype)
 
 
-def mix_state_fused(state: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+def mix_state_triton(state: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     """`mix_state_reference(state, mix)` through `StateMixing`."""
     return StateMixing.apply(state, mix)
 
 
-__all__ = ["StateMixing", "mix_state_fused"]
+__all__ = ["StateMixing", "mix_state_triton"]

@@ -1,9 +1,9 @@
-"""`rotate_halves` as Triton kernels: one program per (batch, KV head) and block of tokens reads the block's angles
-(a, b) once and rotates every query head of the KV head's group, or its key head, writing each output once; the
-backward pass writes the gradient of x and, where the angles need one (TAPE's state), their gradient summed over the
-group in the same pass. The reference makes a temporary per product and per sum (about a dozen passes over q and k in
-float32, forward and backward). Computes in float32 (float64 for float64 inputs). Runs on CUDA, and on the CPU under
-Triton's interpreter (`TRITON_INTERPRET=1`), which is how CI tests it."""
+"""`rotate_halves` as Triton kernels (fast path "rotation-triton"): one program per (batch, KV head) and block of
+tokens reads the block's angles (a, b) once and rotates every query head of the KV head's group, or its key head,
+writing each output once; the backward pass writes the gradient of x and, where the angles need one (TAPE's state),
+their gradient summed over the group in the same pass. The reference makes a temporary per product and per sum (about
+a dozen passes over q and k in float32, forward and backward). Computes in float32 (float64 for float64 inputs).
+Runs on CUDA, and on the CPU under Triton's interpreter (`TRITON_INTERPRET=1`), which is how CI tests it."""
 
 from __future__ import annotations
 
@@ -144,10 +144,10 @@ class KernelRotation(torch.autograd.Function):
         return grad_x if ctx.needs_input_grad[0] else None, grad_a, grad_b, None
 
 
-def rotate_halves_fused(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+def rotate_halves_triton(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                         dtype: torch.dtype | None = None) -> torch.Tensor:
     """`rotate_halves(x, a, b)` through `KernelRotation`, in `dtype` where given."""
     return KernelRotation.apply(x, a, b, dtype)
 
 
-__all__ = ["KernelRotation", "rotate_halves_fused", "takes"]
+__all__ = ["KernelRotation", "rotate_halves_triton", "takes"]
