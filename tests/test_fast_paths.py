@@ -286,6 +286,39 @@ def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradient
         torch.testing.assert_close(grads[True][name], grad, atol=1e-12, rtol=0, msg=name)
 
 
+def test_the_accuracy_rule_takes_a_tensor_made_by_cancellation_at_its_terms_size():
+    """A sum that is zero by law (8,192 terms that cancel in pairs), two summation orders as the two paths, in bf16:
+    float64's two orders disagree, so the rounding step is taken of the terms' size and the paths' bf16 noise passes
+    (the tensor's norm, 2e-14, would fail it: its errors are 0.33 against the reference path's 0.012); a path that is
+    off by 2 fails, as does a well-conditioned tensor off by one of its own roundings many times over."""
+    import accuracy
+
+    generator = torch.Generator().manual_seed(2)
+    terms = torch.randn(4096, dtype=torch.float64, generator=generator, device="cpu")
+    cancelling = torch.cat([terms, -terms])
+    orders = {setting: torch.randperm(cancelling.numel(), generator=generator, device="cpu")
+              for setting in ("off", "on")}
+
+    def run(setting, dtype, wrong=0.0, shift=0.0):
+        x = cancelling[orders[setting]].to(dtype)
+        zero = x.view(-1, 8).sum(1).view(-1, 8).sum(1).sum(0, keepdim=True)
+        sizeable = (3 * terms).to(dtype).sum(0, keepdim=True)
+        if setting == "on" and dtype != torch.float64:
+            zero, sizeable = zero + wrong, sizeable * (1 + shift)
+        return {"zero": zero, "sizeable": sizeable}
+
+    truth, other = run("off", torch.float64)["zero"], run("on", torch.float64)["zero"]
+    noise = (run("on", torch.bfloat16)["zero"].double() - truth).norm()
+    assert noise > accuracy.FACTOR * (run("off", torch.bfloat16)["zero"].double() - truth).norm() \
+        + accuracy.ROUNDING[torch.bfloat16] * truth.norm()
+    assert accuracy.rounding_scale(truth, other) > 1e3 * truth.norm()
+    compare_paths(run, torch.bfloat16)
+    with pytest.raises(AssertionError, match="zero: error"):
+        compare_paths(lambda setting, dtype: run(setting, dtype, wrong=2.0), torch.bfloat16)
+    with pytest.raises(AssertionError, match="sizeable: error"):
+        compare_paths(lambda setting, dtype: run(setting, dtype, shift=0.05), torch.bfloat16)
+
+
 def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
     """The fast paths add no parameter and change no name: a model saved with them loads with them off."""
     model = tiny_model("tape", dtype=torch.float64, fast_paths="on")

@@ -419,6 +419,30 @@ def test_out_naming_a_file_is_refused(tmp_path, capsys) -> None:
     assert error.count("\n") == 0 and "--out '" in error and "is a file; give a run folder" in error
 
 
+def test_provenance_trusts_git_only_where_tapelm_is_the_checkout(tmp_path) -> None:
+    """tapelm's own checkout gives its commit; a copy of the source inside another project's git checkout (as a GPU
+    visit once unpacked it) gives no commit rather than that project's."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tapelm.experiments import provenance
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=provenance.SOURCE_ROOT).stdout.strip()
+    if head:
+        assert provenance.environment()["commit"] == head
+    outer = tmp_path / "other-project"
+    shutil.copytree(provenance.SOURCE_ROOT / "src" / "tapelm", outer / "copy" / "src" / "tapelm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+        subprocess.run(["git", *command], cwd=outer, check=True, capture_output=True)
+    script = ("import json, sys; sys.path.insert(0, 'copy/src'); from tapelm.experiments import provenance as p; "
+              "print(json.dumps([p._git('rev-parse', 'HEAD'), p.SOURCE_ROOT.name]))")
+    printed = subprocess.run([sys.executable, "-c", script], cwd=outer, capture_output=True, text=True, check=True)
+    assert json.loads(printed.stdout) == [None, "copy"]
+
+
 def test_a_run_from_a_source_checkout_that_is_not_installed_writes_its_records(tmp_path, monkeypatch) -> None:
     """Without tapelm's package metadata (PYTHONPATH=src) every record is written; the commit identifies the code."""
     import importlib.metadata

@@ -23,11 +23,23 @@ def installed_version(package: str) -> str | None:
         return None
 
 
+SOURCE_ROOT = Path(__file__).resolve().parents[3]
+"""The folder holding src/tapelm: a source checkout's root."""
+
+
 def _git(*args: str) -> str | None:
-    """git's output in tapelm's source folder, or None where that is no git checkout."""
+    """git's output in tapelm's own checkout, or None where tapelm's source does not lie at the top of a git work
+    tree (an installed package; a copy of the tree inside another project's checkout, whose commit is not tapelm's)."""
+    top = _run_git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != SOURCE_ROOT:
+        return None
+    return _run_git(*args)
+
+
+def _run_git(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+                              cwd=SOURCE_ROOT).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
