@@ -483,6 +483,19 @@ def test_a_model_with_its_bias_on_the_efficient_kernel_computes_the_reference_fu
     compare_paths(run, DTYPE)
 
 
+def test_attention_over_blocks_runs_where_it_pays(monkeypatch):
+    """While autograd records, and on the CPU; on CUDA an inference pass whose whole bias is small enough builds it
+    whole (one kernel call), and one whose bias would be too large goes a block at a time."""
+    model = tiny_model("t5", fast_paths=["attention-blocks"], max_position_embeddings=512)
+    ids = tokens(1, 200)
+    for grad, limit in ((True, blocks.WHOLE_BIAS_LIMIT), (False, blocks.WHOLE_BIAS_LIMIT), (False, 0)):
+        monkeypatch.setattr(blocks, "WHOLE_BIAS_LIMIT", limit)
+        with torch.set_grad_enabled(grad), fast_paths.recording() as ran:
+            model(ids)
+        expected = grad or DEVICE.type == "cpu" or limit == 0
+        assert ran == ({"attention-blocks"} if expected else set()), (grad, limit)
+
+
 @pytest.mark.parametrize("encoding", ["cope", "path"])
 def test_attention_over_blocks_keeps_no_n_by_n_tensor(encoding):
     """What it is for: CoPE's and PaTH's training steps keep far less for the backward pass (CoPE's gates, positions

@@ -150,14 +150,15 @@ class FireFunction(CustomInit):
     def forward(self, ctx: PositionContext, dtype: torch.dtype) -> RowBias:
         """The bias (B, H, N, T), or (1, H, N, T) when every sequence has the same positions, for the context's query
         and key positions, built a block of queries at a time. The MLP runs once per distinct row of positions (one
-        for a batch without padding), not once per sequence: its hidden layer is the largest tensor FIRE makes.
+        for a batch without padding), not once per sequence: its hidden layer is the largest tensor FIRE makes (not in
+        a decoding step, whose one query makes it small: finding the distinct rows reads the device each step).
         While tracing the number of distinct rows is data, so there it runs once per sequence unless the positions
         are one row expanded (no padding)."""
         length = ctx.query_positions.shape[1]
         queries, keys = shared_positions(ctx)
         rows = torch.cat([queries, keys], dim=1)
         index = None
-        if len(rows) > 1 and not tracing(rows):
+        if len(rows) > 1 and length > 1 and not tracing(rows):  # a decoding step's MLP is a row per key: cheap
             rows, index = torch.unique(rows, dim=0, return_inverse=True)
         queries, keys = rows[:, :length], rows[:, length:]
 

@@ -41,7 +41,7 @@ def _split(out: torch.Tensor, value_width: int) -> Outputs:
 
 
 def _blocks(q, k, stream, value_width, mask, bias, scale, paths):
-    if not isinstance(bias, RowBias) or q.shape[-2] <= blocks.BIAS_BLOCK:
+    if not isinstance(bias, RowBias) or q.shape[-2] <= blocks.BIAS_BLOCK or not blocks.worth_it(q, k):
         return None
 
     def attend_rows(q_rows, k_rows, v_rows, rows_mask, rows_bias):

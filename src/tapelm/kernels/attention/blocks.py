@@ -13,6 +13,21 @@ BIAS_BLOCK = 128
 was faster than 256 and than 64 for CoPE and FoX (not a committed measurement; docs/SPEED.md has the result)."""
 
 
+WHOLE_BIAS_LIMIT = 2**28
+"""On CUDA without gradients, the most elements (B x H x N x T) a bias may have to be built whole instead."""
+
+
+def worth_it(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether to attend a block of queries at a time: always while autograd records (it keeps no N x T tensor for
+    the backward pass) and on the CPU (a causal block skips the later keys); on CUDA without gradients only where the
+    whole bias would exceed `WHOLE_BIAS_LIMIT`, since there it is transient and one kernel call over it beats a call
+    per block (prefill of 2,048 tokens through blocks: T5 6.8x and FIRE 11.3x RoPE's on an H200,
+    docs/gpu/h200-2026-11-27/)."""
+    if torch.is_grad_enabled() or q.device.type != "cuda":
+        return True
+    return q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] > WHOLE_BIAS_LIMIT
+
+
 def chunked_bias_attention(q, k, v, mask: AttentionMask, bias: RowBias, attend_rows) -> torch.Tensor:
     """`attend_rows(q, k, v, mask, bias)`, the attention of a block of queries with its bias as a tensor, a block of
     `BIAS_BLOCK` queries at a time over the keys up to the last one the block sees (a causal block skips the later
@@ -36,4 +51,4 @@ def chunked_bias_attention(q, k, v, mask: AttentionMask, bias: RowBias, attend_r
 
 
 
-__all__ = ["BIAS_BLOCK", "chunked_bias_attention"]
+__all__ = ["BIAS_BLOCK", "WHOLE_BIAS_LIMIT", "chunked_bias_attention", "worth_it"]
