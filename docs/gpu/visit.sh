@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A GPU visit in stages that fit the device tool's limits (15 minutes of device time a session, 10 a command, 8 files
-# back): what the issue "TAPE at nearly RoPE's cost" and the CUDA fast paths wait for.
+# back). docs/GPU.md says what each fast path gave when measured and what the next visit is for.
 #
 # Here, once, in the repository root (the GPU machine reaches no package registry):
 #   echo /.whl/ >> .git/info/exclude && bash docs/gpu/visit.sh prepare
@@ -8,14 +8,19 @@
 # huggingface_hub and tokenizers stay). There, as the device tool's command, carrying .whl:
 #   bash docs/gpu/visit.sh run "$OUT" SECONDS STAGE...
 # runs the stages in order, each only while it fits in SECONDS (each stage's own limit is below), and after each one
-# packs everything it wrote into OUT/visit.tgz (the logs and JSON; unpack it under docs/gpu/<device>/). The stages
-# after `tests` run with the fast paths the tests earned (on when they passed), the others with VISIT_FAST_PATHS
-# (auto, on or off; default auto). VISIT_TESTS (a pytest -k expression) and VISIT_WORKERS (default 8) shape the tests.
+# packs everything it wrote into OUT/visit.tgz (the logs and JSON; unpack it under docs/gpu/<device>-<date>/). The
+# benchmark stages run on the default paths (`fast_paths="auto"`: those the tests of an earlier visit verified) unless
+# VISIT_FAST_PATHS says otherwise (on, off, or path names). VISIT_TESTS (a pytest -k expression) and VISIT_WORKERS
+# (default 8) shape the tests. VISIT_DRY_RUN=1 prints each stage's command instead of running it.
 # Stages:
-#   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), on 8
-#                pytest workers, each test named in the log as it ends; it takes what is left of SECONDS, up to
-#                VISIT_TESTS_SECONDS (default 480) so that later stages keep their time, and runs only if 150 s are left
-#   eager-1k     bench speed, 12 x 768 at 1,024 x 16, bf16 autocast: RoPE, TAPE and transformers' Llama
+#   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), the
+#                shared ones on VISIT_WORKERS pytest workers, each test that calls Triton kernels (fla's, tapelm's)
+#                in a process of its own, so that a CUDA fault fails that test only; it takes what is left of SECONDS,
+#                up to VISIT_TESTS_SECONDS (default 480), and runs only if 150 s are left
+#   speed-1k-all bench speed, 12 x 768 at 1,024 x 16, bf16 autocast, one repetition: every encoding, transformers'
+#                Llama and fla's FoX and PaTH models, the JSON written as each row's measurement ends (a stopped stage
+#                keeps every finished row)
+#   eager-1k     bench speed at 1,024 x 16: RoPE, TAPE and transformers' Llama, 3 repetitions
 #   reference-1k the same, RoPE and TAPE, every fast path off (the plain PyTorch paths: what the fast paths give)
 #   fast-1k      the same, RoPE and TAPE, every fast path on whether or not the tests passed (a measurement of the
 #                paths not yet verified)
@@ -26,51 +31,55 @@
 #                training step and compiled batch-1 decoding step (without CUDA graphs, each kernel seen)
 #   eager-4k     bench speed at 4,096 x 4, RoPE and TAPE
 #   gqa-2k       bench speed of the 24 x 1,024 GQA model at 2,048 x 8, RoPE and TAPE
-# Commit what comes back under docs/gpu/ with the device named, and move each fast path whose tests passed into
-# `tapelm.fast_paths.VERIFIED`.
+#   science      `tapelm stage`: the paper's claims at GPU scale, the next planned runs that fit in what is left of the
+#                visit, continuing from docs/results/compare (afterwards `tapelm report --root <unpacked>/science`
+#                merges them there; docs/RECIPES.md, "GPU scale")
+# Commit what comes back under docs/gpu/ with the device named, and turn on by default (the `verified` entries of
+# tapelm/fast_paths.py) each fast path whose tests passed.
 #
-# Seen on an H100 (2026-11-26, docs/gpu/h100-2026-11-26/ and -b/): a machine started in about 30 s; eager-1k took
-# 88 s, eager-4k 35-52 s, gqa-2k 52 s, compiled-1k about 200 s (mostly compiling); with the fast paths on, fla
-# autotunes each kernel inside the first stage that reaches it (fast-1k did not finish in 110 s, hence its 240 s).
-# The law tests took 265 s on 8 workers while every worker autotuned fla's kernels (16 workers were slower still);
-# the conftest now compiles one configuration per autotuned kernel under --device cuda.
-# Third visit (2026-11-27, docs/gpu/h100-2026-11-27/): the tests took 161 s, compiled-1k 232 s, fast-1k 163 s, and
-# eager-4k with every fast path on ran past 70 s (fla autotuning at the new size), hence the limits below. Within 900 s
-# of device time, a first call `VISIT_TESTS_SECONDS=200 run "$OUT" 590 tests paths-1k fast-1k` runs the tests and
-# paths-1k, which says which fast path costs what at 1k (all of them together were slower there than none), and
-# fast-1k only if the tests end early; a second call on the warm machine, `run "$OUT" 240 profile-1k`, if time is
-# left (compiled-1k needs 270 s more).
+# The next visit, in one call of at most 9 minutes on an H100 (docs/GPU.md has what each stage is expected to take):
+#   VISIT_TESTS_SECONDS=200 bash docs/gpu/visit.sh run "$OUT" 530 tests speed-1k-all
+# and a visit for the science (about 11 device minutes with the start): bash docs/gpu/visit.sh run "$OUT" 590 science
+# Earlier visits (docs/gpu/h100-*/, h200-*/): a machine started in about 30 s to 2 minutes; the law tests took
+# 93-265 s on 8 workers; eager-1k 88 s, eager-4k 35-52 s, gqa-2k 52 s, compiled-1k about 200-232 s (mostly
+# compiling), fast-1k 163 s (fla autotunes each kernel inside the first stage that reaches it).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 wheels=(transformers==5.24.0 flash-linear-attention==0.6.0 fla-core==0.6.0 parameterized==0.9.0 dill==0.4.1
         "regex>=2025.10.22")
-declare -A limit=([tests]=150 [eager-1k]=120 [reference-1k]=70 [fast-1k]=200 [compiled-1k]=270 [eager-4k]=150
-                  [gqa-2k]=90 [paths-1k]=260 [profile-1k]=200)
+declare -A limit=([tests]=150 [speed-1k-all]=150 [science]=150 [eager-1k]=120 [reference-1k]=70 [fast-1k]=200 [compiled-1k]=270
+                  [eager-4k]=150 [gqa-2k]=90 [paths-1k]=260 [profile-1k]=200)
+# stages that keep what they finished when stopped: each takes what is left of the visit (tests at most
+# VISIT_TESTS_SECONDS), once its own limit above is left
+elastic=" tests speed-1k-all science "
 
-bench() {  # bench speed at SIZE with fast paths FAST into folder NAME; more arguments are passed on
+bench() {  # bench speed at SIZE with fast paths FAST (words) into folder NAME; more arguments are passed on
   local name=$1 size=$2 fast=$3
   shift 3
-  python3 -m tapelm.cli bench speed --device cuda --dtype bf16 --sizes "$size" --fast-paths "$fast" --no-progress \
+  # shellcheck disable=SC2086 (FAST may be several path names)
+  $python -m tapelm.cli bench speed --device cuda --dtype bf16 --sizes "$size" --fast-paths $fast --no-progress \
     --out "$work/$name" "$@"
 }
 
-stage() {  # run stage NAME; FAST is the fast-path setting the tests earned
+stage() {  # run stage NAME; FAST is the fast-path setting of the benchmark stages
   case $1 in
-    tests)  # 8 workers; with pytest-timeout (on the GPU image) a test that hangs fails after 240 s instead;
-      # VISIT_TESTS, a pytest -k expression, keeps only the tests it names (e.g. a rerun of the files that failed)
-      local options="-n ${VISIT_WORKERS:-8} -vv"  # -vv against the doctor's -q: each test named
-      python3 -c "import pytest_timeout" 2>/dev/null && options="$options --timeout 240"
-      [[ -n ${VISIT_TESTS:-} ]] && options="$options -k '$VISIT_TESTS'"
-      PYTEST_ADDOPTS=$options python3 -m tapelm.cli doctor --out "$work/tests" --skip speed training generation ;;
+    tests)  # VISIT_TESTS, a pytest -k expression, keeps only the tests it names (e.g. a rerun of those that failed)
+      $python -m tapelm.cli doctor --out "$work/tests" --skip speed training generation \
+        --workers "${VISIT_WORKERS:-8}" ${VISIT_TESTS:+--select "$VISIT_TESTS"} ;;
+    speed-1k-all) bench speed-1k-all paper-1k "$fast" --repeats 1 --pe rope tape llama t5 fire cope fox fla-fox path \
+      fla-path alibi xpos randpe nope sinusoidal learned ;;
+    science)  # the next GPU-scale comparison runs that fit, continuing from the archived ones; 25 s to write back
+      $python -m tapelm.cli stage --budget-seconds "$((seconds - 25))" --out "$work/science" \
+        --archive docs/results/compare --data-workers 12 --no-progress ;;
     eager-1k) bench eager-1k paper-1k "$fast" --pe tape llama --repeats 3 ;;
     reference-1k) bench reference-1k paper-1k off --pe tape --repeats 2 ;;
     fast-1k) bench fast-1k paper-1k on --pe tape --repeats 3 ;;
     compiled-1k) bench compiled-1k paper-1k "$fast" --pe tape --repeats 2 --compile ;;
     eager-4k) bench eager-4k paper-4k "$fast" --pe tape --repeats 2 ;;
     gqa-2k) bench gqa-2k gqa-2k "$fast" --pe tape --repeats 2 ;;
-    paths-1k) python3 docs/gpu/fast_path_ablation.py --device cuda --dtype bf16 --size paper-1k --repeats 4 \
+    paths-1k) $python docs/gpu/fast_path_ablation.py --device cuda --dtype bf16 --size paper-1k --repeats 4 \
       --out "$work/paths-1k" ;;
-    profile-1k) python3 docs/gpu/profile_steps.py --device cuda --dtype bf16 --size paper-1k --fast-paths "$fast" \
+    profile-1k) $python docs/gpu/profile_steps.py --device cuda --dtype bf16 --size paper-1k --fast-paths "$fast" \
       --out "$work/profile-1k" ;;
     *) echo "unknown stage $1" >&2; return 2 ;;
   esac
@@ -85,33 +94,38 @@ case "${1:-}" in
   run)
     out=${2:?usage: visit.sh run OUT_DIR SECONDS STAGE...} budget=${3:?seconds}
     shift 3
-    deadline=$((SECONDS + budget)) work=$(mktemp -d) fast=${VISIT_FAST_PATHS:-auto} status=0
+    deadline=$((SECONDS + budget)) work=$(mktemp -d) fast=${VISIT_FAST_PATHS:-auto} status=0 python=python3
     mkdir -p "$out"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$work/device.txt"
-    python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)" \
-      | tee -a "$work/device.txt"
+    if [[ -n ${VISIT_DRY_RUN:-} ]]; then  # each stage prints its command instead of running it (tests/test_visit.py)
+      python="echo python3"
+    else
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+      export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$work/device.txt"
+      python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)" \
+        | tee -a "$work/device.txt"
+    fi
     for name in "$@"; do
       if ((SECONDS + ${limit[$name]:-0} > deadline)); then
         echo "== $name: skipped, $((deadline - SECONDS)) s left of the visit, the stage may take ${limit[$name]:-?} s"
         continue
       fi
       seconds=${limit[$name]}
-      cap=${VISIT_TESTS_SECONDS:-480}
-      [[ $name == tests ]] && seconds=$((deadline - SECONDS < cap ? deadline - SECONDS : cap))
+      if [[ $elastic == *" $name "* ]]; then
+        cap=$((deadline - SECONDS))
+        [[ $name == tests ]] && cap=$((cap < ${VISIT_TESTS_SECONDS:-480} ? cap : ${VISIT_TESTS_SECONDS:-480}))
+        seconds=$cap
+      fi
       echo "== $name (fast paths $fast; at most $seconds s)"
       started=$SECONDS
-      timeout "$seconds" bash -c "$(declare -f bench stage); work=$work fast=$fast stage $name" \
+      timeout "$seconds" bash -c "$(declare -f bench stage); work='$work' fast='$fast' seconds=$seconds \
+        python='$python' stage $name" \
         > "$work/$name.log" 2>&1
       code=$?
       echo "== $name: exit $code after $((SECONDS - started)) s"
       tail -n 25 "$work/$name.log"
       ((code == 0)) || status=1
-      if [[ $name == tests ]] && grep -q '"status": "passed"' "$work"/tests/doctor-*.json 2>/dev/null; then
-        fast=on
-      fi
       tar czf "$out/visit.tgz" -C "$work" .
     done
     exit $status
