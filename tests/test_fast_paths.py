@@ -391,7 +391,26 @@ def test_every_fast_path_is_one_candidate_of_one_dispatcher_beside_its_reference
         for name, function in inspect.getmembers(dispatcher, inspect.isfunction):
             parameter = inspect.signature(function).parameters.get("paths")
             assert parameter is None or parameter.default is inspect.Parameter.empty, (folder.name, name)
+        assert [candidate.path for candidate in dispatcher.CANDIDATES] == [
+            path.name for path in fast_paths.PATHS if path.operation == operation]  # in the registry's order
     assert sorted(seen) == sorted(fast_paths.NAMES)
+
+
+def test_the_gpu_page_lists_every_fast_path_where_it_runs_by_default():
+    """docs/GPU.md's table: every path in the registry's order, "on by default" as `verified` says."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "GPU.md").read_text()
+    table = page.split("<!-- fast-paths:begin")[1].split("<!-- fast-paths:end -->")[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    listed = [(cells[0].strip("| `"), cells[-1].strip(" |")) for cells in rows]
+
+    def default(path):
+        devices = [device if encodings is None else f"{device} ({', '.join(encodings)})"
+                   for device, encodings in path.verified.items()]
+        return "; ".join(devices) or "no"
+
+    assert listed == [(path.name, default(path)) for path in fast_paths.PATHS]
 
 
 def test_tapelms_triton_kernels_take_floating_tensors_on_cuda_or_under_the_interpreter(monkeypatch):

@@ -46,6 +46,14 @@ H200 = "docs/gpu/h200-2026-11-27"
 """The GPU record that verified the CUDA entries below (`pytest --device cuda -m device`, all of them passed)."""
 
 PATHS: tuple[FastPath, ...] = (
+    FastPath("attention", "blocks",
+             "a bias built per block of queries inside activation checkpoints, so no N x T tensor per head is kept "
+             "(kernels/attention/blocks.py); on CUDA verified for every encoding but FIRE, whose gradients missed the "
+             "accuracy rule there",
+             {"cpu": EVERY_ENCODING, "cuda": ("alibi", "t5", "cope", "fox", "path")}),
+    FastPath("attention", "efficient",
+             "a bias that needs a gradient (T5, FIRE, CoPE, FoX, PaTH) as SDPA's float mask on CUDA's "
+             "memory-efficient kernel, which computes the mask's gradient itself (kernels/attention/efficient.py)"),
     FastPath("attention", "cpu-flash",
              "SDPA's CPU flash kernel for a value stream wider than q and k, keeping only the unpadded q and k for a "
              "backward pass of plain products over blocks of queries (kernels/attention/cpu_flash.py)",
@@ -54,14 +62,6 @@ PATHS: tuple[FastPath, ...] = (
              "a value wider than q and k without zero-padding them, on CUDA's kernels that take it: cuDNN (training) "
              "or memory-efficient (kernels/attention/unpadded.py)",
              {"cuda": EVERY_ENCODING}),
-    FastPath("attention", "efficient",
-             "a bias that needs a gradient (T5, FIRE, CoPE, FoX, PaTH) as SDPA's float mask on CUDA's "
-             "memory-efficient kernel, which computes the mask's gradient itself (kernels/attention/efficient.py)"),
-    FastPath("attention", "blocks",
-             "a bias built per block of queries inside activation checkpoints, so no N x T tensor per head is kept "
-             "(kernels/attention/blocks.py); on CUDA verified for every encoding but FIRE, whose gradients missed the "
-             "accuracy rule there",
-             {"cpu": EVERY_ENCODING, "cuda": ("alibi", "t5", "cope", "fox", "path")}),
     FastPath("rotation", "triton",
              "the rotation of q and k by RoPE's tables or TAPE's state as Triton kernels, the state's gradient summed "
              "over a query group in the same pass (kernels/rotation/triton.py)",
@@ -84,6 +84,7 @@ PATHS: tuple[FastPath, ...] = (
              "the output projection and the cross-entropy through fla's fused kernel, no logits made, in training "
              "with labels (kernels/loss/fla.py)"),
 )
+"""In the order each operation tries them."""
 BY_NAME: dict[str, FastPath] = {path.name: path for path in PATHS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
 assert len(NAMES) == len(PATHS), "two fast paths share a name"
