@@ -98,3 +98,18 @@ def test_an_eager_decoding_step_mixes_as_a_sequence_does(layout):
     from tapelm.kernels.state_mixing import mix_state_reference
 
     check_one_token_at_a_time(mix_state_reference, mix_state_reference, layout)
+
+
+def test_a_decoding_step_stays_on_the_reference(monkeypatch):
+    """One token's update is one call on the reference path, fewer launches than the kernel's: where the kernels
+    could run (here Triton's interpreter), a one-token step does not take them."""
+    pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
+    from tapelm import fast_paths
+    from tapelm.kernels.state_mixing import mix_state, mix_state_reference
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    state, mix = (torch.randn(*shape, dtype=torch.float64, device="cpu") for shape in ((2, 3, 1, 6), (2, 1, 3, 3)))
+    with fast_paths.recording() as ran:
+        out = mix_state(state, mix, frozenset({"state-mixing-triton"}))
+    assert ran == set()
+    torch.testing.assert_close(out, mix_state_reference(state, mix), atol=0, rtol=0)
