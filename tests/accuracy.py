@@ -76,17 +76,19 @@ def rounding_scale(expected: torch.Tensor, other_order: torch.Tensor) -> float:
     return max(norm, other_order.norm().item(), disagreement) / ROUNDING[torch.float64]
 
 
-def compare_models_through_path(path: str, encodings: tuple[str, ...], device, dtype: torch.dtype) -> None:
-    """Tiny models of `encodings` with fast path `path` alone (`fast_paths=[path]`) against the reference paths: the
-    loss and every parameter's gradient (`compare_paths`); the path must have run. On the CPU tapelm's Triton kernels
-    run under Triton's interpreter (`TRITON_INTERPRET=1`)."""
+def compare_models_through_path(path: str, encodings: tuple[str, ...], device, dtype: torch.dtype,
+                                **overrides) -> None:
+    """Tiny models of `encodings` (with config `overrides`) with fast path `path` alone (`fast_paths=[path]`)
+    against the reference paths: the loss and every parameter's gradient (`compare_paths`); the path must have run.
+    On the CPU tapelm's Triton kernels run under Triton's interpreter (`TRITON_INTERPRET=1`)."""
     from conftest import tiny_model, tokens
     from tapelm import fast_paths
 
     ids = tokens(2, 9).to(device)
     for encoding in encodings:
         def run(setting, setting_dtype, encoding=encoding):
-            model = tiny_model(encoding, dtype=setting_dtype, fast_paths=[path] if setting == "on" else []).to(device)
+            model = tiny_model(encoding, dtype=setting_dtype, fast_paths=[path] if setting == "on" else [],
+                               **overrides).to(device)
             with fast_paths.recording() as ran:
                 loss = model.train()(ids, labels=ids).loss
                 loss.backward()

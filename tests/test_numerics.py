@@ -8,6 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
 from tapelm.kernels.attention import naive as reference_attention
+from tapelm.kernels.state_update import add_attended
 from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 
@@ -164,10 +165,10 @@ def test_tape_state_updates_keep_the_state_in_float32_under_bf16_autocast(tokens
     attended = draw(2, config.num_attention_heads, tokens_in_step, config.head_dim)
     mlp_out = draw(2, tokens_in_step, config.hidden_size)
     layer.double()
-    expected = (layer.after_attention(state, attended, ctx), layer.after_mlp(state, mlp_out, ctx))
+    expected = (add_attended(state, attended, layer.attn_mix), layer.after_mlp(state, mlp_out, ctx))
     layer.float()
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-        actual = (layer.after_attention(state.float(), attended.bfloat16(), ctx),
+        actual = (add_attended(state.float(), attended.bfloat16(), layer.attn_mix),
                   layer.after_mlp(state.float(), mlp_out.float(), ctx))
     for name, got, want in zip(("attention update", "MLP update"), actual, expected):
         assert got.dtype == torch.float32, name
@@ -182,7 +183,7 @@ def test_tape_attention_update_takes_features_of_another_dtype_than_the_state():
     state = torch.randn(2, config.num_key_value_heads, 3, config.head_dim, generator=generator, device="cpu")
     attended = torch.randn(2, config.num_attention_heads, 3, config.head_dim, generator=generator, device="cpu")
     state, attended = state.to(DEVICE), attended.to(DEVICE, torch.bfloat16)
-    updated = layer.after_attention(state, attended, ctx)
+    updated = add_attended(state, attended, layer.attn_mix)
     product = torch.einsum("gh,bhnf->bgnf", layer.attn_mix.bfloat16(), attended)
     assert updated.dtype == torch.float32
     torch.testing.assert_close(updated, state + product, rtol=0, atol=0.05 * product.abs().max().item())

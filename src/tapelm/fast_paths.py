@@ -71,6 +71,10 @@ PATHS: tuple[FastPath, ...] = (
     FastPath("rotation", "autograd",
              "the rotation as an autograd function with a hand-written backward (kernels/rotation/autograd.py)",
              {"cpu": EVERY_ENCODING, "cuda": EVERY_ENCODING}),
+    FastPath("state-update", "triton",
+             "TAPE's two updates of the state in a layer (the attention branch's head mixing and the MLP branch's "
+             "per-token maps, with their residual sums) as one Triton program per token, forward and backward "
+             "(kernels/state_update/triton.py)"),
     FastPath("state-mixing", "triton",
              "TAPE's MLP-branch update of the state, one Triton program per token (kernels/state_mixing/triton.py)",
              {"cuda": EVERY_ENCODING}),

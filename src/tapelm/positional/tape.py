@@ -14,12 +14,15 @@ head (the first layer), the cache holds E once per token beside V. Two exact rep
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.rotation import rotate_pairs
-from ..kernels.state_mixing import fused_when_compiled, mix_state, plus_product, state_delta
+from ..kernels.state_mixing import fused_when_compiled, mix_state, state_delta
+from ..kernels.state_update import in_dtype, update_state
 from .base import LayerPositional, PositionalEncoding, PositionContext
 from .rotary import TapeRotaryEmbedding, group_queries
 
@@ -90,6 +93,13 @@ class TapeEncoding(PositionalEncoding):
         return TapeLayer(self.config, updates=self.config.tape_updates_layer(layer_idx))
 
 
+class PendingUpdate(NamedTuple):
+    """A state whose attention-branch update is still to be added: the state and the attention output of E."""
+
+    state: torch.Tensor
+    attended: torch.Tensor
+
+
 class TapeLayer(LayerPositional):
     """Per-layer TAPE: q/k transformed by E, then E updated through the attention probabilities and a content gate.
 
@@ -158,29 +168,36 @@ class TapeLayer(LayerPositional):
         return state if self.attention_update else None
 
     def after_attention(self, state, attended, ctx: PositionContext):
+        """The equivariant state's head-mixing update waits for the MLP's (`PendingUpdate`): neither feeds the hidden
+        states, so `after_mlp` runs both at once (`tapelm.kernels.state_update`)."""
         if not self.attention_update:
             return state
+        if not (self.per_head or self.dense):
+            return PendingUpdate(state, attended)
         if self.per_head:
             weighted = attended * self.attn_gain.to(attended.dtype)[:, None, None]
             delta = group_queries(weighted, self.kv_heads).sum(2)
         elif fused_when_compiled(attended.shape[-2]):
-            delta = (self.attn_mix.to(attended.dtype)[None, :, :, None, None] * attended[:, None]).sum(2)
-        else:  # one (Hkv x H) @ (H x N * F) product per sequence, the sum with the state in the same call
+            delta = (in_dtype(self.attn_mix, attended.dtype)[None, :, :, None, None] * attended[:, None]).sum(2)
+        else:  # one (Hkv x H) @ (H x N * F) product per sequence
             batch, heads, length, width = attended.shape
-            weight = _in_dtype(self.attn_mix, attended.dtype).expand(batch, -1, -1)
-            attended = attended.reshape(batch, heads, -1)
-            if not self.dense:
-                return plus_product(state.reshape(batch, self.kv_heads, -1), weight, attended).view(state.shape)
-            delta = torch.bmm(weight, attended).view(batch, self.kv_heads, length, width)
+            weight = in_dtype(self.attn_mix, attended.dtype).expand(batch, -1, -1)
+            delta = torch.bmm(weight, attended.reshape(batch, heads, -1)).view(batch, self.kv_heads, length, width)
         return state + (delta @ self.attn_dense if self.dense else delta)
 
     def after_mlp(self, state, mlp_out, ctx: PositionContext):
+        pending = state if isinstance(state, PendingUpdate) else None
+        if pending is not None:
+            state = pending.state
         if not self.mlp_update:
-            return state
+            return state if pending is None else update_state(state, pending.attended, self.attn_mix, None,
+                                                               ctx.paths)
         mix = self._token_maps(F.silu(self.gate(mlp_out)))
         if self.dense:
             return state + state_delta(state, mix) @ self.mlp_dense
-        return mix_state(state, mix, ctx.paths)
+        if pending is None:
+            return mix_state(state, mix, ctx.paths)
+        return update_state(state, pending.attended, self.attn_mix, mix, ctx.paths)
 
     def _token_maps(self, z: torch.Tensor) -> torch.Tensor:
         """The MLP update's map W_down diag(z) W_up of each token (cheaper than materialising W_up E): z (B, N, I) ->
@@ -189,13 +206,8 @@ class TapeLayer(LayerPositional):
         (a decoding step runs this in every layer, so it avoids even the calls that change nothing)."""
         tokens = z.shape[-2]
         if tokens == 1 and not fused_when_compiled(tokens):  # (Hkv, I) * (B, 1, I): the token axis takes Hkv's place
-            maps = _in_dtype(self.mix_down * z, z.dtype) @ _in_dtype(self.mix_up, z.dtype)
+            maps = in_dtype(self.mix_down * z, z.dtype) @ in_dtype(self.mix_up, z.dtype)
             return maps.unsqueeze(-3)
         pairs = (self.mix_down.t()[:, :, None] * self.mix_up[:, None, :]).flatten(1).to(z.dtype)
         mix = (z[..., None] * pairs).sum(-2) if fused_when_compiled(tokens) else z @ pairs
         return mix.unflatten(-1, (self.kv_heads, self.kv_heads))
-
-
-def _in_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in `dtype`, without a call where it already is (about 1 µs of dispatch, in each layer of a decoding step)."""
-    return x if x.dtype == dtype else x.to(dtype)
