@@ -10,9 +10,9 @@ code in. A step's measured time above its roofline is kernels that run below the
 RoPE's is what this code asks of any GPU.
 
 `--paths` counts the step with those fast paths on (the models' `fast_paths`), for both rows: the plain PyTorch ones
-run as they are; the Triton kernels of tapelm ("rotation-triton", "state-mixing-triton") and of fla ("rotation-fla",
-"norm-fla", "mlp-fla", "loss-fla": the rotary embedding, RMSNorm, SwiGLU, the output projection with the loss) cannot
-run here, so they are taken as running on the CPU and each launch is counted as one operation moving the bytes of the
+run as they are; the Triton kernels of tapelm ("rotation-triton", "state-mixing-triton", "state-update-triton") and
+of fla ("rotation-fla", "norm-fla", "mlp-fla", "loss-fla": the rotary embedding, RMSNorm, SwiGLU, the output
+projection with the loss) cannot run here, so they are taken as running on the CPU and each launch is counted as one operation moving the bytes of the
 tensors it is handed (each element once: what the kernel reads and writes), its outputs left unwritten (no byte count
 depends on values).
 
@@ -44,8 +44,8 @@ ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default: False,
 NO_TRAFFIC = {aten.detach.default, aten._unsafe_view.default, aten.empty.memory_format, aten.empty_like.default,
               aten.new_empty_strided.default, aten.empty_strided.default, aten.new_empty.default}
 MATRIX = {"mm", "bmm", "addmm", "baddbmm"}
-PATHS = ("rotation-autograd", "rotation-triton", "state-mixing-triton", "rotation-fla", "norm-fla", "mlp-fla",
-         "loss-fla")
+PATHS = ("rotation-autograd", "rotation-triton", "state-mixing-triton", "state-update-triton", "rotation-fla", "norm-fla",
+         "mlp-fla", "loss-fla")
 """The fast paths `--paths` can count: those that RoPE's and TAPE's training steps take on CUDA and that run, or whose
 kernels can be counted, on the CPU."""
 H100 = {"bandwidth": 3.35e12, "bf16": 989e12, "float32": 67e12}
@@ -139,12 +139,15 @@ def kernels_counted():
     import tapelm.kernels as kernels
     import tapelm.kernels.rotation as rotation
     import tapelm.kernels.state_mixing as state_mixing
+    import tapelm.kernels.state_update as state_update
     from tapelm.kernels import FLA_DTYPES
     from tapelm.kernels.rotation import triton as rotation_kernels
     from tapelm.kernels.state_mixing import triton as mixing_kernels
+    from tapelm.kernels.state_update import triton as update_kernels
 
-    takes = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (kernels, "fla_takes")]
-    kernels = [(module, name) for module in (rotation_kernels, mixing_kernels)
+    takes = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (state_update, "triton_takes"),
+             (kernels, "fla_takes")]
+    kernels = [(module, name) for module in (rotation_kernels, mixing_kernels, update_kernels)
                + tuple(module for key, module in sys.modules.items() if key.startswith("fla.modules"))
                for name, value in vars(module).items() if isinstance(value, (JITFunction, Autotuner, Heuristics))]
     originals = [(module, name, getattr(module, name)) for module, name in takes + kernels]
