@@ -34,10 +34,8 @@ def test_bf16_angles_are_exact_to_65536(pe_type):
     ctx = PositionContext(paths=NONE, query_positions=positions())
     model.model.positional.prepare(ctx, torch.bfloat16)
     half = model.config.head_dim // 2
-    if pe_type == "rope":
-        cos, sin = ctx.tables["q_cos"][0, 0, :, :half], ctx.tables["q_sin"][0, 0, :, :half]
-    else:
-        cos, sin = ctx.tables["e0"][0, :, :half], ctx.tables["e0"][0, :, half:]
+    angles = ctx.tables["angles"][0, 0] if pe_type == "rope" else ctx.tables["e0"][0]  # [cos | sin]
+    cos, sin = angles[:, :half], angles[:, half:]
     ref_cos, ref_sin = reference(model.config.rope_parameters["rope_theta"], model.config.head_dim)
     # bf16 storage rounds to 2^-9 relative; float32 angles add at most ~65536 * 2^-24 rad.
     tolerance = 2**-8 + 65536 * 2**-24

@@ -2,7 +2,9 @@
 
 Angles are computed in float32 from integer positions whatever the model dtype, and use transformers' rotate-half
 pairing (dimension i pairs with i + head_dim/2), so weights of a Llama-family model mean the same thing here. The
-tables hold one cos and one sin per pair (head_dim/2 features: the two halves of transformers' tables are equal).
+table of a forward pass (`ctx.tables["angles"]`, (B or 1, 1, N, head_dim)) holds one cos and one sin per pair,
+[cos | sin] (the two halves of transformers' tables are equal): the layout of TAPE's state, which rotates q and k
+the same way (`tapelm.kernels.rotation`); xPos's keys have their own (`"key_angles"`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 from transformers.modeling_rope_utils import dynamic_rope_update
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from ..kernels.rotation import rotate_pairs
+from ..kernels.rotation import rotate_queries_and_keys
 from .base import Float32Buffers, LayerPositional, PositionalEncoding, PositionContext
 
 
@@ -42,9 +44,7 @@ class RotaryLayer(LayerPositional):
     """Rotate q and k with the tables the model-level encoding prepared."""
 
     def transform_qk(self, q, k, state, ctx: PositionContext):
-        tables = ctx.tables
-        return (rotate_pairs(q, tables["q_cos"], tables["q_sin"], ctx.paths),
-                rotate_pairs(k, tables["k_cos"], tables["k_sin"], ctx.paths))
+        return rotate_queries_and_keys(q, k, ctx.tables["angles"], ctx.paths, ctx.tables.get("key_angles"))
 
 
 class RoPE(PositionalEncoding):
@@ -55,9 +55,7 @@ class RoPE(PositionalEncoding):
         self.rotary = TapeRotaryEmbedding(config)
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
-        cos, sin = self.rotary.tables(ctx.query_positions, dtype)
-        cos, sin = cos[:, None].to(dtype), sin[:, None].to(dtype)
-        ctx.tables.update(q_cos=cos, q_sin=sin, k_cos=cos, k_sin=sin)
+        ctx.tables["angles"] = torch.cat(self.rotary.tables(ctx.query_positions, dtype), dim=-1)[:, None].to(dtype)
 
     def make_layer(self, layer_idx: int) -> LayerPositional:
         return RotaryLayer()
@@ -118,7 +116,5 @@ class XPos(RoPE):
         power = (ctx.query_positions.to(cos.dtype) - self.centre)[..., None] / self.scale_base
         half = self.head_dim // 2
         scale = ((torch.arange(half, dtype=power.dtype, device=power.device) / half + 0.4) / 1.4) ** power
-        ctx.tables.update(
-            q_cos=(cos * scale)[:, None].to(dtype), q_sin=(sin * scale)[:, None].to(dtype),
-            k_cos=(cos / scale)[:, None].to(dtype), k_sin=(sin / scale)[:, None].to(dtype),
-        )
+        ctx.tables.update(angles=torch.cat([cos * scale, sin * scale], dim=-1)[:, None].to(dtype),
+                          key_angles=torch.cat([cos / scale, sin / scale], dim=-1)[:, None].to(dtype))

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.rotation import rotate_pairs
+from ..kernels.rotation import rotate_queries_and_keys
 from ..kernels.state_mixing import fused_when_compiled, mix_state, state_delta
 from ..kernels.state_update import in_dtype, update_state
 from .base import LayerPositional, PositionalEncoding, PositionContext
@@ -149,9 +149,7 @@ class TapeLayer(LayerPositional):
 
     def transform_qk(self, q, k, state, ctx: PositionContext):
         if self.compact:  # each pair rotated by the complex number (a_i, b_i) of the state [a | b]
-            a, b = state.chunk(2, dim=-1)
-            q = rotate_pairs(group_queries(q, self.kv_heads), a[:, :, None], b[:, :, None], ctx.paths)
-            return q.flatten(1, 2), rotate_pairs(k, a, b, ctx.paths)
+            return rotate_queries_and_keys(q, k, state, ctx.paths)
         return self._transform_blocks(q, state, grouped=True), self._transform_blocks(k, state, grouped=False)
 
     def _transform_blocks(self, x: torch.Tensor, state: torch.Tensor, grouped: bool) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """RoPE's rotation through fla's rotary kernel (fast path "rotation-fla"), in passes with gradients (training; without
 them, in prefill and decoding, the reference was faster on an H100: docs/gpu/h100-2026-11-26-b/): x (B, H, N, d)
-rotated by per-token tables (B or 1, 1, N, d/2) that need no gradient. fla's kernel reads a table row per position, offset per sequence: sequence
-b's rows start at b * N of the flattened tables, so any positions (packing, RandPE, left padding) rotate as in the
-reference."""
+rotated by per-token tables (B or 1, 1, N, d/2) that need no gradient. fla's kernel reads a table row per position,
+offset per sequence: sequence b's rows start at b * N of the flattened tables, so any positions (packing, RandPE,
+left padding) rotate as in the reference."""
 
 from __future__ import annotations
 
