@@ -10,11 +10,13 @@ code in. A step's measured time above its roofline is kernels that run below the
 RoPE's is what this code asks of any GPU.
 
 `--paths` counts the step with those fast paths on (the models' `fast_paths`), for both rows: the plain PyTorch ones
-run as they are; the Triton kernels of tapelm ("rotation-triton", "state-mixing-triton", "state-update-triton") and
-of fla ("rotation-fla", "norm-fla", "mlp-fla", "loss-fla": the rotary embedding, RMSNorm, SwiGLU, the output
-projection with the loss) cannot run here, so they are taken as running on the CPU and each launch is counted as one operation moving the bytes of the
-tensors it is handed (each element once: what the kernel reads and writes), its outputs left unwritten (no byte count
-depends on values).
+run as they are; "attention-unpadded" (CUDA's SDPA call without zero-padding q and k) counts its call forward and
+backward as one operation each, moving q, k, v and the output (and their gradients) once with flash attention's
+FLOPs; the Triton kernels of tapelm ("rotation-triton", "state-mixing-triton", "state-update-triton") and of fla
+("rotation-fla", "norm-fla", "mlp-fla", "loss-fla": the rotary embedding, RMSNorm, SwiGLU, the output projection with
+the loss) cannot run here, so they are taken as running on the CPU and each launch is counted as one operation moving
+the bytes of the tensors it is handed (each element once: what the kernel reads and writes), its outputs left
+unwritten (no byte count depends on values).
 
     python docs/speed/step_bytes.py [--sizes paper-1k ...] [--paths rotation-triton ...] [--out FILE]
 """
@@ -30,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
@@ -44,8 +46,8 @@ ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default: False,
 NO_TRAFFIC = {aten.detach.default, aten._unsafe_view.default, aten.empty.memory_format, aten.empty_like.default,
               aten.new_empty_strided.default, aten.empty_strided.default, aten.new_empty.default}
 MATRIX = {"mm", "bmm", "addmm", "baddbmm"}
-PATHS = ("rotation-autograd", "rotation-triton", "state-mixing-triton", "state-update-triton", "rotation-fla", "norm-fla",
-         "mlp-fla", "loss-fla")
+PATHS = ("attention-unpadded", "rotation-autograd", "rotation-triton", "state-mixing-triton", "state-update-triton",
+         "rotation-fla", "norm-fla", "mlp-fla", "loss-fla")
 """The fast paths `--paths` can count: those that RoPE's and TAPE's training steps take on CUDA and that run, or whose
 kernels can be counted, on the CPU."""
 H100 = {"bandwidth": 3.35e12, "bf16": 989e12, "float32": 67e12}
@@ -116,6 +118,45 @@ class CountedKernel:
         return launch
 
 
+class CountedAttention(torch.autograd.Function):
+    """Stands in for CUDA's SDPA call of "attention-unpadded" (q and k narrower than the value): one operation forward
+    and one backward, each moving its tensors once with flash attention's causal FLOPs, as the memory-efficient and
+    cuDNN kernels do; the CPU's math kernel computes the values, unseen by the account."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, is_causal, scale):
+        with _disable_current_modes():
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                                   scale=scale)
+        ctx.save_for_backward(q, k, v, attn_mask)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        _record("_scaled_dot_product_unpadded_attention", (q, k, v, attn_mask, out), q, k, v, backward=False)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, attn_mask = ctx.saved_tensors
+        with _disable_current_modes(), torch.enable_grad():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=attn_mask,
+                                                                   is_causal=ctx.is_causal, scale=ctx.scale)
+            grads = torch.autograd.grad(out, leaves, grad)
+        _record("_scaled_dot_product_unpadded_attention_backward", (q, k, v, attn_mask, out, grad, *grads), q, k, v,
+                backward=True)
+        return (*grads, None, None, None)
+
+
+def _record(name: str, tensors, q, k, v, backward: bool) -> None:
+    moved = sum(x.numel() * x.element_size() for x in tensors if x is not None)
+    per_pair = 3 * q.shape[-1] + 2 * v.shape[-1] if backward else q.shape[-1] + v.shape[-1]
+    flops = 2 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * per_pair / 2
+    Account.active.calls.append((name, str(q.dtype).removeprefix("torch."), moved, float(flops)))
+
+
+def counted_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    return CountedAttention.apply(q, k, v, attn_mask, is_causal, scale)
+
+
 def _distinct_elements(x: torch.Tensor) -> int:
     count = 1
     for size, stride in zip(x.shape, x.stride()):
@@ -126,7 +167,8 @@ def _distinct_elements(x: torch.Tensor) -> int:
 @contextlib.contextmanager
 def kernels_counted():
     """The Triton kernels of tapelm and of fla's fused modules taken as running on the CPU, for every tensor in the
-    dtypes they take, each launch a `CountedKernel`."""
+    dtypes they take, each launch a `CountedKernel`; the unpadded attention call taken as running there, its SDPA call
+    a `CountedAttention`."""
     import sys
 
     import fla.modules.activations
@@ -137,6 +179,7 @@ def kernels_counted():
     from triton.runtime.jit import JITFunction
 
     import tapelm.kernels as kernels
+    import tapelm.kernels.attention.unpadded as unpadded
     import tapelm.kernels.rotation as rotation
     import tapelm.kernels.state_mixing as state_mixing
     import tapelm.kernels.state_update as state_update
@@ -146,13 +189,15 @@ def kernels_counted():
     from tapelm.kernels.state_update import triton as update_kernels
 
     takes = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (state_update, "triton_takes"),
-             (kernels, "fla_takes")]
+             (kernels, "fla_takes"), (unpadded, "takes"), (unpadded, "scaled_dot_product_attention")]
     kernels = [(module, name) for module in (rotation_kernels, mixing_kernels, update_kernels)
                + tuple(module for key, module in sys.modules.items() if key.startswith("fla.modules"))
                for name, value in vars(module).items() if isinstance(value, (JITFunction, Autotuner, Heuristics))]
     originals = [(module, name, getattr(module, name)) for module, name in takes + kernels]
-    for module, name in takes:
+    for module, name in takes[:4]:
         setattr(module, name, lambda x: x.dtype in FLA_DTYPES)
+    unpadded.takes = lambda q, v: v.shape[-1] > q.shape[-1]
+    unpadded.scaled_dot_product_attention = counted_attention
     for module, name in kernels:
         setattr(module, name, CountedKernel(name.removeprefix("_")))
     try:

@@ -22,12 +22,11 @@ import torch
 
 from ...fast_paths import FastPaths
 from .. import candidates, first
-from . import blocks
+from . import blocks, unpadded
 from .cpu_flash import CpuFlashAttention
 from .efficient import bias_needs_grad, efficient_bias_attention
 from .inputs import AttentionMask, RowBias, materialized, with_bias
 from .naive import explicit_attention, padded_attention, sdpa_dtype
-from .unpadded import unpadded_attention
 
 Outputs = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -69,9 +68,9 @@ def _cpu_flash(q, k, stream, value_width, mask, bias, scale, paths):
 
 
 def _unpadded(q, k, stream, value_width, mask, bias, scale, paths):
-    if q.device.type != "cuda" or stream.shape[-1] <= q.shape[-1]:
+    if not unpadded.takes(q, stream):
         return None
-    out = unpadded_attention(q, k, stream, with_bias(mask, materialized(bias)), mask.is_causal, scale)
+    out = unpadded.unpadded_attention(q, k, stream, with_bias(mask, materialized(bias)), mask.is_causal, scale)
     return _split(out, value_width)
 
 

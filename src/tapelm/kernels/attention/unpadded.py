@@ -4,8 +4,13 @@ kernels that take it."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention
+
+
+def takes(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """CUDA, and a value wider than q and k (else there is no padding to leave out)."""
+    return q.device.type == "cuda" and v.shape[-1] > q.shape[-1]
 
 
 def unpadded_attention(q, k, v, attn_mask, is_causal, scale):
@@ -21,7 +26,7 @@ def unpadded_attention(q, k, v, attn_mask, is_causal, scale):
     if k.shape[-2] == q.shape[-2] and torch.is_grad_enabled() and q.requires_grad:
         backends.insert(0, SDPBackend.CUDNN_ATTENTION)
     with sdpa_kernel(backends):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+        return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
 
 
-__all__ = ["unpadded_attention"]
+__all__ = ["takes", "unpadded_attention"]
