@@ -76,23 +76,40 @@ def rounding_scale(expected: torch.Tensor, other_order: torch.Tensor) -> float:
     return max(norm, other_order.norm().item(), disagreement) / ROUNDING[torch.float64]
 
 
+BATCHES = ("plain", "padded", "packed")
+"""The batches a model is held to its reference on: no mask; the second row left-padded by 3 tokens; two packed
+documents a row (positions restarting after 4 tokens)."""
+
+
+def batch_inputs(kind: str, ids: torch.Tensor) -> dict:
+    if kind == "padded":
+        mask = torch.ones_like(ids)
+        mask[1, :3] = 0
+        return {"attention_mask": mask}
+    if kind == "packed":
+        return {"position_ids": torch.cat([torch.arange(4, device=ids.device),
+                                           torch.arange(ids.shape[1] - 4, device=ids.device)])[None]}
+    return {}
+
+
 def compare_models_through_path(path: str, encodings: tuple[str, ...], device, dtype: torch.dtype,
                                 **overrides) -> None:
     """Tiny models of `encodings` (with config `overrides`) with fast path `path` alone (`fast_paths=[path]`)
-    against the reference paths: the loss and every parameter's gradient (`compare_paths`); the path must have run.
-    On the CPU tapelm's Triton kernels run under Triton's interpreter (`TRITON_INTERPRET=1`)."""
+    against the reference paths, on each of `BATCHES`: the loss and every parameter's gradient (`compare_paths`); the
+    path must have run. On the CPU tapelm's Triton kernels run under Triton's interpreter (`TRITON_INTERPRET=1`)."""
     from conftest import tiny_model, tokens
     from tapelm import fast_paths
 
     ids = tokens(2, 9).to(device)
     for encoding in encodings:
-        def run(setting, setting_dtype, encoding=encoding):
-            model = tiny_model(encoding, dtype=setting_dtype, fast_paths=[path] if setting == "on" else [],
-                               **overrides).to(device)
-            with fast_paths.recording() as ran:
-                loss = model.train()(ids, labels=ids).loss
-                loss.backward()
-            assert ran == ({path} if setting == "on" else set()), (encoding, setting, ran)
-            return outputs(model, loss=loss)
+        for batch in BATCHES:
+            def run(setting, setting_dtype, encoding=encoding, batch=batch):
+                model = tiny_model(encoding, dtype=setting_dtype, fast_paths=[path] if setting == "on" else [],
+                                   **overrides).to(device)
+                with fast_paths.recording() as ran:
+                    loss = model.train()(ids, labels=ids, **batch_inputs(batch, ids)).loss
+                    loss.backward()
+                assert ran == ({path} if setting == "on" else set()), (encoding, batch, setting, ran)
+                return outputs(model, loss=loss)
 
-        compare_paths(run, dtype)
+            compare_paths(run, dtype)

@@ -3,8 +3,8 @@ and keys in one call, forward and every gradient: in float64 under Triton's CPU 
 TRITON_INTERPRET=1, which is how CI runs them), for TAPE's state with grouped queries, RoPE's tables over heads and
 xPos's separate key tables, on the strides the projections give, with token counts and widths that are not powers of
 two; training under bf16 autocast they write bf16, the reference's result rounded once; and TAPE, RoPE and xPos
-models routed through them give the reference's loss and every gradient. Under `pytest --device cuda` the kernels run
-compiled, in float32 and bf16."""
+models routed through them give the reference's loss and every gradient on plain, left-padded and packed batches.
+Under `pytest --device cuda` the kernels run compiled, in float32 and bf16."""
 
 import pytest
 import torch

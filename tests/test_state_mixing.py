@@ -2,7 +2,7 @@
 gradients: in float64 under Triton's CPU interpreter (a subprocess with TRITON_INTERPRET=1, which is how CI runs
 them), on any strides the state arrives with (expanded over heads as the first layer's E0, the projections' token
 layout), with head counts and widths that are not powers of two; and a TAPE model routed through them gives the
-reference's loss and every gradient. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16. The
+reference's loss and every gradient on plain, left-padded and packed batches. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16. The
 reference's one-token branches (an eager or a compiled decoding step) compute what it computes for a sequence."""
 
 import pytest

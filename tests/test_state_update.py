@@ -3,8 +3,9 @@ function, forward and every gradient (the state's, the attention output's, the h
 float64 under Triton's CPU interpreter (a subprocess with TRITON_INTERPRET=1, which is how CI runs them), on the
 strides the model hands them (the first layer's E0 expanded over heads, the attention output a view of the wider
 [V | E] output, the projections' token layout), with grouped queries, without the MLP's update, and with head counts
-and widths that are not powers of two; TAPE models routed through them give the reference's loss and every gradient.
-Under `pytest --device cuda` the kernels run compiled, in float32 and bf16."""
+and widths that are not powers of two; TAPE models routed through them give the reference's loss and every gradient
+on plain, left-padded and packed batches. Under `pytest --device cuda` the kernels run compiled, in float32 and
+bf16."""
 
 import pytest
 import torch
