@@ -9,6 +9,7 @@ instead of passing on the CPU and crashing on the GPU.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -158,6 +159,25 @@ def run_under_triton_interpreter(script: str) -> None:
     result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
                             capture_output=True, text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def check_triton_kernels(module: str, *device_checks: str) -> None:
+    """Run a kernel test module's checks: `check_kernels(device, dtype, tolerance)`, `check_models(device, dtype)` and
+    each of `device_checks(device)`. On CUDA compiled, the kernels in float32 and bf16 and the models in bf16; on the
+    CPU under Triton's interpreter in float64."""
+    pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
+    if DEVICE.type == "cuda":
+        checks = importlib.import_module(module)
+        checks.check_kernels(DEVICE, torch.float32, 1e-5)
+        checks.check_kernels(DEVICE, torch.bfloat16, 3e-2)
+        for name in device_checks:
+            getattr(checks, name)(DEVICE)
+        checks.check_models(DEVICE, torch.bfloat16)
+        return
+    calls = ["t.check_kernels(cpu, torch.float64, 1e-12)", *(f"t.{name}(cpu)" for name in device_checks),
+             "t.check_models(cpu, torch.float64)"]
+    run_under_triton_interpreter(f"import sys, torch; sys.path.insert(0, 'tests'); import {module} as t; "
+                                 f"cpu = torch.device('cpu'); {'; '.join(calls)}")
 
 
 def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from accuracy import compare_models_through_path
-from conftest import DEVICE, run_under_triton_interpreter
+from conftest import check_triton_kernels
 
 pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
@@ -92,17 +92,7 @@ def check_models(device, dtype) -> None:
 
 
 def test_the_kernels_compute_the_reference_function():
-    pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
-    if DEVICE.type == "cuda":
-        check_kernels(DEVICE, torch.float32, 1e-5)
-        check_kernels(DEVICE, torch.bfloat16, 3e-2)
-        check_autocast(DEVICE)
-        check_models(DEVICE, torch.bfloat16)
-        return
-    script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_rotation_kernels as t; "
-              "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); t.check_autocast(cpu); "
-              "t.check_models(cpu, torch.float64)")
-    run_under_triton_interpreter(script)
+    check_triton_kernels("test_rotation_kernels", "check_autocast")
 
 
 def test_the_kernels_take_only_what_they_compute():

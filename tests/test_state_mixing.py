@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from accuracy import compare_models_through_path
-from conftest import DEVICE, run_under_triton_interpreter
+from conftest import DEVICE, check_triton_kernels
 
 pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
@@ -52,22 +52,13 @@ def check_kernels(device, dtype, tolerance: float) -> None:
                                        msg=f"{layout}: {name}")
 
 
-def check_model(device, dtype) -> None:
+def check_models(device, dtype) -> None:
     """A tiny TAPE model with the kernels on against the reference paths."""
     compare_models_through_path("state-mixing-triton", ("tape",), device, dtype)
 
 
 def test_the_kernels_compute_the_reference_function():
-    pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
-    if DEVICE.type == "cuda":
-        check_kernels(DEVICE, torch.float32, 1e-5)
-        check_kernels(DEVICE, torch.bfloat16, 3e-2)
-        check_model(DEVICE, torch.bfloat16)
-        return
-    script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_state_mixing as t; "
-              "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); "
-              "t.check_model(cpu, torch.float64)")
-    run_under_triton_interpreter(script)
+    check_triton_kernels("test_state_mixing")
 
 
 def check_one_token_at_a_time(sequence, step, layout: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from accuracy import compare_models_through_path
-from conftest import DEVICE, run_under_triton_interpreter
+from conftest import check_triton_kernels
 
 pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
@@ -89,16 +89,7 @@ def check_models(device, dtype) -> None:
 
 
 def test_the_kernels_compute_the_reference_function():
-    pytest.importorskip("triton", reason="Triton is not installed (pip install tapelm[gpu])")
-    if DEVICE.type == "cuda":
-        check_kernels(DEVICE, torch.float32, 1e-5)
-        check_kernels(DEVICE, torch.bfloat16, 3e-2)
-        check_models(DEVICE, torch.bfloat16)
-        return
-    script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_state_update as t; "
-              "cpu = torch.device('cpu'); t.check_kernels(cpu, torch.float64, 1e-12); "
-              "t.check_models(cpu, torch.float64)")
-    run_under_triton_interpreter(script)
+    check_triton_kernels("test_state_update")
 
 
 def test_a_decoding_step_stays_on_the_reference(monkeypatch):
