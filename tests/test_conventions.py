@@ -153,3 +153,8 @@ def test_generate_returns_attentions_per_step():
                          return_dict_in_generate=True)
     assert len(out.attentions) == 3
     assert out.attentions[0][0].shape[-2:] == (5, 5) and out.attentions[2][0].shape[-2:] == (1, 7)
+
+
+def test_a_forward_without_input_says_what_to_give():
+    with pytest.raises(ValueError, match="give exactly one of input_ids or inputs_embeds"):
+        tiny_model("tape")(input_ids=None)

@@ -189,12 +189,13 @@ def kernels_counted():
     from tapelm.kernels.state_update import triton as update_kernels
 
     takes = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (state_update, "triton_takes"),
-             (kernels, "fla_takes"), (unpadded, "takes"), (unpadded, "scaled_dot_product_attention")]
+             (kernels, "fla_takes")]
+    attention = [(unpadded, "takes"), (unpadded, "scaled_dot_product_attention")]
     kernels = [(module, name) for module in (rotation_kernels, mixing_kernels, update_kernels)
                + tuple(module for key, module in sys.modules.items() if key.startswith("fla.modules"))
                for name, value in vars(module).items() if isinstance(value, (JITFunction, Autotuner, Heuristics))]
-    originals = [(module, name, getattr(module, name)) for module, name in takes + kernels]
-    for module, name in takes[:4]:
+    originals = [(module, name, getattr(module, name)) for module, name in takes + attention + kernels]
+    for module, name in takes:
         setattr(module, name, lambda x: x.dtype in FLA_DTYPES)
     unpadded.takes = lambda q, v: v.shape[-1] > q.shape[-1]
     unpadded.scaled_dot_product_attention = counted_attention

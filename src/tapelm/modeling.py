@@ -352,8 +352,8 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
                 output_hidden_states: bool | None = None, output_attentions: bool | None = None,
                 **kwargs) -> CausalLMOutputWithPast:
-        device = (input_ids if input_ids is not None else inputs_embeds).device
-        paths = resolve(self.config.fast_paths, device, self.config.pe_type)
+        given = input_ids if input_ids is not None else inputs_embeds  # neither: the model's own error follows
+        paths = None if given is None else resolve(self.config.fast_paths, given.device, self.config.pe_type)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
