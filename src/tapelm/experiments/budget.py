@@ -2,30 +2,59 @@
 
 FLOPs are counted as `tapelm bench speed` counts them, on the run's own training batches: 6 per non-embedding
 parameter and real token (forward and backward; the model gathers the real tokens of a padded batch before its
-projections and MLP), and 6 x layers x hidden x padded width per real token for causal attention. The prediction
-divides them by RoPE's measured rate on an H100 and multiplies by the encoding's measured step time against RoPE's;
-`tapelm stage` replaces it by the durations of finished runs as soon as there are any.
+projections and MLP), and 6 x layers x hidden x padded width per real token for causal attention.
+
+A prediction is made from GPU measurements only, never from the machine that makes it: the run's FLOPs times its
+encoding's step time against RoPE's (`STEP_COST`, measured by `tapelm bench speed` on GPUs), divided by a RoPE rate
+(`Rate`) measured by finished GPU runs (`archived_rates`: their FLOPs over their seconds, start to finish), or, before
+any, by the bench (`BENCH_RATE`). `tapelm stage` replaces it by the durations of finished runs as soon as there are
+any.
 """
 
 from __future__ import annotations
 
-import time
+import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from .runs import ResolvedRun, batch_stream
+from .runs import RESULT_FILE, ResolvedRun, batch_stream, run_from_identity
 
-# RoPE's eager bf16 training step at 12 x 768, 1,024 x 16 tokens on one H100: 80.5 ms, 115 TFLOP/s by the count above
-# (docs/gpu/h100-2026-11-26/eager-1k/speed-cuda-paper-1k.json); the nearest measured shape to the short sequences of
-# the GPU presets (at 4,096 x 4: 136-148 TFLOP/s).
-GPU_FLOPS_PER_SECOND = 115e12
-# Step time x RoPE's at the same size: TAPE 1.42 on that H100 and 1.47 on an H200; the others on the H200
-# (../shared/gpu/README.md, 45ea02d, "The other encodings"). RandPE rotates like RoPE. At the presets' shorter
-# sequences the bias encodings (FIRE, ALiBi) cost less than at 1,024 tokens, so these are upper bounds.
-STEP_COST = {"rope": 1.0, "randpe": 1.0, "xpos": 0.99, "nope": 0.77, "alibi": 1.02, "tape": 1.47, "fox": 1.65,
+# Step time x RoPE's at 12 x 768, 1,024 x 16 tokens, bf16: TAPE on the default CUDA paths on an H100 at 7d097c8
+# (docs/gpu/h100-2026-11-28/speed-1k-auto.json: 99.4 / 73.3 ms); the others on an H200 at 45ea02d
+# (../shared/gpu/README.md, "The other encodings"). RandPE rotates like RoPE. At the presets' shorter sequences the
+# bias encodings (FIRE, ALiBi) should cost less than at 1,024 tokens, so these are upper bounds there.
+STEP_COST = {"rope": 1.0, "randpe": 1.0, "xpos": 0.99, "nope": 0.77, "alibi": 1.02, "tape": 1.36, "fox": 1.65,
              "fire": 2.36, "cope": 5.81, "t5": 6.86, "path": 7.05}
-# Building the model, CUDA's start, the final evaluation, and writing the model and the last checkpoint.
+# What a stage adds to an estimate before it starts a run (building the model, CUDA's start, the final evaluation,
+# saving), so that a run it starts can finish; not part of a prediction of the plan's minutes.
 OVERHEAD_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Rate:
+    """RoPE's training FLOPs per second on a GPU, start to finish of a run; what measured it, with which code
+    (source sha256, else commit) and when (ISO time)."""
+
+    flops_per_second: float
+    source: str
+    code: str = ""
+    time: str = ""
+
+
+# RoPE's eager bf16 training step at 12 x 768, 1,024 x 16 tokens on one H100: 80.5 ms, 115 TFLOP/s by the count above.
+BENCH_RATE = Rate(115e12, "bench speed: RoPE's bf16 training step at 12 x 768, 1,024 x 16 tokens on an H100 "
+                          "(docs/gpu/h100-2026-11-26/eager-1k), before any GPU run was archived")
+
+
+def current_rate(rates: list[Rate]) -> Rate:
+    """The rate to predict with: the slowest of those measured by the newest code (the code of the newest
+    measurement), since speed belongs to code and device; BENCH_RATE when there is none."""
+    if not rates:
+        return BENCH_RATE
+    newest = max(rates, key=lambda rate: rate.time).code
+    return min((rate for rate in rates if rate.code == newest), key=lambda rate: rate.flops_per_second)
 
 
 def non_embedding_parameters(run: ResolvedRun) -> int:
@@ -37,16 +66,28 @@ def non_embedding_parameters(run: ResolvedRun) -> int:
     return sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
 
 
-def flops_per_micro_batch(run: ResolvedRun, sample: int = 8) -> float:
-    """Training FLOPs of one micro-batch, averaged over the first `sample` micro-batches of seed 0."""
+def _sampled(run: ResolvedRun, sample: int) -> tuple[float, int]:
+    """Training FLOPs and real tokens of the first `sample` micro-batches of seed 0."""
     config, make = run.config, batch_stream(run.task, 0, run.settings.batch_size)
     weights = 6 * non_embedding_parameters(run)
-    total = 0.0
+    flops, tokens = 0.0, 0
     for index in range(sample):
         mask = make(index)["attention_mask"]
         real, width = int(mask.sum()), mask.shape[1]
-        total += real * (weights + 6 * config.num_hidden_layers * config.hidden_size * width)
-    return total / sample
+        flops += real * (weights + 6 * config.num_hidden_layers * config.hidden_size * width)
+        tokens += real
+    return flops, tokens
+
+
+def flops_per_micro_batch(run: ResolvedRun, sample: int = 8) -> float:
+    """Training FLOPs of one micro-batch, averaged over the first `sample` micro-batches of seed 0."""
+    return _sampled(run, sample)[0] / sample
+
+
+def flops_per_token(run: ResolvedRun, sample: int = 8) -> float:
+    """Training FLOPs per real token, over the first `sample` micro-batches of seed 0."""
+    flops, tokens = _sampled(run, sample)
+    return flops / tokens
 
 
 def training_flops(run: ResolvedRun, sample: int = 8) -> float:
@@ -54,30 +95,38 @@ def training_flops(run: ResolvedRun, sample: int = 8) -> float:
     return flops_per_micro_batch(run, sample) * run.settings.steps * run.settings.grad_accum
 
 
-def batch_seconds(run: ResolvedRun, sample: int = 3) -> float:
-    """Seconds this machine takes to make one training micro-batch (the CPU's part of a step)."""
-    make = batch_stream(run.task, 0, run.settings.batch_size)
-    make(0)
-    started = time.perf_counter()
-    for index in range(1, sample + 1):
-        make(index)
-    return (time.perf_counter() - started) / sample
-
-
-def predicted_seconds(run: ResolvedRun, data_workers: int = 0) -> float:
-    """A run's predicted training time on one H100: its FLOPs at RoPE's rate times the encoding's step cost, or the
-    time this machine takes to make its batches where that is longer (made alongside the steps by `data_workers`
-    processes, or before each step without any). Building the model, evaluating it and saving it add about
-    OVERHEAD_SECONDS."""
-    compute = training_flops(run) / GPU_FLOPS_PER_SECOND * step_cost(run.spec.pe)
-    data = batch_seconds(run) * run.settings.steps * run.settings.grad_accum
-    return max(compute, data / data_workers) if data_workers else compute + data
-
-
 def step_cost(pe: str) -> float:
     """An encoding's measured step time against RoPE's (STEP_COST); the largest of them for one not measured."""
     return STEP_COST.get(pe, max(STEP_COST.values()))
 
 
-__all__ = ["GPU_FLOPS_PER_SECOND", "OVERHEAD_SECONDS", "STEP_COST", "batch_seconds", "flops_per_micro_batch",
-           "non_embedding_parameters", "predicted_seconds", "step_cost", "training_flops"]
+def predicted_seconds(run: ResolvedRun, rate: Rate = BENCH_RATE) -> float:
+    """A run's predicted seconds on one GPU, start to finish: its FLOPs at `rate` times its encoding's step cost."""
+    return training_flops(run) / rate.flops_per_second * step_cost(run.spec.pe)
+
+
+def measured_rate(result: dict, where: str) -> Rate:
+    """The RoPE rate a finished run measured (result.json's `result`): the FLOPs of the tokens it trained this
+    session, times its encoding's step cost, over its session's seconds (training and evaluation). `where` names
+    the run."""
+    run = run_from_identity(result["identity"])
+    flops = result["tokens_this_session"] * flops_per_token(run)
+    environment = result["environment"]
+    return Rate(flops * step_cost(result["pe"]) / result["session_seconds"], f"{where} on {environment['device']}",
+                environment.get("source_sha256") or environment.get("commit", ""), environment.get("time", ""))
+
+
+def archived_rates(archive: Path) -> list[Rate]:
+    """The RoPE rate of every run under `archive` (TASK/HASH/PE/seedN/result.json) that trained on a GPU, i.e. on a
+    device other than the CPU."""
+    rates = []
+    for path in sorted(Path(archive).glob(f"*/*/*/*/{RESULT_FILE}")):
+        result = json.loads(path.read_text())
+        if result.get("environment", {}).get("device", "cpu") != "cpu" and result.get("tokens_this_session"):
+            rates.append(measured_rate(result, path.parent.relative_to(archive).as_posix()))
+    return rates
+
+
+__all__ = ["BENCH_RATE", "OVERHEAD_SECONDS", "Rate", "STEP_COST", "archived_rates", "current_rate", "flops_per_micro_batch",
+           "flops_per_token", "measured_rate", "non_embedding_parameters", "predicted_seconds", "step_cost",
+           "training_flops"]

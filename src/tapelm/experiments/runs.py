@@ -414,14 +414,21 @@ def load_run(run_dir: str | Path) -> ResolvedRun:
     if not saved and task is not None and task.tokenizer_is_trained(identity["task_options"]):
         raise ValueError(f"run '{run_dir}' has no saved tokenizer (tokenizer.json): it was trained before runs saved "
                          "theirs, and a tokenizer trained now from this machine's corpus may give other token ids")
+    run = run_from_identity(identity, run_dir if saved else None)
+    run.run_dir = run_dir
+    return run
+
+
+def run_from_identity(identity: dict[str, Any], tokenizer_dir: str | Path | None = None) -> ResolvedRun:
+    """The resolved run a recorded identity (run.json's, result.json's) describes: its task, recipe and model as
+    recorded, whatever the presets say today."""
     preset = get_preset(identity["preset"], identity["task"])
     run = resolve(RunSpec(task=identity["task"], pe=identity["pe"], seed=identity["seed"],
                           preset=identity["preset"], task_options=identity["task_options"],
                           train_options=identity["train"], eval_n=identity["eval"]["n"],
-                          eval_batch_size=identity["eval"]["batch_size"]), run_dir if saved else None)
+                          eval_batch_size=identity["eval"]["batch_size"]), tokenizer_dir)
     run.config = TapeConfig.from_dict(identity["model"])
     run.preset = replace(preset, eval_n=identity["eval"]["n"], eval_batch_size=identity["eval"]["batch_size"])
-    run.run_dir = run_dir
     return run
 
 
@@ -445,6 +452,6 @@ def option_flags(spec: RunSpec, compile_layers: bool = False) -> list[str]:
     return flags + (["--match-params"] if spec.match_params else []) + (["--compile"] if compile_layers else [])
 
 
-__all__ = ["RunSpec", "ResolvedRun", "resolve", "settings_hash", "run_task", "load_run", "batch_stream", "model_config",
+__all__ = ["RunSpec", "ResolvedRun", "resolve", "settings_hash", "run_task", "load_run", "run_from_identity", "batch_stream", "model_config",
            "matched_intermediate", "count_parameters", "option_flags", "identity_differences", "RESULT_FILE",
            "RESULT_FILES"]

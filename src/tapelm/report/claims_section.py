@@ -5,13 +5,14 @@ that one lacks the claim's subject, on the comparison of the task at that scale 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..experiments import claims
 from ..experiments.archive import archived_comparisons
 from ..experiments.compare import COMPARISON_FILE, aggregate
-from ..experiments.plan import AT_GPU_SCALE, GPU, default_settings_hash
+from ..experiments.plan import AT_GPU_SCALE, GPU, OwedComparison, default_settings_hash
 from ..experiments.presets import DEFAULT_PRESET
 from .extend_section import results_dir as extend_results
 from .sections import ReportContext, register_section
@@ -36,14 +37,38 @@ def _best_comparison(summaries: list[dict[str, Any]], claim: claims.Claim,
     return best
 
 
+def _planned(claim: claims.Claim, preset: str) -> OwedComparison | None:
+    """The comparison `tapelm stage` plans at `preset` for the claim's task and design, if any."""
+    return next((owed for owed in AT_GPU_SCALE if owed.preset == preset and owed.task == claim.task
+                 and claim.fits({"task": owed.task, "record": {"task_options": dict(owed.task_options)}})), None)
+
+
 def current_hash(claim: claims.Claim, preset: str) -> str | None:
     """The settings hash of the comparison that decides `claim` at `preset`'s current recipe: the default preset's
     (`tapelm compare TASK`), or the one `tapelm stage` plans for the claim's task and design at GPU scale."""
     if preset == DEFAULT_PRESET:
         return default_settings_hash(claim.task)
-    planned = [owed for owed in AT_GPU_SCALE if owed.preset == preset and owed.task == claim.task
-               and claim.fits({"task": owed.task, "record": {"task_options": dict(owed.task_options)}})]
-    return planned[0].settings_hash() if planned else None
+    planned = _planned(claim, preset)
+    return planned.settings_hash() if planned else None
+
+
+PAIR_ONLY = " (TAPE against RoPE only)"
+
+
+def judge_at_scale(claim: claims.Claim, summary: dict[str, Any] | None, preset: str) -> tuple[str, list[str]]:
+    """`claims.judge`, except at GPU scale while some baseline lacks the planned seeds and TAPE and RoPE have them
+    all: the claim judged on that pair alone, its verdict labelled PAIR_ONLY (the stage decides the pairs first)."""
+    planned = _planned(claim, preset) if preset != DEFAULT_PRESET else None
+    if summary is None or planned is None or "rope" not in claim.baselines:
+        return claims.judge(claim, summary)
+    seeds = {pe: len(row["seeds"]) for pe, row in summary["rows"].items()}
+    complete = [seeds.get(pe, 0) >= planned.seeds for pe in (claim.subject, *claim.baselines)]
+    if all(complete) or not (complete[0] and seeds.get("rope", 0) >= planned.seeds):
+        return claims.judge(claim, summary)
+    result, lines = claims.judge(replace(claim, baselines=("rope",)), summary)
+    return result + PAIR_ONLY, lines + [f"the other baselines ({', '.join(b for b in claim.baselines if b != 'rope')})"
+                                        f" lack some of the planned {planned.seeds} seeds: judged on TAPE against "
+                                        "RoPE only"]
 
 
 def _summaries(archive: Path, task: str) -> list[dict[str, Any]]:
@@ -62,7 +87,7 @@ def judge_all(context: ReportContext, preset: str = DEFAULT_PRESET
             by_task[claim.task] = [summary for summary in _summaries(context.comparisons, claim.task)
                                    if summary["record"]["preset"] == preset]
         summary = _best_comparison(by_task[claim.task], claim, current_hash(claim, preset))
-        judged.append((claim, summary, *claims.judge(claim, summary)))
+        judged.append((claim, summary, *judge_at_scale(claim, summary, preset)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None
     return judged
@@ -134,4 +159,4 @@ def build(context: ReportContext) -> str | None:
 
 register_section("claims", "Claims: verdicts at laptop and GPU scale", build)
 
-__all__ = ["SCALES", "build", "build_verdicts", "current_hash", "judge_all"]
+__all__ = ["PAIR_ONLY", "SCALES", "build", "build_verdicts", "current_hash", "judge_all", "judge_at_scale"]
