@@ -363,7 +363,7 @@ def test_a_forward_pass_resolves_its_setting_once(monkeypatch):
     model = tiny_model("tape", fast_paths=["rotation-autograd"]).train()
     ids = tokens(2, 9)
     model(ids, labels=ids).loss.backward()
-    assert calls == [(["rotation-autograd"], DEVICE, "tape")]
+    assert calls == [(["rotation-autograd"], ids.device, "tape")]  # cuda:0 where DEVICE is "cuda"
 
 
 def test_every_fast_path_is_one_candidate_of_one_dispatcher_beside_its_reference():
