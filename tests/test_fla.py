@@ -190,3 +190,28 @@ def test_segments_read_the_mask():
     assert cuts(causal[None, None], keys=8) is False  # cached keys
     assert cuts(continued[None, None]) is False  # cached keys the call does not hold, but the mask covers
     assert segments(AttentionMask(None, False), 1, 6, 6) is False
+
+
+FLA_MODULES = ("fla.modules.fused_linear_cross_entropy", "fla.modules.activations", "fla.modules.norm.layernorm",
+               "fla.modules.rotary", "fla.ops.forgetting_attn", "fla.ops.path_attn")
+"""The fla modules tapelm's fla paths call (kernels/*/fla.py)."""
+REACHED = ("fla.modules.", "fla.ops.forgetting_attn", "fla.ops.path_attn", "fla.ops.attn", "fla.ops.utils")
+"""Where the kernels those calls reach are defined (fla's modules, its attention ops and their shared utilities;
+importing them loads others too, e.g. DeltaFormer's, whose keys hold lengths but which tapelm does not call)."""
+
+
+def test_fla_autotunes_a_few_configurations_on_keys_that_hold_no_sequence_length():
+    """Every fla kernel loaded with the modules tapelm calls benchmarks at most `AUTOTUNE_CONFIGS` configurations at a
+    new tuning key, spread over fla's list; no tuning key names a sequence length (T), so decoding, whose calls
+    differ only in it, tunes nothing new at a new length."""
+    from fla.modules.activations.ops import _activation_autotune_configs, swiglu_fwd_kernel
+
+    for module in FLA_MODULES:
+        tapelm.kernels._fla_module(module)
+    tuners = tapelm.kernels.bound_fla_autotuning()
+    assert all(1 <= len(tuner.configs) <= tapelm.kernels.AUTOTUNE_CONFIGS for tuner in tuners)
+    reached = [tuner for tuner in tuners if tuner.base_fn.__module__.startswith(REACHED)]
+    assert len(reached) > 20 and not [(tuner.base_fn.__name__, tuner.keys) for tuner in reached if "T" in tuner.keys]
+    if not ON_GPU:  # on CUDA the law tests keep the first configuration only (conftest.py)
+        listed = [str(config) for config in _activation_autotune_configs()]  # 30: 5 block sizes x 6 num_warps
+        assert [str(config) for config in swiglu_fwd_kernel.configs] == [listed[i] for i in (0, 10, 19, 29)]
