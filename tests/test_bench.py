@@ -229,7 +229,7 @@ def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
     assert record["tiny"] and record["device"] == {"device": "cpu"}
     parts = record["parts"]
     assert {part: result["status"] for part, result in parts.items()} == dict.fromkeys(
-        ("tests", "speed", "training", "generation"), "passed")
+        ("tests", "first-calls", "speed", "training", "generation"), "passed")
     assert parts["tests"]["counts"] == {"passed": len(TINY_TESTS) * len(PE_TYPES)}
     log = (tmp_path / parts["tests"]["log"]).read_text()  # pytest's whole output, the slowest tests included
     assert "slowest 20 durations" in log and f"{len(TINY_TESTS) * len(PE_TYPES)} passed" in log.splitlines()[-1]

@@ -21,8 +21,9 @@ def test_first():
     pass
 
 def test_the_record_holds_the_first_result_while_this_process_runs():
+    path, record = os.environ["DOCTOR_RECORD"], {}
     for _ in range(100):
-        record = json.loads(open(os.environ["DOCTOR_RECORD"]).read()) if os.path.exists(os.environ["DOCTOR_RECORD"]) else {}
+        record = json.loads(open(path).read()) if os.path.exists(path) else {}
         if "tests/test_kernels.py::test_first" in record.get("parts", {}).get("tests", {}).get("slowest", {}):
             return
         time.sleep(0.1)
@@ -81,3 +82,22 @@ def test_own_process_tests_go_in_whole_files_to_the_fewest_processes_that_even_t
     assert sorted(sum(groups, [])) == sorted(tests)
     assert device_tests.lanes(tests, 8) == [[test for test in tests if f"_{name}." in test] for name in "abcd"]
     assert device_tests.lanes([], 4) == []
+
+
+def test_the_first_calls_time_every_fast_path_and_record_which_ran():
+    """On the CPU the paths that run there (the rotation's autograd function, SDPA's CPU flash kernel for TAPE) run;
+    no Triton or fla path does, nothing is autotuned, and decoding at a new length tunes nothing."""
+    from tapelm.bench.first_calls import run_first_calls
+    from tapelm.fast_paths import NAMES
+
+    saved = []
+    result = run_first_calls(torch.device("cpu"), True, lambda partial: saved.append(len(partial["paths"])))
+    assert result["status"] == "passed" and list(result["paths"]) == list(NAMES)
+    assert saved == list(range(1, len(NAMES) + 1))  # handed on after each path
+    ran = {path for path, timing in result["paths"].items() if timing["ran"]}
+    assert {"rotation-autograd", "attention-cpu-flash"} <= ran
+    assert not [path for path in ran if path.endswith(("-fla", "-triton"))]
+    for timing in result["paths"].values():
+        assert timing["first_step_seconds"] > 0 and timing["second_step_seconds"] > 0
+        assert timing["first_step_autotunings"] == timing["second_step_autotunings"] == 0
+        assert timing["retuned_in_generate"] == []

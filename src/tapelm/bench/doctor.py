@@ -1,17 +1,19 @@
 """`tapelm doctor`: one command for a visit to a GPU machine, writing one JSON record.
 
-On the device accelerate gives this process (the GPU when there is one), in four parts, each recorded whether it
+On the device accelerate gives this process (the GPU when there is one), in five parts, each recorded whether it
 passes or fails, so one failing part does not hide the others:
 
 1. tests: the law tests on the device (`pytest --device DEVICE -m device`, from the source checkout's tests/), those
    that call Triton kernels in a few processes beside the others, a process that fails or dies rerun from the test
    after it in a fresh one, so that a fault that corrupts the CUDA context fails one test (device_tests.py); the
    record is written after each test's result, so a visit cut short keeps every result it got;
-2. speed: `tapelm bench speed` for TAPE, RoPE and transformers' Llama at the GPU sizes, under bf16 autocast, with
+2. first-calls: each fast path's first training step on a small model, its compiling and autotuning, and whether
+   decoding at a new length tunes again (first_calls.py);
+3. speed: `tapelm bench speed` for TAPE, RoPE and transformers' Llama at the GPU sizes, under bf16 autocast, with
    every fast path the device offers (`--fast-paths on`) when the law tests (which run them) passed, else with the
    verified ones only;
-3. training: a short `--preset paper` run of TAPE and of RoPE on MQAR, evaluated over lengths;
-4. generation: each trained model's greedy decoding with a cache equals decoding without one; its tokens/s.
+4. training: a short `--preset paper` run of TAPE and of RoPE on MQAR, evaluated over lengths;
+5. generation: each trained model's greedy decoding with a cache equals decoding without one; its tokens/s.
 
 `--tiny` (the default on the CPU, and what CI runs) is the same code at tiny sizes: a few test files, the tiny
 benchmark size, a tiny model with the paper preset's training settings. The command exits 1 when a part failed.
@@ -38,7 +40,9 @@ from ..experiments.provenance import environment
 from ..experiments.runs import RunSpec, load_run, run_task
 from . import speed
 from .device_tests import TestRun, collected, lanes
+from .first_calls import run_first_calls
 
+PARTS = ("tests", "first-calls", "speed", "training", "generation")
 ENCODINGS = ("tape", "rope")
 TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "tape_position_size": 8}
@@ -187,12 +191,16 @@ def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = (), tests: TestSet
     with tempfile.TemporaryDirectory(prefix="tapelm-doctor-") as scratch:
         runs = Path(scratch)
 
-        def tests_so_far(partial: dict) -> None:
-            record["parts"]["tests"] = {"status": "running", **partial}
-            _save(path, record)
+        def so_far(part: str) -> Callable[[dict], None]:
+            """Where a part hands its results so far: into the record on disk."""
+            def save(partial: dict) -> None:
+                record["parts"][part] = {"status": "running", **partial}
+                _save(path, record)
+            return save
 
         parts = {"tests": lambda: run_tests(device, tiny, path.with_name(path.stem + "-tests.log"), tests,
-                                            tests_so_far),
+                                            so_far("tests")),
+                 "first-calls": lambda: run_first_calls(device, tiny, so_far("first-calls")),
                  "speed": lambda: run_speed(device, tiny, runs / "speed", _speed_fast_paths(record)),
                  "training": lambda: run_training(tiny, runs),
                  "generation": lambda: run_generation(device, runs, 8 if tiny else 64)}
@@ -229,9 +237,9 @@ def _save(path: Path, record: dict) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    unknown = [part for part in args.skip if part not in ("tests", "speed", "training", "generation")]
+    unknown = [part for part in args.skip if part not in PARTS]
     if unknown:
-        raise ValueError(f"--skip {unknown[0]!r} is not a part; choose from tests, speed, training, generation")
+        raise ValueError(f"--skip {unknown[0]!r} is not a part; choose from {', '.join(PARTS)}")
     for option in ("workers", "processes", "seconds"):
         value = getattr(args, option)
         if value is not None and value <= 0:
@@ -255,7 +263,7 @@ def add_commands(commands) -> None:
     parser.add_argument("--out", default="docs/gpu", help="folder for the JSON record (default: %(default)s)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (the default on the CPU)")
     parser.add_argument("--skip", nargs="+", default=[], metavar="PART",
-                        help="parts to skip: tests, speed, training, generation")
+                        help=f"parts to skip: {', '.join(PARTS)}")
     parser.add_argument("--workers", type=int, default=1,
                         help="pytest-xdist workers for the shared law tests on a device (default: %(default)s)")
     parser.add_argument("--processes", type=int, default=4,
