@@ -329,10 +329,10 @@ def test_the_accuracy_rule_takes_a_tensor_made_by_cancellation_at_its_terms_size
 
 def test_the_accuracy_rule_sees_cancellation_in_float32_where_the_path_takes_no_float64():
     """FIRE's last bias on CUDA's memory-efficient kernel (docs/gpu/h100-2026-11-28/: off by 0.0245 where the rule
-    allowed 0.0157, twice the reference's own error): the kernel takes no float64, so float64's two runs are one
-    computation and agree bit for bit; the reference in float32 shows the cancellation (it disagrees in more than
-    half of float32's digits), and the step is taken of the terms' size. The same noise passes; a path off by 2, or
-    a well-conditioned tensor off by many of its roundings, still fails."""
+    allowed 0.0157, twice the reference's own error): in float64 SDPA's math kernel stands in for it, the same
+    computation as the reference, and the two agree bit for bit; the reference in float32 shows the cancellation (it
+    disagrees in more than half of float32's digits), and the step is taken of the terms' size. The same noise
+    passes; a path off by 2, or a well-conditioned tensor off by many of its roundings, still fails."""
     import accuracy
 
     run = cancelling_paths(float64_on=False)
