@@ -89,7 +89,7 @@ def _fla_module(module: str):
 
 def bound_fla_autotuning() -> list:
     """Keep at most `AUTOTUNE_CONFIGS` of each loaded fla kernel's autotuning configurations, spread evenly over its
-    list (its first and last among them); the kernels' autotuners."""
+    list (its first and last among them); the kernels' autotuners, each with `listed_configs`, the count fla lists."""
     import sys
 
     from triton.runtime.autotuner import Autotuner
@@ -106,6 +106,7 @@ def bound_fla_autotuning() -> list:
                 value = getattr(value, "fn", None)
     for tuner in found.values():
         count = len(tuner.configs)
+        tuner.listed_configs = getattr(tuner, "listed_configs", count)
         if count > AUTOTUNE_CONFIGS:
             keep = sorted({round(i * (count - 1) / (AUTOTUNE_CONFIGS - 1)) for i in range(AUTOTUNE_CONFIGS)})
             tuner.configs = [tuner.configs[i] for i in keep]
