@@ -1,6 +1,6 @@
 """`tapelm doctor`'s law-test runs, on a folder of tests made here: a test that kills its process, one that stalls
-and one that faults fail alone, the others run on in fresh processes, and the record on disk is whole after each
-result."""
+and one that faults fail alone, the others run on in fresh processes (a plain failure needs none), and the record on
+disk is whole after each result."""
 
 import json
 import os
@@ -28,6 +28,9 @@ def test_the_record_holds_the_first_result_while_this_process_runs():
             return
         time.sleep(0.1)
     raise AssertionError(record)
+
+def test_fails_plainly():
+    assert 1 == 2
 
 def test_killed():
     os.kill(os.getpid(), signal.SIGKILL)
@@ -61,16 +64,17 @@ def test_a_test_that_kills_stalls_or_faults_its_process_fails_alone(tmp_path, mo
                                tests=doctor.TestSettings(processes=2))
     assert json.loads((out / "doctor-cpu.json").read_text()) == json.loads(json.dumps(record))
     result = record["parts"]["tests"]
-    assert result["status"] == "failed" and result["own_process"] == 6
-    assert result["counts"] == {"passed": 4, "failed": 3}, result
+    assert result["status"] == "failed" and result["own_process"] == 7
+    assert result["counts"] == {"passed": 4, "failed": 4}, result
     assert sorted(line.split(" - ")[0] for line in result["failures"]) == [
-        f"FAILED tests/test_kernels.py::{name}" for name in ("test_a_fault", "test_killed", "test_stalls")]
+        f"FAILED tests/test_kernels.py::{name}"
+        for name in ("test_a_fault", "test_fails_plainly", "test_killed", "test_stalls")]
     messages = {line.split("::")[1].split(" - ")[0]: line.split(" - ", 1)[1] for line in result["failures"]}
     assert messages["test_killed"] == "its process ended (exit -9) while it ran"
     assert messages["test_stalls"].startswith("stopped after 1 s (a stall)")
     assert messages["test_a_fault"] == "RuntimeError: an illegal memory access"
     own = [process["name"] for process in result["processes"] if process["name"] != "shared"]
-    assert own == ["own-1", "own-1+1", "own-1+2", "own-1+3"]  # one file: one lane, a fresh process after each end
+    assert own == ["own-1", "own-1+1", "own-1+2", "own-1+3"]  # one file: one lane; a fresh one after each end
     assert os.path.exists(out / "doctor-cpu-tests.log") and not result["running"]
 
 

@@ -3,10 +3,10 @@
 Each process reports every test's start and result as it happens (pytest_events.py), so the record is current after
 each result, and a process that ends mid-test shows which test it was running. The tests marked `own_process` (those
 that call Triton kernels, where a CUDA fault corrupts the process's context) run in a few processes of their own, a
-test file's tests together, each process stopping at its first failure (`-x`); when one ends before its tests are
-done (a failure, a fault, a crash, a test past its time), the test it was running fails and the ones it had not
-started run on in a fresh process. So a fault fails the test that caused it and no other, at the cost of one process
-start per failure, not one per test."""
+test file's tests together, each process stopping after a test that failed with a CUDA error; when one ends before
+its tests are done (such an error, a crash, a test past its time), the test it was running fails and the ones it had
+not started run on in a fresh process. So a fault fails the test that caused it and no other, at the cost of one
+process start per fault, not one per test."""
 
 from __future__ import annotations
 

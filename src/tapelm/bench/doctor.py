@@ -4,7 +4,7 @@ On the device accelerate gives this process (the GPU when there is one), in five
 passes or fails, so one failing part does not hide the others:
 
 1. tests: the law tests on the device (`pytest --device DEVICE -m device`, from the source checkout's tests/), those
-   that call Triton kernels in a few processes beside the others, a process that fails or dies rerun from the test
+   that call Triton kernels in a few processes beside the others, a process that faults or dies rerun from the test
    after it in a fresh one, so that a fault that corrupts the CUDA context fails one test (device_tests.py); the
    record is written after each test's result, so a visit cut short keeps every result it got;
 2. first-calls: each fast path's first training step on a small model, its compiling and autotuning, and whether
@@ -105,8 +105,9 @@ def run_tests(device: torch.device, tiny: bool, log: Path, settings: TestSetting
             **({} if passed else {"output_tail": text[-4000:]})}
 
 
-OWN_ARGUMENTS = ["-x", "-vv"]
-"""A process of own-process tests stops at its first failure: what it had not started runs on in a fresh one."""
+OWN_ARGUMENTS = ["--stop-at-cuda-error", "-vv"]
+"""A process of own-process tests stops after a test that failed with a CUDA error (pytest_events.py): what it had
+not started runs on in a fresh one."""
 
 
 def run_speed(device: torch.device, tiny: bool, out: Path, fast_paths: str = "auto") -> dict:
@@ -268,7 +269,7 @@ def add_commands(commands) -> None:
                         help="pytest-xdist workers for the shared law tests on a device (default: %(default)s)")
     parser.add_argument("--processes", type=int, default=4,
                         help="processes for the law tests that run apart from the shared ones (marked own_process: "
-                             "they call Triton kernels), beside them; one that fails or dies is rerun from the test "
+                             "they call Triton kernels), beside them; one that faults or dies is rerun from the test "
                              "after it in a fresh one (default: %(default)s)")
     parser.add_argument("--seconds", type=float,
                         help="stop the law tests after this many seconds, recording what did not finish")

@@ -2,13 +2,20 @@
 `tapelm doctor` follows its test processes (a process that dies mid-test leaves its test started and not finished).
 
 Run as a script, `python pytest_events.py EVENTS_FILE PYTEST_ARGUMENTS...`, which imports neither tapelm nor torch (the
-tests do): the plugin lives in the process that reports (pytest-xdist's controller, not its workers)."""
+tests do): the plugin lives in the process that reports (pytest-xdist's controller, not its workers). With
+`--stop-at-cuda-error` the session stops after a test whose failure names a CUDA error (`CUDA_ERRORS`), which leaves
+the process's CUDA context unusable: the tests after it belong in a fresh process."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
+
+CUDA_ERRORS = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
+                         r"misaligned address|CUBLAS_STATUS|CUDNN_STATUS|cudaError")
+"""What a failure's text holds when the CUDA context it ran in is lost (PyTorch's and the CUDA libraries' errors)."""
 
 
 class Events:
@@ -17,6 +24,14 @@ class Events:
 
     def __init__(self, path: str):
         self.file = open(path, "a", buffering=1)
+        self.session = None
+
+    def pytest_addoption(self, parser):
+        parser.addoption("--stop-at-cuda-error", action="store_true",
+                         help="stop the session after a test whose failure names a CUDA error")
+
+    def pytest_sessionstart(self, session):
+        self.session = session
 
     def write(self, **event) -> None:
         self.file.write(json.dumps({**event, "time": time.time()}) + "\n")
@@ -29,6 +44,9 @@ class Events:
         if report.when == "call" or not report.passed:
             self.write(event="report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
                        seconds=report.duration, message=_message(report))
+        if (report.failed and self.session.config.getoption("stop_at_cuda_error")
+                and CUDA_ERRORS.search(report.longreprtext)):
+            self.session.shouldstop = f"{report.nodeid} failed with a CUDA error: the rest runs in a fresh process"
 
     def pytest_runtest_logfinish(self, nodeid, location):
         self.write(event="finish", nodeid=nodeid)
