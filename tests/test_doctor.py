@@ -24,7 +24,7 @@ def test_the_record_holds_the_first_result_while_this_process_runs():
     path, record = os.environ["DOCTOR_RECORD"], {}
     for _ in range(100):
         record = json.loads(open(path).read()) if os.path.exists(path) else {}
-        if "tests/test_kernels.py::test_first" in record.get("parts", {}).get("tests", {}).get("slowest", {}):
+        if record.get("parts", {}).get("tests", {}).get("outcomes", {}).get("tests/test_kernels.py::test_first"):
             return
         time.sleep(0.1)
     raise AssertionError(record)
@@ -76,6 +76,7 @@ def test_a_test_that_kills_stalls_or_faults_its_process_fails_alone(tmp_path, mo
     own = [process["name"] for process in result["processes"] if process["name"] != "shared"]
     assert own == ["own-1", "own-1+1", "own-1+2", "own-1+3"]  # one file: one lane; a fresh one after each end
     assert os.path.exists(out / "doctor-cpu-tests.log") and not result["running"]
+    assert result["outcomes"]["tests/test_shared.py::test_plain"] == "passed" and len(result["outcomes"]) == 8
 
 
 def test_own_process_tests_go_in_whole_files_to_the_fewest_processes_that_even_them_out():

@@ -151,8 +151,8 @@ class TestRun:
         self.start(f"{base}+{int(attempt or 0) + 1}", own_arguments or [], remaining)
 
     def summary(self) -> dict:
-        """Counts, failures (pytest's short-summary lines), the slowest tests, the tests running now and each
-        ended process."""
+        """Counts, failures (pytest's short-summary lines), every test's outcome, the slowest tests, the tests
+        running now and each ended process."""
         counts: dict[str, int] = {}
         for result in self.results.values():
             counts[result["outcome"]] = counts.get(result["outcome"], 0) + 1
@@ -160,6 +160,7 @@ class TestRun:
                     for test, result in self.results.items() if result["outcome"] not in ("passed", "skipped")]
         slowest = sorted(self.results.items(), key=lambda item: -item[1]["seconds"])[:20]
         return {"counts": counts, "failures": failures,
+                "outcomes": {test: result["outcome"] for test, result in self.results.items()},
                 "slowest": {test: round(result["seconds"], 2) for test, result in slowest},
                 "running": sorted(test for process in self.processes for test in process.running),
                 "processes": list(self.record)}
