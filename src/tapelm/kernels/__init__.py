@@ -76,7 +76,7 @@ AUTOTUNE_CONFIGS = 4
 """The most configurations one of fla's autotuned kernels benchmarks at a new tuning key. fla 0.6's lists hold up to 48
 (block sizes x num_warps x num_stages), each a compile and a benchmark at the first call: with every fast path on,
 the first training step of a tiny model waited minutes for them (docs/GPU.md, "The first call"). Triton keeps the
-winner per GPU model on disk (fla passes `cache_results`), so a second process reads it."""
+winner on disk per GPU architecture (fla passes `cache_results`), so a second process reads it."""
 
 
 @functools.cache
