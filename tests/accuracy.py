@@ -19,6 +19,11 @@ what float64 cannot where the fast path in float64 is the same computation as th
 float64, or SDPA's math kernel standing in for CUDA's memory-efficient one, agree with it bit for bit). The float32
 run can only raise the step, so it is made only for a tensor that fails without it. There two dtype results are
 noise of the terms' size, and one may be more than FACTOR times the other.
+
+A path that adds a tensor up from `accumulated` partial results in the dtype (a parameter's gradient summed over
+blocks of queries, the parameters in bf16: autograd adds each block's part in the parameter's dtype) rounds once more
+per part past the first, each at about the tensor's size (parts of one sign, as a gradient's blocks mostly are):
+`accumulated` rounding steps in all.
 """
 
 from __future__ import annotations
@@ -42,10 +47,11 @@ def outputs(model: torch.nn.Module, **named: torch.Tensor | None) -> Outputs:
             **{f"grad {name}": param.grad for name, param in model.named_parameters()}}
 
 
-def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype, exact: float = 1e-12) -> None:
+def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype, exact: float = 1e-12,
+                  accumulated: int = 1) -> None:
     """`run(setting, dtype)` gives the named tensors of one pass with `fast_paths=setting` in `dtype`: those of "on"
     in float64 against "off" in float64, each to `exact` of its largest entry, and in another `dtype` by the rule
-    above."""
+    above (the fast path adding each tensor up from `accumulated` parts in `dtype`)."""
     truth = run("off", torch.float64)
     truth_on = run("on", torch.float64)
     actual = None if dtype == torch.float64 else run("on", dtype)
@@ -67,11 +73,11 @@ def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype
         error = (actual[name].double() - expected).norm().item()
         own_error = (baseline[name].double() - expected).norm().item()
         scale = rounding_scale(expected, other_order)
-        allowed = FACTOR * own_error + ROUNDING[dtype] * scale
+        allowed = FACTOR * own_error + accumulated * ROUNDING[dtype] * scale
         if error > allowed and dtype != torch.float32:  # the float32 probe can only raise the scale: run it to decide
             in_float32 = in_float32 or [run("off", torch.float32)]
             scale = max(scale, rounding_scale(expected, in_float32[0][name].double(), torch.float32))
-            allowed = FACTOR * own_error + ROUNDING[dtype] * scale
+            allowed = FACTOR * own_error + accumulated * ROUNDING[dtype] * scale
         assert error <= allowed, (f"{name}: error (norm) {error:.3g} from the float64 reference, allowed "
                                   f"{allowed:.3g} (rounding scale {scale:.3g}, norm {expected.norm().item():.3g})")
 

@@ -350,6 +350,33 @@ def test_the_accuracy_rule_sees_cancellation_in_float32_where_the_path_takes_no_
         compare_paths(lambda setting, dtype: run(setting, dtype, shift=0.05), torch.bfloat16)
 
 
+def test_the_accuracy_rule_counts_the_roundings_of_a_sum_over_blocks():
+    """A gradient summed over 4 blocks of queries in bf16, as the blocks path sums a bf16 parameter's (FIRE's
+    `fire.c` on the H100, packed: 0.00134 where one rounding step allowed 0.00128): 3 roundings more than the
+    reference's one sum, each at about the sum's size. One step fails the same sum; four (`accumulated=4`) pass it, and
+    a path that drops a block still fails."""
+    import accuracy
+
+    terms = torch.rand(4, 100, dtype=torch.float64, generator=torch.Generator().manual_seed(2), device="cpu") / 100
+
+    def run(setting, dtype, blocks=4):
+        if setting == "off":
+            return {"grad": terms.to(dtype).sum().reshape(1)}
+        parts = terms.to(dtype).sum(1)
+        total = parts[0]
+        for part in parts[1:blocks if dtype != torch.float64 else 4]:
+            total = total + part  # rounded to the dtype at each block
+        return {"grad": total.reshape(1)}
+
+    truth = terms.sum()
+    own_error = (run("off", torch.bfloat16)["grad"].double() - truth).abs()
+    one_step = accuracy.FACTOR * own_error + accuracy.ROUNDING[torch.bfloat16] * truth
+    assert (run("on", torch.bfloat16)["grad"].double() - truth).abs() > one_step
+    compare_paths(run, torch.bfloat16, accumulated=4)
+    with pytest.raises(AssertionError, match="grad: error"):
+        compare_paths(lambda setting, dtype: run(setting, dtype, blocks=3), torch.bfloat16, accumulated=4)
+
+
 def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
     """The fast paths add no parameter and change no name: a model saved with them loads with them off."""
     model = tiny_model("tape", dtype=torch.float64, fast_paths="on")
@@ -466,8 +493,9 @@ BIASED = {"t5": {}, "t5 shared": {"pe_type": "t5", "t5_shared": True}, "fire": {
 @pytest.mark.parametrize("encoding", list(BIASED))
 def test_attention_over_blocks_of_queries_computes_the_reference_function(encoding, batch, monkeypatch):
     """Encodings whose bias needs a gradient, with attention a block of 5 queries at a time and each block's bias
-    rebuilt in the backward pass, against the whole bias at once: logits and every parameter's gradient. PaTH walks
-    chunks of 4 tokens, so blocks start inside chunks and meet earlier ones."""
+    rebuilt in the backward pass, against the whole bias at once: logits and every parameter's gradient, each summed
+    over the 4 blocks in the parameters' dtype (`accumulated`). PaTH walks chunks of 4 tokens, so blocks start inside
+    chunks and meet earlier ones."""
     from tapelm.kernels.path_attention import naive as path_reference
 
     monkeypatch.setattr(blocks, "BIAS_BLOCK", 5)
@@ -482,7 +510,7 @@ def test_attention_over_blocks_of_queries_computes_the_reference_function(encodi
         assert ran == ({"attention-blocks"} if setting == "on" else set())
         return outputs
 
-    compare_paths(run, DTYPE)
+    compare_paths(run, DTYPE, accumulated=-(-ids.shape[1] // blocks.BIAS_BLOCK))
 
 
 @pytest.mark.parametrize("mask_kind", ["padding", "a query sees nothing"])
