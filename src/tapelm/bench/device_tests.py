@@ -25,7 +25,7 @@ TEST_SECONDS = 180.0
 """The longest one test that runs in a process of its own may take: past it, its process is stopped and the test
 fails (a stall), and the others run on in a fresh one."""
 POLL_SECONDS = 0.2
-ORDER = ("error", "failed", "skipped", "passed")
+ORDER = ("error", "failed", "not run", "skipped", "passed")
 """A test's outcome is its worst phase's (an error is a setup or teardown that failed)."""
 
 
@@ -80,8 +80,7 @@ class TestRun:
                     self._stop(process, "stopped at the deadline")
                     changed = True
                 elif code is None and process.tests is not None:
-                    late = [test for test, began in process.running.items() if now - began > TEST_SECONDS]
-                    if late:
+                    if any(now - began > TEST_SECONDS for began in process.running.values()):
                         self._stop(process, f"stopped after {TEST_SECONDS:.0f} s (a stall)")
                         changed = True
                 elif code is not None:
@@ -93,12 +92,13 @@ class TestRun:
             time.sleep(POLL_SECONDS)
 
     def _read(self, process: Process) -> bool:
-        with process.events.open() as events:
+        """Take in the events `process` has written whole since the last read; whether there were any."""
+        with process.events.open("rb") as events:
             events.seek(process.offset)
-            lines = events.read()
-        complete = lines[:lines.rfind("\n") + 1]
-        process.offset += len(complete.encode())
-        for line in complete.splitlines():
+            written = events.read()
+        complete = written[:written.rfind(b"\n") + 1]
+        process.offset += len(complete)
+        for line in complete.decode().splitlines():
             event = json.loads(line)
             test = event["nodeid"]
             if event["event"] == "start":
