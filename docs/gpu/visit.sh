@@ -12,8 +12,8 @@
 # benchmark stages run on the default paths (`fast_paths="auto"`: those the tests of an earlier visit verified) unless
 # VISIT_FAST_PATHS says otherwise (on, off, or path names). VISIT_TESTS (a pytest -k expression) and VISIT_WORKERS
 # (default 8) shape the tests. VISIT_DRY_RUN=1 prints each stage's command instead of running it.
-# Stages (`next` names the next visit's plan: tests first-calls speed-1k-defaults speed-1k-kernels speed-1k-efficient
-# speed-1k-every science):
+# Stages (`next` names the next visit's plan: tests first-calls first-calls-again speed-1k-defaults speed-1k-kernels
+# speed-1k-efficient speed-1k-every science):
 #   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), the
 #                shared ones on VISIT_WORKERS pytest workers, those that call Triton kernels (fla's, tapelm's) in
 #                VISIT_PROCESSES processes beside them (default 4), a process that fails or dies rerun from the test
@@ -21,6 +21,7 @@
 #                result; the doctor stops the tests 25 s before the stage's limit, VISIT_TESTS_SECONDS (default 120)
 #   first-calls  tapelm doctor's first calls: each fast path's first training step on a small model (its compiling
 #                and autotuning) and whether generate tunes again at a new length, the JSON rewritten after each path
+#   first-calls-again  the same in a second process, which finds Triton's kernels and autotuning on disk
 #   speed-1k-defaults  bench speed, 12 x 768 at 1,024 x 16, bf16 autocast, one repetition, the default paths: RoPE,
 #                TAPE, T5, FIRE, CoPE, FoX, PaTH, fla's FoX and PaTH models (and `more_rows` below); each
 #                speed-1k-* stage rewrites its JSON as each row's measurement ends (a stopped stage keeps every row)
@@ -69,12 +70,12 @@ defaults="attention-unpadded rotation-triton rotation-autograd state-mixing-trit
 # ---- the speed-1k-defaults stage; its limit grows by ROW_SECONDS a row (then check the plan still fits: the test).
 more_rows=()
 defaults_rows=(rope tape t5 fire cope fox path fla-fox fla-path "${more_rows[@]}")
-plan=(tests first-calls speed-1k-defaults speed-1k-kernels speed-1k-efficient speed-1k-every science)
+plan=(tests first-calls first-calls-again speed-1k-defaults speed-1k-kernels speed-1k-efficient speed-1k-every science)
 # A speed-1k-* stage may take 15 s to start and ROW_SECONDS a row beside RoPE (one repetition: both models built,
 # two alternations of training steps, memory, prefill, 64 tokens decoded at batch 1 and 8 each); every-path rows 40 s
 # more for their first calls (the issue's target: a first training step within 60 s on a fresh machine).
 ROW_SECONDS=12
-declare -A limit=([tests]=${VISIT_TESTS_SECONDS:-120} [first-calls]=60
+declare -A limit=([tests]=${VISIT_TESTS_SECONDS:-120} [first-calls]=60 [first-calls-again]=30
                   [speed-1k-defaults]=$((15 + ROW_SECONDS * (${#defaults_rows[@]} - 1)))
                   [speed-1k-kernels]=$((15 + ROW_SECONDS * 3)) [speed-1k-efficient]=$((15 + 2 * ROW_SECONDS * 3))
                   [speed-1k-every]=$((15 + 40 + ROW_SECONDS)) [speed-1k-all]=150 [science]=150 [eager-1k]=120
@@ -98,7 +99,7 @@ stage() {  # run stage NAME; FAST is the fast-path setting of the benchmark stag
       $python -m tapelm.cli doctor --out "$work/tests" --skip first-calls speed training generation \
         --workers "${VISIT_WORKERS:-8}" --processes "${VISIT_PROCESSES:-4}" --seconds "$((seconds - 25))" \
         ${VISIT_TESTS:+--select "$VISIT_TESTS"} ;;
-    first-calls) $python -m tapelm.cli doctor --out "$work/first-calls" --skip tests speed training generation ;;
+    first-calls|first-calls-again) $python -m tapelm.cli doctor --out "$work/$1" --skip tests speed training generation ;;
     speed-1k-defaults) bench speed-1k-defaults paper-1k auto --repeats 1 --pe "${defaults_rows[@]}" ;;
     speed-1k-kernels) bench speed-1k-kernels paper-1k \
       "$defaults state-update-triton forgetting-attention-fla path-attention-fla" --repeats 1 --pe rope tape fox path ;;
