@@ -99,7 +99,8 @@ stage() {  # run stage NAME; FAST is the fast-path setting of the benchmark stag
       $python -m tapelm.cli doctor --out "$work/tests" --skip first-calls speed training generation \
         --workers "${VISIT_WORKERS:-8}" --processes "${VISIT_PROCESSES:-4}" --seconds "$((seconds - 25))" \
         ${VISIT_TESTS:+--select "$VISIT_TESTS"} ;;
-    first-calls|first-calls-again) $python -m tapelm.cli doctor --out "$work/$1" --skip tests speed training generation ;;
+    first-calls|first-calls-again)
+      $python -m tapelm.cli doctor --out "$work/$1" --skip tests speed training generation ;;
     speed-1k-defaults) bench speed-1k-defaults paper-1k auto --repeats 1 --pe "${defaults_rows[@]}" ;;
     speed-1k-kernels) bench speed-1k-kernels paper-1k \
       "$defaults state-update-triton forgetting-attention-fla path-attention-fla" --repeats 1 --pe rope tape fox path ;;
