@@ -57,6 +57,11 @@ def source_tests() -> Path | None:
     return tests if (tests / "conftest.py").is_file() else None
 
 
+OWN_ARGUMENTS = ["--stop-at-cuda-error", "-vv"]
+"""A process of own-process tests stops after a test that failed with a CUDA error (pytest_events.py): what it had
+not started runs on in a fresh one."""
+
+
 @dataclass(frozen=True)
 class TestSettings:
     """How the law tests run on a device: the shared ones on `workers` pytest-xdist workers (where it is installed),
@@ -103,11 +108,6 @@ def run_tests(device: torch.device, tiny: bool, log: Path, settings: TestSetting
     return {"status": "passed" if passed else "failed", **summary, "failures": summary["failures"][:50],
             "own_process": len(own), "selection": "tiny" if tiny else "-m device", "log": log.name,
             **({} if passed else {"output_tail": text[-4000:]})}
-
-
-OWN_ARGUMENTS = ["--stop-at-cuda-error", "-vv"]
-"""A process of own-process tests stops after a test that failed with a CUDA error (pytest_events.py): what it had
-not started runs on in a fresh one."""
 
 
 def run_speed(device: torch.device, tiny: bool, out: Path, fast_paths: str = "auto") -> dict:
