@@ -307,42 +307,25 @@ def cancelling_paths(float64_on: bool):
     return run
 
 
-def test_the_accuracy_rule_takes_a_tensor_made_by_cancellation_at_its_terms_size():
-    """Two summation orders as the two paths, in bf16: float64's two orders disagree, so the rounding step is taken
-    of the terms' size and the paths' bf16 noise passes (the tensor's norm, 2e-14, would fail it: its errors are 0.33
-    against the reference path's 0.012); a path that is off by 2 fails, as does a well-conditioned tensor off by one
-    of its own roundings many times over."""
+@pytest.mark.parametrize("float64_on", [True, False], ids=["float64 on the path", "float64 on the reference"])
+def test_the_accuracy_rule_takes_a_tensor_made_by_cancellation_at_its_terms_size(float64_on):
+    """Two summation orders as the two paths, in bf16. Where the path runs in float64, float64's two orders disagree;
+    where it does not (FIRE's last bias on CUDA's memory-efficient kernel, docs/gpu/h100-2026-11-28/: off by 0.0245
+    where the rule allowed 0.0157; in float64 SDPA's math kernel stands in, the same computation as the reference),
+    they agree bit for bit and the reference in float32 disagrees with them in more than half of its digits. Either
+    shows the cancellation, so the rounding step is taken of the terms' size and the paths' bf16 noise passes (the
+    tensor's norm, 2e-14, would fail it: its errors are 0.33 against the reference path's 0.012); a path that is off
+    by 2 fails, as does a well-conditioned tensor off by one of its own roundings many times over."""
     import accuracy
 
-    run = cancelling_paths(float64_on=True)
+    run = cancelling_paths(float64_on)
     truth, other = run("off", torch.float64)["zero"], run("on", torch.float64)["zero"]
+    assert torch.equal(other, truth) != float64_on
     noise = (run("on", torch.bfloat16)["zero"].double() - truth).norm()
     assert noise > accuracy.FACTOR * (run("off", torch.bfloat16)["zero"].double() - truth).norm() \
         + accuracy.ROUNDING[torch.bfloat16] * truth.norm()
-    assert accuracy.rounding_scale(truth, other) > 1e3 * truth.norm()
-    compare_paths(run, torch.bfloat16)
-    with pytest.raises(AssertionError, match="zero: error"):
-        compare_paths(lambda setting, dtype: run(setting, dtype, wrong=2.0), torch.bfloat16)
-    with pytest.raises(AssertionError, match="sizeable: error"):
-        compare_paths(lambda setting, dtype: run(setting, dtype, shift=0.05), torch.bfloat16)
-
-
-def test_the_accuracy_rule_sees_cancellation_in_float32_where_the_path_takes_no_float64():
-    """FIRE's last bias on CUDA's memory-efficient kernel (docs/gpu/h100-2026-11-28/: off by 0.0245 where the rule
-    allowed 0.0157, twice the reference's own error): in float64 SDPA's math kernel stands in for it, the same
-    computation as the reference, and the two agree bit for bit; the reference in float32 shows the cancellation (it
-    disagrees in more than half of float32's digits), and the step is taken of the terms' size. The same noise
-    passes; a path off by 2, or a well-conditioned tensor off by many of its roundings, still fails."""
-    import accuracy
-
-    run = cancelling_paths(float64_on=False)
-    truth = run("off", torch.float64)["zero"]
-    assert torch.equal(run("on", torch.float64)["zero"], truth)
-    noise = (run("on", torch.bfloat16)["zero"].double() - truth).norm()  # beyond the rule at the tensor's norm
-    assert noise > accuracy.FACTOR * (run("off", torch.bfloat16)["zero"].double() - truth).norm() \
-        + accuracy.ROUNDING[torch.bfloat16] * truth.norm()
-    in_float32 = run("off", torch.float32)["zero"].double()
-    assert accuracy.rounding_scale(truth, in_float32, torch.float32) > 1e3 * truth.norm()
+    probe = (other, torch.float64) if float64_on else (run("off", torch.float32)["zero"].double(), torch.float32)
+    assert accuracy.rounding_scale(truth, *probe) > 1e3 * truth.norm()
     compare_paths(run, torch.bfloat16)
     with pytest.raises(AssertionError, match="zero: error"):
         compare_paths(lambda setting, dtype: run(setting, dtype, wrong=2.0), torch.bfloat16)
