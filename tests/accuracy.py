@@ -3,17 +3,27 @@
 In float64 (on the CPU, and on a device too) the two paths agree to `exact` of each tensor's largest entry. On a
 device, where the kernels take half precision, the fast path's error from the reference path in float64 may be at
 most `FACTOR` times the reference path's own error in that precision, plus one rounding step, both errors and the
-step measured over the whole tensor (its Euclidean norm): a kernel is held to the precision a user would get without it, not to a fixed
-tolerance that a few layers of bf16 rounding already exceed. The norm, not the largest entry: two ways of rounding
+step measured over the whole tensor (its Euclidean norm): a kernel is held to the precision a user would get without
+it, not to a fixed tolerance that a few layers of bf16 rounding already exceed. The norm, not the largest entry: two ways of rounding
 differ entry by entry, and their largest errors by more than 2x on a GPU (docs/gpu/h100-2026-11-27/), while a wrong
 result moves the whole tensor.
 
-The rounding step is taken of the tensor's size, unless float64 itself shows the tensor to be cancellation: where the
-fast path and the reference, both in float64, disagree by more than `CANCELLATION` of its norm (a gradient that is
-zero by law, as FIRE's last bias under softmax's shift invariance, whose float64 value is 3e-15:
-docs/gpu/h200-2026-11-27/), its value is rounding left over from terms that cancel, and the step is taken of those
-terms' size, which float64's results give (they are about float64's unit roundoff times that size). There two dtype results are
-noise of that size, and one may be more than FACTOR times the other.
+The rounding step is taken of the tensor's size, unless a second computation shows the tensor to be cancellation:
+where it disagrees with the float64 reference by more than `CANCELLATION` of its norm (by more than half of its
+digits; a gradient that is zero by law, as FIRE's last bias under softmax's shift invariance, whose float64 value is
+3e-15: docs/gpu/h200-2026-11-27/), the reference's value is rounding left over from terms that cancel, and the step is
+taken of those terms' size. Each computation's result over its dtype's unit roundoff gives that size (rounding one
+term at a time leaves about the unit roundoff times the terms' size), the larger of them taken. Two second
+computations are asked, the larger size kept: the fast path in float64, and the reference in float32 (which shows
+what float64 cannot where the fast path in float64 is the same computation as the reference: a kernel that takes no
+float64, or SDPA's math kernel standing in for CUDA's memory-efficient one, agree with it bit for bit). The float32
+run can only raise the step, so it is made only for a tensor that fails without it. There two dtype results are
+noise of the terms' size, and one may be more than FACTOR times the other.
+
+A path that adds a tensor up from `accumulated` partial results in the dtype (a parameter's gradient summed over
+blocks of queries, the parameters in bf16: autograd adds each block's part in the parameter's dtype) rounds once more
+per part past the first, each at about the tensor's size (parts of one sign, as a gradient's blocks mostly are):
+`accumulated` rounding steps in all.
 """
 
 from __future__ import annotations
@@ -25,8 +35,8 @@ import torch
 FACTOR = 2.0
 ROUNDING = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 """Half the spacing of each dtype's numbers near 1, relative."""
-CANCELLATION = 2.0 ** -26
-"""Float64 paths that agree to fewer than half of float64's digits show a tensor made by cancellation."""
+CANCELLATION = {torch.float64: 2.0 ** -26, torch.float32: 2.0 ** -12}
+"""Two computations that agree to fewer than half of the second one's digits show a tensor made by cancellation."""
 
 Outputs = dict[str, "torch.Tensor | None"]
 
@@ -37,14 +47,16 @@ def outputs(model: torch.nn.Module, **named: torch.Tensor | None) -> Outputs:
             **{f"grad {name}": param.grad for name, param in model.named_parameters()}}
 
 
-def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype, exact: float = 1e-12) -> None:
+def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype, exact: float = 1e-12,
+                  accumulated: int = 1) -> None:
     """`run(setting, dtype)` gives the named tensors of one pass with `fast_paths=setting` in `dtype`: those of "on"
     in float64 against "off" in float64, each to `exact` of its largest entry, and in another `dtype` by the rule
-    above."""
+    above (the fast path adding each tensor up from `accumulated` parts in `dtype`)."""
     truth = run("off", torch.float64)
     truth_on = run("on", torch.float64)
     actual = None if dtype == torch.float64 else run("on", dtype)
     baseline = None if dtype == torch.float64 else run("off", dtype)
+    in_float32 = []  # the reference in float32, run once where a tensor's verdict needs it
     assert truth_on.keys() == truth.keys()
     for name, expected in truth.items():
         assert (truth_on[name] is None) == (expected is None), name
@@ -58,22 +70,28 @@ def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype
                                                     f"{largest:.3g})")
         if actual is None:
             continue
-        scale = rounding_scale(expected, other_order)
         error = (actual[name].double() - expected).norm().item()
-        allowed = FACTOR * (baseline[name].double() - expected).norm().item() + ROUNDING[dtype] * scale
+        own_error = (baseline[name].double() - expected).norm().item()
+        scale = rounding_scale(expected, other_order)
+        allowed = FACTOR * own_error + accumulated * ROUNDING[dtype] * scale
+        if error > allowed and dtype != torch.float32:  # the float32 probe can only raise the scale: run it to decide
+            in_float32 = in_float32 or [run("off", torch.float32)]
+            scale = max(scale, rounding_scale(expected, in_float32[0][name].double(), torch.float32))
+            allowed = FACTOR * own_error + accumulated * ROUNDING[dtype] * scale
         assert error <= allowed, (f"{name}: error (norm) {error:.3g} from the float64 reference, allowed "
                                   f"{allowed:.3g} (rounding scale {scale:.3g}, norm {expected.norm().item():.3g})")
 
 
-def rounding_scale(expected: torch.Tensor, other_order: torch.Tensor) -> float:
-    """The size rounding acts on: the tensor's norm, or where float64 computed another way (`other_order`) shows it
-    to be cancellation, the size of the terms that cancel: float64's results and their disagreement are then all
-    rounding of that size, the largest of them over float64's unit roundoff."""
+def rounding_scale(expected: torch.Tensor, other: torch.Tensor, other_dtype: torch.dtype = torch.float64) -> float:
+    """The size rounding acts on: the tensor's norm, or where another computation (`other`, computed in
+    `other_dtype`) shows it to be cancellation, the size of the terms that cancel: the float64 reference's result,
+    the other's and their disagreement are then all rounding of that size, the largest of them over its computation's
+    unit roundoff."""
     norm = expected.norm().item()
-    disagreement = (other_order - expected).norm().item()
-    if disagreement <= CANCELLATION * norm:
+    disagreement = (other - expected).norm().item()
+    if disagreement <= CANCELLATION[other_dtype] * norm:
         return norm
-    return max(norm, other_order.norm().item(), disagreement) / ROUNDING[torch.float64]
+    return max(norm / ROUNDING[torch.float64], max(other.norm().item(), disagreement) / ROUNDING[other_dtype])
 
 
 BATCHES = ("plain", "padded", "packed")

@@ -229,7 +229,7 @@ def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
     assert record["tiny"] and record["device"] == {"device": "cpu"}
     parts = record["parts"]
     assert {part: result["status"] for part, result in parts.items()} == dict.fromkeys(
-        ("tests", "speed", "training", "generation"), "passed")
+        ("tests", "first-calls", "speed", "training", "generation"), "passed")
     assert parts["tests"]["counts"] == {"passed": len(TINY_TESTS) * len(PE_TYPES)}
     log = (tmp_path / parts["tests"]["log"]).read_text()  # pytest's whole output, the slowest tests included
     assert "slowest 20 durations" in log and f"{len(TINY_TESTS) * len(PE_TYPES)} passed" in log.splitlines()[-1]
@@ -239,32 +239,6 @@ def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
         assert parts["training"]["runs"][pe]["final_loss"] > 0
         assert parts["generation"]["models"][pe]["cached_equals_uncached"]
     assert record["seconds"] < 120
-
-
-def test_doctor_runs_each_kernel_test_in_a_process_of_its_own(tmp_path, monkeypatch):
-    """On a device the tests marked `own_process` run one process each, so a test that corrupts its process (as a
-    CUDA fault corrupts the context) fails alone; the shared run and the counts cover every test."""
-    from tapelm.bench import doctor
-
-    tests = tmp_path / "tests"
-    tests.mkdir()
-    (tests / "conftest.py").write_text(
-        "def pytest_addoption(parser):\n    parser.addoption('--device', default='cpu')\n"
-        "def pytest_configure(config):\n"
-        "    config.addinivalue_line('markers', 'device: a law test')\n"
-        "    config.addinivalue_line('markers', 'own_process: its own process')\n")
-    (tests / "state.py").write_text("corrupted = False\n")
-    (tests / "test_shared.py").write_text("import pytest\npytestmark = pytest.mark.device\n"
-                                          "def test_plain():\n    pass\n")
-    (tests / "test_kernels.py").write_text(
-        "import pytest, state\npytestmark = [pytest.mark.device, pytest.mark.own_process]\n"
-        "def test_a_fault():\n    state.corrupted = True\n    raise RuntimeError('an illegal memory access')\n"
-        "def test_after_it():\n    assert not state.corrupted\n")
-    monkeypatch.setattr(doctor, "source_tests", lambda: tests)
-    result = doctor.run_tests(torch.device("cpu"), tiny=False, log=tmp_path / "tests.log", workers=2)
-    assert result["status"] == "failed" and result["own_process"] == 2
-    assert result["counts"] == {"passed": 2, "failed": 1}, result
-    assert [line.split(" - ")[0] for line in result["failures"]] == ["FAILED tests/test_kernels.py::test_a_fault"]
 
 
 def test_a_failing_doctor_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch, capsys):

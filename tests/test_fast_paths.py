@@ -286,13 +286,10 @@ def test_compiled_layers_take_the_blockwise_backward_and_give_the_eager_gradient
         torch.testing.assert_close(grads[True][name], grad, atol=1e-12, rtol=0, msg=name)
 
 
-def test_the_accuracy_rule_takes_a_tensor_made_by_cancellation_at_its_terms_size():
-    """A sum that is zero by law (8,192 terms that cancel in pairs), two summation orders as the two paths, in bf16:
-    float64's two orders disagree, so the rounding step is taken of the terms' size and the paths' bf16 noise passes
-    (the tensor's norm, 2e-14, would fail it: its errors are 0.33 against the reference path's 0.012); a path that is
-    off by 2 fails, as does a well-conditioned tensor off by one of its own roundings many times over."""
-    import accuracy
-
+def cancelling_paths(float64_on: bool):
+    """Two paths of a sum that is zero by law (8,192 terms that cancel in pairs: two summation orders) and of a
+    well-conditioned sum, as `compare_paths` runs them; with `float64_on` False the "on" path takes no float64 (as
+    CUDA's memory-efficient kernel), where the reference runs in its place. `wrong` and `shift` make it wrong."""
     generator = torch.Generator().manual_seed(2)
     terms = torch.randn(4096, dtype=torch.float64, generator=generator, device="cpu")
     cancelling = torch.cat([terms, -terms])
@@ -300,23 +297,67 @@ def test_the_accuracy_rule_takes_a_tensor_made_by_cancellation_at_its_terms_size
               for setting in ("off", "on")}
 
     def run(setting, dtype, wrong=0.0, shift=0.0):
-        x = cancelling[orders[setting]].to(dtype)
+        taken = setting == "on" and (float64_on or dtype != torch.float64)
+        x = cancelling[orders["on" if taken else "off"]].to(dtype)
         zero = x.view(-1, 8).sum(1).view(-1, 8).sum(1).sum(0, keepdim=True)
         sizeable = (3 * terms).to(dtype).sum(0, keepdim=True)
         if setting == "on" and dtype != torch.float64:
             zero, sizeable = zero + wrong, sizeable * (1 + shift)
         return {"zero": zero, "sizeable": sizeable}
+    return run
 
+
+@pytest.mark.parametrize("float64_on", [True, False], ids=["float64 on the path", "float64 on the reference"])
+def test_the_accuracy_rule_takes_a_tensor_made_by_cancellation_at_its_terms_size(float64_on):
+    """Two summation orders as the two paths, in bf16. Where the path runs in float64, float64's two orders disagree;
+    where it does not (FIRE's last bias on CUDA's memory-efficient kernel, docs/gpu/h100-2026-11-28/: off by 0.0245
+    where the rule allowed 0.0157; in float64 SDPA's math kernel stands in, the same computation as the reference),
+    they agree bit for bit and the reference in float32 disagrees with them in more than half of its digits. Either
+    shows the cancellation, so the rounding step is taken of the terms' size and the paths' bf16 noise passes (the
+    tensor's norm, 2e-14, would fail it: its errors are 0.33 against the reference path's 0.012); a path that is off
+    by 2 fails, as does a well-conditioned tensor off by one of its own roundings many times over."""
+    import accuracy
+
+    run = cancelling_paths(float64_on)
     truth, other = run("off", torch.float64)["zero"], run("on", torch.float64)["zero"]
+    assert torch.equal(other, truth) != float64_on
     noise = (run("on", torch.bfloat16)["zero"].double() - truth).norm()
     assert noise > accuracy.FACTOR * (run("off", torch.bfloat16)["zero"].double() - truth).norm() \
         + accuracy.ROUNDING[torch.bfloat16] * truth.norm()
-    assert accuracy.rounding_scale(truth, other) > 1e3 * truth.norm()
+    probe = (other, torch.float64) if float64_on else (run("off", torch.float32)["zero"].double(), torch.float32)
+    assert accuracy.rounding_scale(truth, *probe) > 1e3 * truth.norm()
     compare_paths(run, torch.bfloat16)
     with pytest.raises(AssertionError, match="zero: error"):
         compare_paths(lambda setting, dtype: run(setting, dtype, wrong=2.0), torch.bfloat16)
     with pytest.raises(AssertionError, match="sizeable: error"):
         compare_paths(lambda setting, dtype: run(setting, dtype, shift=0.05), torch.bfloat16)
+
+
+def test_the_accuracy_rule_counts_the_roundings_of_a_sum_over_blocks():
+    """A gradient summed over 4 blocks of queries in bf16, as the blocks path sums a bf16 parameter's (FIRE's
+    `fire.c` on the H100, packed: 0.00134 where one rounding step allowed 0.00128): 3 roundings more than the
+    reference's one sum, each at about the sum's size. One step fails the same sum; four (`accumulated=4`) pass it, and
+    a path that drops a block still fails."""
+    import accuracy
+
+    terms = torch.rand(4, 100, dtype=torch.float64, generator=torch.Generator().manual_seed(2), device="cpu") / 100
+
+    def run(setting, dtype, blocks=4):
+        if setting == "off":
+            return {"grad": terms.to(dtype).sum().reshape(1)}
+        parts = terms.to(dtype).sum(1)
+        total = parts[0]
+        for part in parts[1:blocks if dtype != torch.float64 else 4]:
+            total = total + part  # rounded to the dtype at each block
+        return {"grad": total.reshape(1)}
+
+    truth = terms.sum()
+    own_error = (run("off", torch.bfloat16)["grad"].double() - truth).abs()
+    one_step = accuracy.FACTOR * own_error + accuracy.ROUNDING[torch.bfloat16] * truth
+    assert (run("on", torch.bfloat16)["grad"].double() - truth).abs() > one_step
+    compare_paths(run, torch.bfloat16, accumulated=4)
+    with pytest.raises(AssertionError, match="grad: error"):
+        compare_paths(lambda setting, dtype: run(setting, dtype, blocks=3), torch.bfloat16, accumulated=4)
 
 
 def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
@@ -363,7 +404,7 @@ def test_a_forward_pass_resolves_its_setting_once(monkeypatch):
     model = tiny_model("tape", fast_paths=["rotation-autograd"]).train()
     ids = tokens(2, 9)
     model(ids, labels=ids).loss.backward()
-    assert calls == [(["rotation-autograd"], DEVICE, "tape")]
+    assert calls == [(["rotation-autograd"], ids.device, "tape")]  # cuda:0 where DEVICE is "cuda"
 
 
 def test_every_fast_path_is_one_candidate_of_one_dispatcher_beside_its_reference():
@@ -435,8 +476,9 @@ BIASED = {"t5": {}, "t5 shared": {"pe_type": "t5", "t5_shared": True}, "fire": {
 @pytest.mark.parametrize("encoding", list(BIASED))
 def test_attention_over_blocks_of_queries_computes_the_reference_function(encoding, batch, monkeypatch):
     """Encodings whose bias needs a gradient, with attention a block of 5 queries at a time and each block's bias
-    rebuilt in the backward pass, against the whole bias at once: logits and every parameter's gradient. PaTH walks
-    chunks of 4 tokens, so blocks start inside chunks and meet earlier ones."""
+    rebuilt in the backward pass, against the whole bias at once: logits and every parameter's gradient, each summed
+    over the 4 blocks in the parameters' dtype (`accumulated`). PaTH walks chunks of 4 tokens, so blocks start inside
+    chunks and meet earlier ones."""
     from tapelm.kernels.path_attention import naive as path_reference
 
     monkeypatch.setattr(blocks, "BIAS_BLOCK", 5)
@@ -451,7 +493,7 @@ def test_attention_over_blocks_of_queries_computes_the_reference_function(encodi
         assert ran == ({"attention-blocks"} if setting == "on" else set())
         return outputs
 
-    compare_paths(run, DTYPE)
+    compare_paths(run, DTYPE, accumulated=-(-ids.shape[1] // blocks.BIAS_BLOCK))
 
 
 @pytest.mark.parametrize("mask_kind", ["padding", "a query sees nothing"])

@@ -1,13 +1,17 @@
 """FoX and PaTH through fla ("forgetting-attention-fla", "path-attention-fla") compute tapelm's reference function.
 
-On the CPU the adapters (layouts, log gates, Householder vectors, packed documents and padding as variable-length
-segments, cached decoding) are routed to fla's naive ops, which run there (its kernels do not run under Triton's CPU
-interpreter), one segment at a time where fla's kernels take `cu_seqlens`: the implementation modules' `kernel(x)` is
-the one place that names fla's function. fla's naive ops compute in float32, so the float64 model is held to
-float32's tolerance. Under `pytest --device cuda` the same tests run fla's kernels in bf16, held to the reference
-path's own accuracy in bf16 (tests/accuracy.py). PaTH goes to fla only within the shapes fla's own tests run (heads of
-64 or 128, at least 512 tokens, sequences of at least 15): the tests use such shapes, and check that others stay on
-the reference."""
+The tests run tapelm's whole adapter on every device (layouts, log gates, Householder vectors, packed documents and
+padding as variable-length segments, cached decoding, and `kernel(x)`, the one place that names fla's function and
+decides where it runs), and record each call that reaches fla's function: its kernel on CUDA; on the CPU, where its
+kernels do not run (not even under Triton's CPU interpreter), fla's naive op in its place, one segment at a time where
+fla's kernels take `cu_seqlens`, in float64 as well (the naive op computes in float32 whatever it is given: the
+float64 model is held to float32's tolerance). A call that fla does not take (a shape outside fla's tests, float64 on
+CUDA) goes to the reference, and a test that claims a path fails when no call reached fla. Under `pytest --device
+cuda` the fast path runs in bf16, held to the reference path's own accuracy in bf16 (tests/accuracy.py). PaTH goes to
+fla only within the shapes fla's own tests run (heads of 64 or 128, at least 512 tokens, sequences of at least 15):
+the tests use such shapes, and check that others stay on the reference."""
+
+import importlib
 
 import pytest
 import torch
@@ -15,11 +19,10 @@ import torch
 from accuracy import compare_paths, outputs
 import conftest
 from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
+import tapelm.kernels
 from tapelm import fast_paths
 from tapelm.kernels.attention import AttentionMask
 from tapelm.kernels.fla_layout import segments
-from tapelm.kernels.forgetting_attention import fla as forgetting_fla
-from tapelm.kernels.path_attention import fla as path_fla
 
 pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
@@ -32,18 +35,22 @@ NAIVE_TOLERANCE = 1e-4
 """Largest error allowed on the CPU, as a fraction of the reference tensor's largest entry (fla's naive ops round
 to float32, amplified through two layers)."""
 PATHS = {"fox": "forgetting-attention-fla", "path": "path-attention-fla"}
+FLA_FUNCTIONS = {"fox": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
+                 "path": ("fla.ops.path_attn", "parallel_path_attn")}
+"""Where tapelm's adapters find fla's function (kernels/forgetting_attention/fla.py, kernels/path_attention/fla.py)."""
 LENGTH = 256
 """Tokens per row: two rows make the 512 tokens fla's PaTH tests run at least."""
 
 
 def per_segment(op):
     """fla's `cu_seqlens` semantics for a naive op that takes whole sequences: each segment of the one row alone.
-    Called as fla's kernels are: (*tensors, scale=..., cu_seqlens=...)."""
+    Called as fla's kernels are: (*tensors, scale=..., cu_seqlens=...); the output in the inputs' dtype."""
     def run(*tensors, scale, cu_seqlens=None):
         if cu_seqlens is None:
-            return op(*tensors, scale)
+            return op(*tensors, scale).to(tensors[0].dtype)
         bounds = cu_seqlens.tolist()
-        return torch.cat([op(*(x[:, a:b] for x in tensors), scale) for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
+        return torch.cat([op(*(x[:, a:b] for x in tensors), scale) for a, b in zip(bounds[:-1], bounds[1:])],
+                         dim=1).to(tensors[0].dtype)
     return run
 
 
@@ -62,17 +69,20 @@ NAIVE = {"fox": per_segment(naive_forgetting.naive_forgetting_attn), "path": pat
 
 @pytest.fixture
 def routed(monkeypatch):
-    """The calls that reached fla, each (encoding, cu_seqlens): its kernels on CUDA, its naive ops elsewhere."""
+    """The calls that reached fla's function, each (encoding, cu_seqlens): its kernels on CUDA; on the CPU its naive
+    ops, which take any CPU tensor (so `tapelm.kernels.fla_takes` does there); tapelm's shape checks stay its own."""
     calls = []
-    for encoding, module in (("fox", forgetting_fla), ("path", path_fla)):
-        def kernel(x, encoding=encoding, original=module.kernel):
-            function = original(x) if ON_GPU else NAIVE[encoding]
+    if not ON_GPU:
+        takes = tapelm.kernels.fla_takes
+        monkeypatch.setattr(tapelm.kernels, "fla_takes", lambda x: x.device.type == "cpu" or takes(x))
+    for encoding, (module, name) in FLA_FUNCTIONS.items():
+        library = importlib.import_module(module)
 
-            def recorded(*tensors, scale, cu_seqlens=None):
-                calls.append((encoding, cu_seqlens))
-                return function(*tensors, scale=scale, cu_seqlens=cu_seqlens)
-            return recorded
-        monkeypatch.setattr(module, "kernel", kernel)
+        def recorded(*tensors, scale, cu_seqlens=None, encoding=encoding,
+                     function=getattr(library, name) if ON_GPU else NAIVE[encoding]):
+            calls.append((encoding, cu_seqlens))
+            return function(*tensors, scale=scale, cu_seqlens=cu_seqlens)
+        monkeypatch.setattr(library, name, recorded)
     return calls
 
 
@@ -143,9 +153,12 @@ def test_fla_prefill_then_cached_decoding_equals_the_reference(pe_type, routed):
 
 
 def test_path_stays_on_the_reference_outside_the_shapes_fla_tests(routed):
-    """Heads of 16, fewer than 512 tokens, or a sequence shorter than 15 tokens: the reference; fla's path off by
-    default ("auto") until a GPU run verified it."""
+    """Heads of 16, fewer than 512 tokens, a sequence shorter than 15 tokens, or on CUDA float64 (which fla's kernels
+    do not take, for FoX too): the reference; fla's path off by default ("auto") until a GPU run verified it."""
     with torch.no_grad():
+        if ON_GPU:
+            model("path", True, dtype=torch.float64)(tokens(2, LENGTH))
+            model("fox", True, dtype=torch.float64)(tokens(2, LENGTH))
         model("path", True, hidden_size=64)(tokens(2, LENGTH))  # heads of 16
         model("path", True)(tokens(2, 200))  # 400 tokens
         short = torch.cat([torch.arange(10, device=DEVICE), torch.arange(LENGTH - 10, device=DEVICE)])[None]
@@ -177,3 +190,28 @@ def test_segments_read_the_mask():
     assert cuts(causal[None, None], keys=8) is False  # cached keys
     assert cuts(continued[None, None]) is False  # cached keys the call does not hold, but the mask covers
     assert segments(AttentionMask(None, False), 1, 6, 6) is False
+
+
+FLA_MODULES = ("fla.modules.fused_linear_cross_entropy", "fla.modules.activations", "fla.modules.norm.layernorm",
+               "fla.modules.rotary", "fla.ops.forgetting_attn", "fla.ops.path_attn")
+"""The fla modules tapelm's fla paths call (kernels/*/fla.py)."""
+REACHED = ("fla.modules.", "fla.ops.forgetting_attn", "fla.ops.path_attn", "fla.ops.attn", "fla.ops.utils")
+"""Where the kernels those calls reach are defined (fla's modules, its attention ops and their shared utilities;
+importing them loads others too, e.g. DeltaFormer's, whose keys hold lengths but which tapelm does not call)."""
+
+
+def test_fla_autotunes_a_few_configurations_on_keys_that_hold_no_sequence_length():
+    """Every fla kernel loaded with the modules tapelm calls benchmarks at most `AUTOTUNE_CONFIGS` configurations at a
+    new tuning key, spread over fla's list; no tuning key names a sequence length (T), so decoding, whose calls
+    differ only in it, tunes nothing new at a new length."""
+    from fla.modules.activations.ops import _activation_autotune_configs, swiglu_fwd_kernel
+
+    for module in FLA_MODULES:
+        tapelm.kernels._fla_module(module)
+    tuners = tapelm.kernels.bound_fla_autotuning()
+    assert all(1 <= len(tuner.configs) <= tapelm.kernels.AUTOTUNE_CONFIGS for tuner in tuners)
+    reached = [tuner for tuner in tuners if tuner.base_fn.__module__.startswith(REACHED)]
+    assert len(reached) > 20 and not [(tuner.base_fn.__name__, tuner.keys) for tuner in reached if "T" in tuner.keys]
+    if not ON_GPU:  # on CUDA the law tests keep the first configuration only (conftest.py)
+        listed = [str(config) for config in _activation_autotune_configs()]  # 30: 5 block sizes x 6 num_warps
+        assert [str(config) for config in swiglu_fwd_kernel.configs] == [listed[i] for i in (0, 10, 19, 29)]

@@ -1,15 +1,19 @@
 """`tapelm doctor`: one command for a visit to a GPU machine, writing one JSON record.
 
-On the device accelerate gives this process (the GPU when there is one), in four parts, each recorded whether it
+On the device accelerate gives this process (the GPU when there is one), in five parts, each recorded whether it
 passes or fails, so one failing part does not hide the others:
 
 1. tests: the law tests on the device (`pytest --device DEVICE -m device`, from the source checkout's tests/), those
-   that call Triton kernels one process each, so that a fault that corrupts the CUDA context fails one test;
-2. speed: `tapelm bench speed` for TAPE, RoPE and transformers' Llama at the GPU sizes, under bf16 autocast, with
+   that call Triton kernels in a few processes beside the others, a process that faults or dies rerun from the test
+   after it in a fresh one, so that a fault that corrupts the CUDA context fails one test (device_tests.py); the
+   record is written after each test's result, so a visit cut short keeps every result it got;
+2. first-calls: each fast path's first training step on a small model, its compiling and autotuning, and whether
+   decoding at a new length tunes again (first_calls.py);
+3. speed: `tapelm bench speed` for TAPE, RoPE and transformers' Llama at the GPU sizes, under bf16 autocast, with
    every fast path the device offers (`--fast-paths on`) when the law tests (which run them) passed, else with the
    verified ones only;
-3. training: a short `--preset paper` run of TAPE and of RoPE on MQAR, evaluated over lengths;
-4. generation: each trained model's greedy decoding with a cache equals decoding without one; its tokens/s.
+4. training: a short `--preset paper` run of TAPE and of RoPE on MQAR, evaluated over lengths;
+5. generation: each trained model's greedy decoding with a cache equals decoding without one; its tokens/s.
 
 `--tiny` (the default on the CPU, and what CI runs) is the same code at tiny sizes: a few test files, the tiny
 benchmark size, a tiny model with the paper preset's training settings. The command exits 1 when a part failed.
@@ -18,16 +22,15 @@ benchmark size, a tiny model with the paper preset's training settings. The comm
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import importlib.util
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +39,10 @@ from ..experiments.devices import process_device
 from ..experiments.provenance import environment
 from ..experiments.runs import RunSpec, load_run, run_task
 from . import speed
+from .device_tests import TestRun, collected, lanes
+from .first_calls import run_first_calls
 
+PARTS = ("tests", "first-calls", "speed", "training", "generation")
 ENCODINGS = ("tape", "rope")
 TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "tape_position_size": 8}
@@ -51,72 +57,57 @@ def source_tests() -> Path | None:
     return tests if (tests / "conftest.py").is_file() else None
 
 
-OWN_PROCESS_SECONDS = 300
-"""The longest a test that runs in a process of its own may take before it is stopped and counted as failed."""
+OWN_ARGUMENTS = ["--stop-at-cuda-error", "-vv"]
+"""A process of own-process tests stops after a test that failed with a CUDA error (pytest_events.py): what it had
+not started runs on in a fresh one."""
 
 
-def run_tests(device: torch.device, tiny: bool, log: Path, workers: int = 1, select: str | None = None) -> dict:
-    """The law tests on `device` in subprocesses, their output written to `log` as they run (so a visit cut short
-    still shows how far they got, and the slowest tests); pytest's counts and exit status. On a device the tests
-    marked `own_process` (those that call Triton kernels, fla's or tapelm's, where a fault corrupts the process's
-    CUDA context) run one process each, `workers` at a time, after the others (on `workers` pytest-xdist workers
-    where it is installed); `select` is a pytest -k expression."""
+@dataclass(frozen=True)
+class TestSettings:
+    """How the law tests run on a device: the shared ones on `workers` pytest-xdist workers (where it is installed),
+    those marked `own_process` in `processes` processes of their own beside them; `select`, a pytest -k expression;
+    past `seconds` every process is stopped and what did not finish is recorded so."""
+
+    workers: int = 1
+    processes: int = 4
+    select: str | None = None
+    seconds: float | None = None
+
+
+def run_tests(device: torch.device, tiny: bool, log: Path, settings: TestSettings = TestSettings(),
+              progress: Callable[[dict], None] = lambda partial: None) -> dict:
+    """The law tests on `device` in pytest processes (device_tests.py), the results so far handed to `progress` as
+    each comes in, the shared run's output written to `log` as it runs (the other processes' beside it, in
+    LOG-processes/)."""
     tests = source_tests()
     if tests is None:
         return {"status": "skipped", "reason": "the law tests live in the source checkout's tests/, which this "
                                                "installed tapelm does not have"}
     common = ["--device", str(device), "-p", "no:cacheprovider", "--rootdir", str(tests.parent),
-              *(["-k", select] if select else [])]
+              *(["-k", settings.select] if settings.select else [])]
+    run = TestRun(tests.parent, log.with_name(log.stem + "-processes"),
+                  None if settings.seconds is None else time.monotonic() + settings.seconds, progress)
+    own, collecting = [], None
     if tiny:
-        runs = [[*(str(tests / name) for name in TINY_TESTS), "-q", "--durations=20", *common]]
+        run.start("shared", [*(str(tests / name) for name in TINY_TESTS), "-q", "--durations=20", *common], log=log)
     else:
-        parallel = ["-n", str(workers)] if workers > 1 and importlib.util.find_spec("xdist") else []
-        runs = [[str(tests), "-m", "device and not own_process", "-vv", "--durations=20", *parallel, *common]]
-        runs += [[test, "-vv", *common] for test in _collected(tests, "device and own_process", common)]
-    isolated = []
-    with log.open("w") as output:
-        first = _pytest(runs[0], tests.parent, output, None)
-        with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
-            results = pool.map(lambda run: _pytest(run, tests.parent, None, OWN_PROCESS_SECONDS), runs[1:])
-            for run, (code, text) in zip(runs[1:], results):
-                output.write(f"\n== {run[0]} (a process of its own): exit {code}\n{text}")
-                output.flush()
-                isolated.append((code, text))
-    text, codes, counts = log.read_text(), [first[0]] + [code for code, _ in isolated], {}
-    for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", _summaries(text)):
-        counts[kind] = counts.get(kind, 0) + int(number)
-    failures = [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    failures += [f"TIMEOUT {run[0]}" for run, (code, _) in zip(runs[1:], isolated) if code is None]
-    passed = all(code in (0, 5) for code in codes)  # 5: nothing selected (a -k expression)
-    return {"status": "passed" if passed else "failed", "returncodes": codes, "counts": counts,
-            "failures": failures[:50], "own_process": len(runs) - 1,
-            "selection": "tiny" if tiny else "-m device", "log": log.name,
+        parallel = ["-n", str(settings.workers)] if settings.workers > 1 and importlib.util.find_spec("xdist") else []
+        run.start("shared", [str(tests), "-m", "device and not own_process", "-vv", "--durations=20", *parallel,
+                             *common], log=log)
+        own, collecting = collected(tests.parent, [str(tests), "-m", "device and own_process", *common])
+        for number, group in enumerate(lanes(own, settings.processes), 1):
+            run.start(f"own-{number}", OWN_ARGUMENTS + common, group)
+    run.wait(OWN_ARGUMENTS + common)
+    summary = run.summary()
+    shared = next(process for process in summary["processes"] if process["name"] == "shared")
+    if collecting is not None:
+        summary["failures"].append(f"ERROR collecting the own-process tests: {collecting}")
+    passed = (shared["exit"] in (0, 5) and not summary["failures"]  # 5: nothing selected (a -k expression)
+              and not {"failed", "error", "not run"} & summary["counts"].keys())
+    text = log.read_text()
+    return {"status": "passed" if passed else "failed", **summary, "failures": summary["failures"][:50],
+            "own_process": len(own), "selection": "tiny" if tiny else "-m device", "log": log.name,
             **({} if passed else {"output_tail": text[-4000:]})}
-
-
-def _collected(tests: Path, marks: str, common: list[str]) -> list[str]:
-    """The node ids of the tests `marks` selects."""
-    done = subprocess.run([sys.executable, "-m", "pytest", str(tests), "-m", marks, "--collect-only", "-q", *common],
-                          capture_output=True, text=True, cwd=tests.parent)
-    return [line.strip() for line in done.stdout.splitlines() if "::" in line]
-
-
-def _pytest(arguments: list[str], cwd: Path, output, seconds: float | None) -> tuple[int | None, str]:
-    """pytest with `arguments`: its exit status (None when stopped after `seconds`) and, where `output` is None, its
-    output (else written to `output` as it runs)."""
-    command = [sys.executable, "-m", "pytest", *arguments]
-    try:
-        done = subprocess.run(command, stdout=output if output is not None else subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=cwd, timeout=seconds)
-    except subprocess.TimeoutExpired as stopped:
-        return None, f"{stopped.output or ''}\nstopped after {seconds} s"
-    return done.returncode, done.stdout or ""
-
-
-def _summaries(text: str) -> str:
-    """pytest's summary lines ("== 3 passed, 1 failed in 2.0s ==", or -q's "3 passed in 2.0s")."""
-    return "\n".join(line for line in text.splitlines()
-                     if re.search(r"\d+ (passed|failed|skipped|errors?)", line) and " in " in line)
 
 
 def run_speed(device: torch.device, tiny: bool, out: Path, fast_paths: str = "auto") -> dict:
@@ -188,9 +179,10 @@ def _speed_fast_paths(record: dict) -> str:
     return "on" if record["parts"].get("tests", {}).get("status") == "passed" else "auto"
 
 
-def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = (), workers: int = 1, select: str | None = None) -> dict:
+def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = (), tests: TestSettings = TestSettings()) -> dict:
     """Every part on this process's device; the record, also written to `out`/doctor-<device>.json after each
-    part. A part that raises is recorded as failed with its traceback; the others still run."""
+    part and each test's result. A part that raises is recorded as failed with its traceback; the others still
+    run."""
     device = process_device()
     name = "cpu" if device.type == "cpu" else re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name(device))
     path = out / f"doctor-{name.strip('-').lower()}{'-tiny' if tiny else ''}.json"
@@ -199,40 +191,63 @@ def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = (), workers: int =
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tapelm-doctor-") as scratch:
         runs = Path(scratch)
-        parts = {"tests": lambda: run_tests(device, tiny, path.with_name(path.stem + "-tests.log"), workers, select),
+
+        def so_far(part: str) -> Callable[[dict], None]:
+            """Where a part hands its results so far: into the record on disk."""
+            def save(partial: dict) -> None:
+                record["parts"][part] = {"status": "running", **partial}
+                _save(path, record)
+            return save
+
+        parts = {"tests": lambda: run_tests(device, tiny, path.with_name(path.stem + "-tests.log"), tests,
+                                            so_far("tests")),
+                 "first-calls": lambda: run_first_calls(device, tiny, so_far("first-calls")),
                  "speed": lambda: run_speed(device, tiny, runs / "speed", _speed_fast_paths(record)),
                  "training": lambda: run_training(tiny, runs),
                  "generation": lambda: run_generation(device, runs, 8 if tiny else 64)}
         for part, function in parts.items():
             if part in skip or (part == "generation" and "training" in skip):
                 record["parts"][part] = {"status": "skipped", "reason": "--skip"}
-                continue
-            part_started = time.perf_counter()
-            print(f"doctor: {part} ...", flush=True)
-            try:
-                result = function()
-            except Exception as error:  # a failing part is recorded; the others still run
-                result = {"status": "failed", "error": f"{type(error).__name__}: {error}",
-                          "traceback": traceback.format_exc()[-4000:]}
-            result["seconds"] = time.perf_counter() - part_started
-            record["parts"][part] = result
-            print(f"doctor: {part} {result['status']} ({result['seconds']:.0f} s)", flush=True)
+            else:
+                record["parts"][part] = _run_part(part, function)
             record["seconds"] = time.perf_counter() - started
-            temporary = path.with_suffix(".json.tmp")
-            temporary.write_text(json.dumps(record, indent=1))
-            temporary.replace(path)
+            _save(path, record)
     print(f"wrote {path}")
     return record
 
 
+def _run_part(part: str, function: Callable[[], dict]) -> dict:
+    """The result of one part, with its seconds; a part that raises is recorded as failed with its traceback."""
+    started = time.perf_counter()
+    print(f"doctor: {part} ...", flush=True)
+    try:
+        result = function()
+    except Exception as error:  # a failing part is recorded; the others still run
+        result = {"status": "failed", "error": f"{type(error).__name__}: {error}",
+                  "traceback": traceback.format_exc()[-4000:]}
+    result["seconds"] = time.perf_counter() - started
+    print(f"doctor: {part} {result['status']} ({result['seconds']:.0f} s)", flush=True)
+    return result
+
+
+def _save(path: Path, record: dict) -> None:
+    """Write `record` to `path` whole (a reader never sees half of it)."""
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(record, indent=1))
+    temporary.replace(path)
+
+
 def _doctor(args: argparse.Namespace) -> int:
-    unknown = [part for part in args.skip if part not in ("tests", "speed", "training", "generation")]
+    unknown = [part for part in args.skip if part not in PARTS]
     if unknown:
-        raise ValueError(f"--skip {unknown[0]!r} is not a part; choose from tests, speed, training, generation")
-    if args.workers < 1:
-        raise ValueError(f"--workers={args.workers} is not allowed; it must be a positive integer")
+        raise ValueError(f"--skip {unknown[0]!r} is not a part; choose from {', '.join(PARTS)}")
+    for option in ("workers", "processes", "seconds"):
+        value = getattr(args, option)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{option}={value} is not allowed; it must be positive")
     tiny = args.tiny or process_device().type == "cpu"
-    record = run_doctor(Path(args.out), tiny, tuple(args.skip), args.workers, args.select)
+    record = run_doctor(Path(args.out), tiny, tuple(args.skip),
+                        TestSettings(args.workers, args.processes, args.select, args.seconds))
     failed = [part for part, result in record["parts"].items() if result["status"] == "failed"]
     if failed:
         print(f"tapelm: doctor: failed: {', '.join(failed)}", file=sys.stderr)
@@ -249,10 +264,15 @@ def add_commands(commands) -> None:
     parser.add_argument("--out", default="docs/gpu", help="folder for the JSON record (default: %(default)s)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (the default on the CPU)")
     parser.add_argument("--skip", nargs="+", default=[], metavar="PART",
-                        help="parts to skip: tests, speed, training, generation")
+                        help=f"parts to skip: {', '.join(PARTS)}")
     parser.add_argument("--workers", type=int, default=1,
-                        help="test processes at a time on a device (pytest-xdist workers for the shared run, and the "
-                             "tests that run in a process of their own) (default: %(default)s)")
+                        help="pytest-xdist workers for the shared law tests on a device (default: %(default)s)")
+    parser.add_argument("--processes", type=int, default=4,
+                        help="processes for the law tests that run apart from the shared ones (marked own_process: "
+                             "they call Triton kernels), beside them; one that faults or dies is rerun from the test "
+                             "after it in a fresh one (default: %(default)s)")
+    parser.add_argument("--seconds", type=float,
+                        help="stop the law tests after this many seconds, recording what did not finish")
     parser.add_argument("--select", metavar="EXPRESSION",
                         help="only the law tests this pytest -k expression selects (e.g. a rerun of those that failed)")
     parser.set_defaults(handler=_doctor)

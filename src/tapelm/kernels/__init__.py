@@ -67,8 +67,50 @@ def fla_takes(x: torch.Tensor) -> bool:
 
 
 def fla_function(x: torch.Tensor, module: str, name: str):
-    """fla's function `module.name` for tensors like `x` (imported on first use), or None where fla does not run."""
-    return getattr(importlib.import_module(module), name) if fla_takes(x) else None
+    """fla's function `module.name` for tensors like `x` (imported on first use, its autotuning bounded), or None
+    where fla does not run."""
+    return getattr(_fla_module(module), name) if fla_takes(x) else None
+
+
+AUTOTUNE_CONFIGS = 4
+"""The most configurations one of fla's autotuned kernels benchmarks at a new tuning key. fla 0.6's lists hold up to 48
+(block sizes x num_warps x num_stages), each a compile and a benchmark at the first call: with every fast path on,
+the first training step of a tiny model waited minutes for them (docs/GPU.md, "The first call"). Triton keeps the
+winner on disk per GPU architecture (fla passes `cache_results`), so a second process reads it."""
+
+
+@functools.cache
+def _fla_module(module: str):
+    """fla's `module`, imported, and the autotuning of every fla kernel loaded so far bounded."""
+    imported = importlib.import_module(module)
+    bound_fla_autotuning()
+    return imported
+
+
+def bound_fla_autotuning() -> list:
+    """Keep at most `AUTOTUNE_CONFIGS` of each loaded fla kernel's autotuning configurations, spread evenly over its
+    list (its first and last among them); the kernels' autotuners, each with `listed_configs`, the count fla lists."""
+    import sys
+
+    from triton.runtime.autotuner import Autotuner
+
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.") or module is None:
+            continue
+        for value in vars(module).values():
+            for _ in range(4):  # heuristics and jit wrap the autotuner: follow `.fn`
+                if isinstance(value, Autotuner):
+                    found[id(value)] = value
+                    break
+                value = getattr(value, "fn", None)
+    for tuner in found.values():
+        count = len(tuner.configs)
+        tuner.listed_configs = getattr(tuner, "listed_configs", count)
+        if count > AUTOTUNE_CONFIGS:
+            keep = sorted({round(i * (count - 1) / (AUTOTUNE_CONFIGS - 1)) for i in range(AUTOTUNE_CONFIGS)})
+            tuner.configs = [tuner.configs[i] for i in keep]
+    return list(found.values())
 
 
 def triton_takes(x: torch.Tensor) -> bool:
@@ -86,5 +128,5 @@ def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-__all__ = ["FLA_DTYPES", "Candidate", "candidates", "first", "fla_function", "fla_runs_on", "fla_takes",
-           "triton_takes"]
+__all__ = ["AUTOTUNE_CONFIGS", "FLA_DTYPES", "Candidate", "bound_fla_autotuning", "candidates", "first", "fla_function",
+           "fla_runs_on", "fla_takes", "triton_takes"]
