@@ -19,7 +19,7 @@ from tapelm.kernels.attention import materialized
 from tapelm.kernels.forgetting_attention.naive import forgetting_bias
 from tapelm.kernels.rotation import rotate_halves
 from tapelm.positional import PositionContext
-from tapelm.positional.grape_ap import path_integral_bias
+from tapelm.positional.grape_ap import last_seen, path_integral_bias
 
 HEADS, DIM, HIDDEN, LENGTH = 4, 8, 32, 12
 
@@ -188,7 +188,7 @@ def test_a_path_integral_whose_terms_depend_on_the_key_alone_is_fox():
     p = torch.randn(1, 2, 1, 4, generator=generator, dtype=torch.float64).expand(-1, -1, LENGTH, -1)
     rotated = torch.randn(1, 2, LENGTH, 4, generator=generator, dtype=torch.float64)
     valid = torch.ones(1, 1, LENGTH, LENGTH, dtype=torch.bool).tril()
-    ours = path_integral_bias(p, rotated, torch.ones(2, dtype=torch.float64), valid, torch.float64).full()
+    ours = path_integral_bias(p, rotated, torch.ones(2, dtype=torch.float64), last_seen(valid), torch.float64).full()
     log_f = torch.nn.functional.logsigmoid((p[:, :, :1] * rotated).sum(-1) / 4)  # (1, 2, T)
     cumulative = log_f.cumsum(-1)[..., None]
     fox = forgetting_bias(cumulative, cumulative.transpose(-1, -2), torch.float64).full()
