@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import grape_reference as ref
-from conftest import DEVICE, tiny_model
+from conftest import DEVICE, decode_in_chunks, tiny_config, tiny_model
 from tapelm.fast_paths import NONE
 from tapelm.kernels.attention import materialized
 from tapelm.kernels.forgetting_attention.naive import forgetting_bias
@@ -233,3 +233,37 @@ def test_grape_ap_sees_absolute_key_positions_as_the_released_code_does():
     ids = torch.randint(0, 61, (1, 16), generator=torch.Generator().manual_seed(6), device="cpu").to(DEVICE)
     positions = torch.arange(16, device=DEVICE)[None]
     assert not torch.allclose(model(ids, position_ids=positions + 5).logits, model(ids, position_ids=positions).logits)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(pe_type="grape-m", causal=False), "causal"),
+    (dict(pe_type="grape-ap", causal=False), "causal"),
+    (dict(grape_ap_tie="pq"), "grape_ap_tie"),
+    (dict(pe_type="grape-ap", grape_ap_head_dim=3), "grape_ap_head_dim"),
+    (dict(grape_ap_head_dim=0), "grape_ap_head_dim"),
+    (dict(grape_ctx_omega_scale=0), "grape_ctx_omega_scale"),
+    (dict(grape_ctx_init_omega=-1e-3), "grape_ctx_init_omega"),
+    (dict(grape_log_freq_scale=float("inf")), "grape_log_freq_scale"),
+    (dict(grape_ap_base=0.0), "grape_ap_base"),
+    (dict(grape_share_across_heads=1), "grape_share_across_heads"),
+    (dict(pe_type="grape-m-fixed", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+     "rope_type='linear' is not allowed with pe_type='grape-m-fixed'"),
+    (dict(pe_type="grape-m", hidden_size=28, head_dim=7), "head_dim=7 must be even"),
+])
+def test_invalid_grape_options_are_named_in_one_line(overrides, field):
+    with pytest.raises(ValueError, match=field) as error:
+        tiny_config(**{"pe_type": "grape-m", **overrides})
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("pe_type, options", [("grape-m-fixed", {"grape_share_across_heads": False}),
+                                              ("grape-m", {"grape_ctx_per_head": True, "grape_share_across_heads": False}),
+                                              ("grape-ap", {"grape_ap_tie": "q"}), ("grape-ap", {"grape_ap_tie": "k"}),
+                                              ("grape-ap", {"grape_ap_tie": "v"})])
+def test_every_option_decodes_through_the_cache_as_a_full_pass(pe_type, options):
+    """The options the shared law tests do not reach, with grouped KV heads (per-KV-head spectra and increments, a
+    tied vector shared by a query group): chunked and token-by-token decoding equal one pass."""
+    model = tiny_model(pe_type, dtype=torch.float64, **options)
+    ids = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(7), device="cpu").to(DEVICE)
+    torch.testing.assert_close(decode_in_chunks(model, ids, [5, 1, 1, 9]), model(ids).logits, atol=1e-10, rtol=0)
