@@ -31,7 +31,8 @@ def grape_model(pe_type: str, **overrides):
 
 def attention_input(seed: int = 1, length: int = LENGTH) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(2, length, HIDDEN, generator=generator, dtype=torch.float64, device="cpu").to(DEVICE).requires_grad_()
+    x = torch.randn(2, length, HIDDEN, generator=generator, dtype=torch.float64, device="cpu")
+    return x.to(DEVICE).requires_grad_()
 
 
 def tapelm_logits(model, x: torch.Tensor, layer_idx: int = 0) -> torch.Tensor:
@@ -99,7 +100,8 @@ def test_the_attention_logits_and_every_gradient_equal_the_authors(pe_type, opti
     model = grape_model(pe_type, **options)
     x = attention_input()
     ours = tapelm_logits(model, x)
-    theirs = authors_logits(model, pe_type, x, options.get("grape_ap_tie", "none"), options.get("grape_ap_head_dim", DIM))
+    theirs = authors_logits(model, pe_type, x, options.get("grape_ap_tie", "none"),
+                            options.get("grape_ap_head_dim", DIM))
     seen = torch.isfinite(theirs)
     assert torch.equal(torch.isfinite(ours), seen) and seen.sum() == 2 * HEADS * LENGTH * (LENGTH + 1) // 2
     torch.testing.assert_close(ours[seen], theirs[seen], atol=1e-12, rtol=0)
@@ -121,7 +123,8 @@ def test_the_attention_logits_and_every_gradient_equal_the_authors(pe_type, opti
 def test_the_released_rotation_is_ropes_of_negated_positions():
     """The authors turn each pair by minus the angle: RoPE's (and tapelm's) rotation at position -t."""
     x = torch.randn(1, LENGTH, HEADS, DIM, dtype=torch.float64)
-    angles = torch.arange(LENGTH, dtype=torch.float64)[:, None, None] * ref.rope_frequencies(DIM, 10000.0, torch.float64, "cpu")
+    rope = ref.rope_frequencies(DIM, 10000.0, torch.float64, "cpu")
+    angles = torch.arange(LENGTH, dtype=torch.float64)[:, None, None] * rope
     theirs = ref.released_rotation(x, angles.cos(), angles.sin())
     torch.testing.assert_close(theirs, rotate_halves(x, (-angles).cos(), (-angles).sin()), atol=1e-15, rtol=0)
     assert not torch.allclose(theirs, rotate_halves(x, angles.cos(), angles.sin()))
@@ -218,7 +221,8 @@ def test_contextual_logits_are_the_keys_turned_by_the_phase_difference():
     difference = (phi[:, None, :] - phi[:, :, None])[..., None] * theta  # (B, i, j, d/2)
     q = layer.self_attn.q_proj(x).view(2, LENGTH, HEADS, DIM)
     k = layer.self_attn.k_proj(x).view(2, LENGTH, HEADS, DIM)
-    turned = rotate_halves(k[:, None].expand(-1, LENGTH, -1, -1, -1), difference.cos()[:, :, :, None], difference.sin()[:, :, :, None])
+    turned = rotate_halves(k[:, None].expand(-1, LENGTH, -1, -1, -1), difference.cos()[:, :, :, None],
+                           difference.sin()[:, :, :, None])
     expected = torch.einsum("bihd,bijhd->bhij", q, turned) / math.sqrt(DIM)
     ours = tapelm_logits(model, x)
     seen = torch.isfinite(ours)
@@ -257,10 +261,10 @@ def test_invalid_grape_options_are_named_in_one_line(overrides, field):
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("pe_type, options", [("grape-m-fixed", {"grape_share_across_heads": False}),
-                                              ("grape-m", {"grape_ctx_per_head": True, "grape_share_across_heads": False}),
-                                              ("grape-ap", {"grape_ap_tie": "q"}), ("grape-ap", {"grape_ap_tie": "k"}),
-                                              ("grape-ap", {"grape_ap_tie": "v"})])
+@pytest.mark.parametrize("pe_type, options", [
+    ("grape-m-fixed", {"grape_share_across_heads": False}),
+    ("grape-m", {"grape_ctx_per_head": True, "grape_share_across_heads": False}),
+    ("grape-ap", {"grape_ap_tie": "q"}), ("grape-ap", {"grape_ap_tie": "k"}), ("grape-ap", {"grape_ap_tie": "v"})])
 def test_every_option_decodes_through_the_cache_as_a_full_pass(pe_type, options):
     """The options the shared law tests do not reach, with grouped KV heads (per-KV-head spectra and increments, a
     tied vector shared by a query group): chunked and token-by-token decoding equal one pass."""

@@ -107,5 +107,5 @@ def at_laptop_scale(owed: OwedComparison) -> OwedComparison:
     return next(o for o in OWED if (o.task, o.task_options, o.ablation) == (owed.task, owed.task_options, False))
 
 
-__all__ = ["AT_GPU_SCALE", "CONTEXTUAL", "GPU", "INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE",
-           "WITH_ALIBI", "at_laptop_scale", "default_settings_hash"]
+__all__ = ["AT_GPU_SCALE", "CONTEXTUAL", "GPU", "INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison",
+           "PAPER_FIVE", "WITH_ALIBI", "at_laptop_scale", "default_settings_hash"]

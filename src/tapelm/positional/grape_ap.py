@@ -13,9 +13,9 @@ depends on key l alone is FoX's bias; a constant one ALiBi's (docs/ENCODINGS.md)
 Rotation direction as RoPE's (see `tapelm.positional.grape_m`; the authors' code turns the other way, the same
 function after negating the second half of every p). Positions are the tokens' own (restarted in every packed
 document). Query i sums the terms of the keys after j up to the last key it sees (itself, under tapelm's masks: a
-padding token or another packed document never lies between a query and a key it sees). The cache keeps R(l) n_l per token
-beside the layer's keys; the bias is built a block of queries at a time (`RowBias`), so attention over blocks of
-queries keeps no N x T tensor per head for the backward pass.
+padding token or another packed document never lies between a query and a key it sees). The cache keeps R(l) n_l per
+token beside the layer's keys; the bias is built a block of queries at a time (`RowBias`), so attention over blocks
+of queries keeps no N x T tensor per head for the backward pass.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ spectrum, one set for all heads (`grape_share_across_heads`) or one per KV head.
   that constant).
 - "grape-m" (contextual, the authors' Type-I): the phase is Phi_t = sum_{tau < t} omega_tau, an exclusive running
   sum of increments omega_t = sigmoid((w . x_t + b) / `grape_ctx_omega_scale`), x_t the layer's attention input after
-  the norm, one per token or per KV head (`grape_ctx_per_head`); theta = exp(log_freq) (s = 1). Query i sees key j through
-  the rotation by (Phi_i - Phi_j) theta alone. w starts at 0, b at log(expm1(`grape_ctx_init_omega`)).
+  the norm, one per token or per KV head (`grape_ctx_per_head`); theta = exp(log_freq) (s = 1). Query i sees key j
+  through the rotation by (Phi_i - Phi_j) theta alone. w starts at 0, b at log(expm1(`grape_ctx_init_omega`)).
 
 Direction: tapelm rotates as RoPE does, (x1 + i x2) e^{i phase theta}; the authors' code rotates by e^{-i phase theta}
 (RoPE of negated positions). The two give the same logits once the second half of every q and k head is negated, a

@@ -114,11 +114,11 @@ def from_pretrained_llama(model_or_path: PreTrainedModel | str | Path, pe_type: 
     source name such as ``"smollm2-135m"``) to a `TapeForCausalLM` with every weight copied.
 
     `pe_type`: "tape" (default), "rope" (the same network in tapelm's skeleton) or "grape-m-fixed" (RoPE's
-    frequencies made learnable, the same network at step 0; default RoPE only, no scaling). `tape_options` are TapeConfig's
-    TAPE fields (`tape_block`, `tape_position_size`, `tape_attn_mixing`, `tape_update`, ...). `rope_overrides` are
-    merged into the copied `rope_parameters` (e.g. ``{"rope_theta": 1e6}`` or a linear scaling); without them the
-    result's logits equal the source's. The result is in eval mode, on the source's device, in `dtype` (default: the
-    source's)."""
+    frequencies made learnable, the same network at step 0; default RoPE only, no scaling). `tape_options` are
+    TapeConfig's TAPE fields (`tape_block`, `tape_position_size`, `tape_attn_mixing`, `tape_update`, ...).
+    `rope_overrides` are merged into the copied `rope_parameters` (e.g. ``{"rope_theta": 1e6}`` or a linear
+    scaling); without them the result's logits equal the source's. The result is in eval mode, on the source's
+    device, in `dtype` (default: the source's)."""
     source = _load_source(model_or_path)
     config = tape_config_from(source.config, pe_type=pe_type, rope_overrides=rope_overrides, **tape_options)
     weight = next(source.parameters())
