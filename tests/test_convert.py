@@ -84,6 +84,26 @@ def test_converted_logits_equal_the_source(family, kv_heads, tied, extra, pe_typ
         assert sum(p.numel() for p in model.tape_parameters()) > 0
 
 
+@pytest.mark.device
+@pytest.mark.parametrize("family,kv_heads,tied,extra", [("llama", 2, True, {"attention_bias": True}),
+                                                       ("mistral", 3, True, {"sliding_window": None, "head_dim": 16}),
+                                                       ("qwen2", 2, False, {})])
+def test_grape_m_fixed_converts_exactly_at_step_0(family, kv_heads, tied, extra):
+    """GRAPE-M's frequencies start at the source's RoPE spectrum: the converted model computes the RoPE conversion's
+    logits to the last bit, and the source's; a scaled RoPE is refused (its frequencies start at the default one)."""
+    source = random_source(family, kv_heads, tied, **extra)
+    model = from_pretrained_llama(source, pe_type="grape-m-fixed")
+    assert all(p.requires_grad and not p.any() for n, p in model.named_parameters() if "log_freq_shift" in n)
+    tokens = ids()
+    with torch.no_grad():
+        logits = model(tokens).logits
+        assert torch.equal(logits, from_pretrained_llama(source, pe_type="rope")(tokens).logits)
+        torch.testing.assert_close(logits, source(tokens).logits, atol=1e-4, rtol=0)
+    scaled = random_source("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0})
+    with pytest.raises(ValueError, match="rope_type='linear' is not allowed with pe_type='grape-m-fixed'"):
+        from_pretrained_llama(scaled, pe_type="grape-m-fixed")
+
+
 def test_qwen2_biases_are_copied_and_there_is_no_output_bias():
     source = random_source("qwen2")
     model = from_pretrained_llama(source)
@@ -132,7 +152,8 @@ def test_sizes_cannot_be_overridden_and_pe_type_is_checked():
     source = random_source("llama")
     with pytest.raises(ValueError, match="hidden_size come from the source checkpoint"):
         from_pretrained_llama(source, hidden_size=64)
-    with pytest.raises(ValueError, match="pe_type='alibi' cannot be converted exactly; choose one of: tape, rope"):
+    with pytest.raises(ValueError, match="pe_type='alibi' cannot be converted exactly; choose one of: tape, rope, "
+                                         "grape-m-fixed"):
         from_pretrained_llama(source, pe_type="alibi")
 
 

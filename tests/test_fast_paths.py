@@ -469,7 +469,7 @@ def test_tapelms_triton_kernels_take_floating_tensors_on_cuda_or_under_the_inter
 
 
 BIASED = {"t5": {}, "t5 shared": {"pe_type": "t5", "t5_shared": True}, "fire": {},
-          "fire shared": {"pe_type": "fire", "fire_shared": True}, "cope": {}, "fox": {}, "path": {}}
+          "fire shared": {"pe_type": "fire", "fire_shared": True}, "cope": {}, "fox": {}, "path": {}, "grape-ap": {}}
 
 
 @pytest.mark.parametrize("batch", BATCHES)

@@ -109,7 +109,7 @@ def test_permutation_equivariance_in_encoder_mode(pe_type, overrides):
     torch.testing.assert_close(logits_p, logits[:, perm], atol=1e-10, rtol=0)
 
 
-SHIFT_INVARIANT = ["tape", "rope", "randpe", "xpos", "alibi", "t5", "nope", "cope", "fox", "path"]
+SHIFT_INVARIANT = ["tape", "rope", "randpe", "xpos", "alibi", "t5", "nope", "cope", "fox", "path", "grape-m-fixed", "grape-m"]
 
 
 @pytest.mark.parametrize("pe_type", SHIFT_INVARIANT)

@@ -87,8 +87,9 @@ def check_autocast(device) -> None:
 
 
 def check_models(device, dtype) -> None:
-    """Tiny TAPE (grouped queries), RoPE and xPos models with the kernels on against the reference paths."""
-    compare_models_through_path("rotation-triton", ("tape", "rope", "xpos"), device, dtype)
+    """Tiny TAPE (grouped queries), RoPE, xPos and GRAPE-M models with the kernels on against the reference paths
+    (GRAPE-M's tables need a gradient, as TAPE's state does)."""
+    compare_models_through_path("rotation-triton", ("tape", "rope", "xpos", "grape-m-fixed", "grape-m"), device, dtype)
 
 
 def test_the_kernels_compute_the_reference_function():

@@ -88,6 +88,6 @@ def _suite(name: str, make_config, model_classes) -> type:
 
 
 for _pe_type in PE_TYPES:
-    globals()[f"TestCommon_{_pe_type}"] = _suite(f"TestCommon_{_pe_type}", _tape_config(_pe_type),
-                                                 (TapeModel, TapeForCausalLM))
+    _name = f"TestCommon_{_pe_type.replace('-', '_')}"
+    globals()[_name] = _suite(_name, _tape_config(_pe_type), (TapeModel, TapeForCausalLM))
 TestCommon_llama = _suite("TestCommon_llama", LlamaConfig, (LlamaModel, LlamaForCausalLM))

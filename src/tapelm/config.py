@@ -11,9 +11,11 @@ from .fast_paths import check_setting as check_fast_paths
 from .remote_code import AUTO_MAP, write_modules
 
 PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned", "fox",
-            "path")
+            "path", "grape-m-fixed", "grape-m", "grape-ap")
 ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
-CAUSAL_ONLY_PE_TYPES = ("fox", "path")
+CAUSAL_ONLY_PE_TYPES = ("fox", "path", "grape-m", "grape-ap")
+GRAPE_M_PE_TYPES = ("grape-m-fixed", "grape-m")
+GRAPE_AP_TIES = ("none", "q", "k", "v")
 TAPE_ATTN_MIXING = ("heads", "per_head")
 TAPE_UPDATES = ("both", "attention", "mlp", "none")
 TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
@@ -76,6 +78,19 @@ class TapeConfig(PreTrainedConfig):
       (32 as fla's `use_low_rank_w`; 0 means a full-rank projection) and `path_conv_size` the kernel of their short
       causal convolution (3 as fla's `conv_size`; 1 means no history).
 
+    GRAPE (Zhang et al. 2025; `pe_type` "grape-m-fixed", "grape-m" and "grape-ap"), with the defaults of the authors'
+    code and configurations (model-architectures/GRAPE; docs/ENCODINGS.md says where they differ from the paper):
+
+    - multiplicative ("grape-m-fixed", "grape-m"): `grape_learnable_freq` True (the per-plane frequencies, one set per
+      layer, start at RoPE's spectrum from `rope_parameters`), `grape_share_across_heads` True (False: one set per KV
+      head); "grape-m-fixed" stores them as s log(theta) with s = `grape_log_freq_scale` 16.
+    - "grape-m": the per-token increment omega = sigmoid((w . x + b) / `grape_ctx_omega_scale`) with w = 0 and
+      b = log(expm1(`grape_ctx_init_omega`)) at initialisation (16 and 1e-3), one per token (`grape_ctx_per_head`
+      False) or per KV head.
+    - "grape-ap": `grape_ap_tie` "none" (a positional projection of width `grape_ap_head_dim` 8 per head, as the
+      authors' runs; "q", "k", "v" use that projection's output instead, of width head_dim), rotated at
+      `grape_ap_base` 1 (every plane at one radian per position).
+
     `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
 
     `fast_paths`: "auto" (default) runs each fast path (a kernel or formulation computing the same function as its
@@ -129,6 +144,15 @@ class TapeConfig(PreTrainedConfig):
     fox_gate_bias_init: float = 0.0
     path_low_rank: int = 32
     path_conv_size: int = 3
+    grape_learnable_freq: bool = True
+    grape_share_across_heads: bool = True
+    grape_log_freq_scale: float = 16.0
+    grape_ctx_per_head: bool = False
+    grape_ctx_init_omega: float = 1e-3
+    grape_ctx_omega_scale: float = 16.0
+    grape_ap_tie: str = "none"
+    grape_ap_head_dim: int = 8
+    grape_ap_base: float = 1.0
     fast_paths: str | list[str] = "auto"
 
     def __post_init__(self, **kwargs):
@@ -179,10 +203,12 @@ class TapeConfig(PreTrainedConfig):
                       "randpe_max_position", "t5_num_buckets", "t5_max_distance", "fire_hidden_size",
                       "cope_max_positions", "path_conv_size"):
             _positive(field, getattr(self, field))
-        for field in ("t5_shared", "fire_shared"):
+        for field in ("t5_shared", "fire_shared", "grape_learnable_freq", "grape_share_across_heads",
+                      "grape_ctx_per_head"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; it must be True or False")
-        for field in ("xpos_scale_base", "fire_init_c", "fire_init_threshold"):
+        for field in ("xpos_scale_base", "fire_init_c", "fire_init_threshold", "grape_log_freq_scale",
+                      "grape_ctx_init_omega", "grape_ctx_omega_scale", "grape_ap_base"):
             _positive_number(field, getattr(self, field))
         if not isinstance(self.fox_gate_bias_init, (int, float)) or isinstance(self.fox_gate_bias_init, bool) \
                 or not math.isfinite(self.fox_gate_bias_init):
@@ -208,6 +234,25 @@ class TapeConfig(PreTrainedConfig):
                              f"max_position_embeddings={self.max_position_embeddings}")
         self._validate_tape_block()
         self._validate_tape_layers()
+        self._validate_grape()
+
+    def _validate_grape(self) -> None:
+        _choice("grape_ap_tie", self.grape_ap_tie, GRAPE_AP_TIES)
+        _positive("grape_ap_head_dim", self.grape_ap_head_dim)
+        if self.pe_type == "grape-ap" and self.grape_ap_tie == "none" and self.grape_ap_head_dim % 2:
+            raise ValueError(f"grape_ap_head_dim={self.grape_ap_head_dim} must be even (its vectors are rotated "
+                             "pairwise)")
+        if self.pe_type == "grape-ap" and self.grape_ap_tie != "none" and self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even with grape_ap_tie={self.grape_ap_tie!r} (the "
+                             "tied vectors are rotated pairwise)")
+        if self.pe_type not in GRAPE_M_PE_TYPES:
+            return
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for pe_type={self.pe_type!r} (planar rotations)")
+        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"rope_parameters rope_type={rope_type!r} is not allowed with pe_type={self.pe_type!r}: "
+                             "its frequencies start at the default RoPE spectrum (rope_theta only)")
 
     def _validate_tape_layers(self) -> None:
         if isinstance(self.tape_layers, str):

@@ -18,6 +18,7 @@ from .variants import ABLATIONS
 PAPER_FIVE = ("tape", "rope", "randpe", "nope", "fire")  # the paper's addition table
 OTHER_ENCODINGS = ("xpos", "alibi", "t5", "cope", "sinusoidal", "learned")
 WITH_ALIBI = (*PAPER_FIVE, "alibi")
+CONTEXTUAL = ("tape", "fox", "path", "grape-m", "grape-ap")  # TAPE and the contextual peers (issue 57: GRAPE)
 
 
 def default_settings_hash(task: str) -> str:
@@ -78,8 +79,10 @@ OWED = (
     OwedComparison("addition", OTHER_ENCODINGS, 3, "the other encodings"),
     *(OwedComparison(task, WITH_ALIBI, 3, "the paper's five and ALiBi")
       for task in ("passkey", "mqar", "flipflop", "text")),
-    OwedComparison("word_problem", ("tape", "rope", "nope", "fox", "path"), 3,
+    OwedComparison("word_problem", ("tape", "rope", "nope", "fox", "path", "grape-m", "grape-ap"), 3,
                    "TAPE, RoPE, NoPE and the contextual peers"),
+    *(OwedComparison(task, CONTEXTUAL, 3, "TAPE and the contextual peers")
+      for task in ("mqar", "passkey", "flipflop", "text")),
     OwedComparison("addition", tuple(ABLATIONS), 3, "the ablation table, index hints", ablation=True, **INDEX_HINTS),
     OwedComparison("passkey", tuple(ABLATIONS), 3, "the ablation table", ablation=True),
 )
@@ -105,5 +108,5 @@ def at_laptop_scale(owed: OwedComparison) -> OwedComparison:
     return next(o for o in OWED if (o.task, o.task_options, o.ablation) == (owed.task, owed.task_options, False))
 
 
-__all__ = ["AT_GPU_SCALE", "GPU", "INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison", "PAPER_FIVE",
-           "WITH_ALIBI", "at_laptop_scale", "default_settings_hash"]
+__all__ = ["AT_GPU_SCALE", "CONTEXTUAL", "GPU", "INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison",
+           "PAPER_FIVE", "WITH_ALIBI", "at_laptop_scale", "default_settings_hash"]

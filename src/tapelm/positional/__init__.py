@@ -6,6 +6,8 @@ from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
 from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
 from .bias import FIRE, ALiBi, CoPE, T5Bias
 from .fox import FoX
+from .grape_ap import GrapeAP
+from .grape_m import GrapeContextual, GrapeFixed
 from .path import PaTH
 from .rotary import RandPE, RoPE, XPos
 from .tape import TapeEncoding, TapeLayer
@@ -24,6 +26,9 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "learned": LearnedAbsolute,
     "fox": FoX,
     "path": PaTH,
+    "grape-m-fixed": GrapeFixed,
+    "grape-m": GrapeContextual,
+    "grape-ap": GrapeAP,
 }
 
 

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 # model_type -> the transformers causal-LM class it must be (every one: rotate-half RoPE, SwiGLU MLP, RMSNorm).
 SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-CONVERTIBLE_PE_TYPES = ("tape", "rope")
+CONVERTIBLE_PE_TYPES = ("tape", "rope", "grape-m-fixed")
 # Options a caller may not override: they are read from the source checkpoint.
 _COPIED_FIELDS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -113,11 +113,12 @@ def from_pretrained_llama(model_or_path: PreTrainedModel | str | Path, pe_type: 
     """Convert a Llama-family causal LM (a model object, a local checkpoint folder, a ``.gguf`` file or a registered
     source name such as ``"smollm2-135m"``) to a `TapeForCausalLM` with every weight copied.
 
-    `pe_type`: "tape" (default) or "rope" (the same network in tapelm's skeleton). `tape_options` are TapeConfig's
-    TAPE fields (`tape_block`, `tape_position_size`, `tape_attn_mixing`, `tape_update`, ...). `rope_overrides` are
-    merged into the copied `rope_parameters` (e.g. ``{"rope_theta": 1e6}`` or a linear scaling); without them the
-    result's logits equal the source's. The result is in eval mode, on the source's device, in `dtype` (default: the
-    source's)."""
+    `pe_type`: "tape" (default), "rope" (the same network in tapelm's skeleton) or "grape-m-fixed" (RoPE's
+    frequencies made learnable, the same network at step 0; default RoPE only, no scaling). `tape_options` are
+    TapeConfig's TAPE fields (`tape_block`, `tape_position_size`, `tape_attn_mixing`, `tape_update`, ...).
+    `rope_overrides` are merged into the copied `rope_parameters` (e.g. ``{"rope_theta": 1e6}`` or a linear
+    scaling); without them the result's logits equal the source's. The result is in eval mode, on the source's
+    device, in `dtype` (default: the source's)."""
     source = _load_source(model_or_path)
     config = tape_config_from(source.config, pe_type=pe_type, rope_overrides=rope_overrides, **tape_options)
     weight = next(source.parameters())
@@ -129,15 +130,14 @@ def from_pretrained_llama(model_or_path: PreTrainedModel | str | Path, pe_type: 
 
 
 def copy_weights(source: torch.nn.Module, target: TapeForCausalLM) -> None:
-    """Load every source weight into `target`; only TAPE's own parameters may be left out. Raises ValueError naming
-    any other mismatch."""
+    """Load every source weight into `target`; only the encoding's own parameters (TAPE's, GRAPE-M's frequency
+    shifts) may be left out. Raises ValueError naming any other mismatch."""
     missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
-    tape_ids = {id(p) for p in target.tape_parameters()}
-    tape_names = {name for name, p in target.named_parameters() if id(p) in tape_ids}
-    unexplained = sorted(set(missing) - tape_names)
+    own = {name for name, _ in target.named_parameters() if ".positional." in f".{name}"}
+    unexplained = sorted(set(missing) - own)
     if unexpected or unexplained:
-        raise ValueError(f"weights do not match: source weights with no place in the TAPE model: {unexpected}; "
-                         f"TAPE-model weights the source lacks: {unexplained}")
+        raise ValueError(f"weights do not match: source weights with no place in the tapelm model: {unexpected}; "
+                         f"tapelm-model weights the source lacks: {unexplained}")
 
 
 def _load_source(model_or_path) -> PreTrainedModel:
