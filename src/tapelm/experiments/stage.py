@@ -19,14 +19,17 @@ import json
 import shlex
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from .archive import archive_comparison
 from .budget import OVERHEAD_SECONDS, predicted_seconds, step_cost, training_flops
 from .claims import CLAIMS, learned
-from .compare import Comparison, open_comparison, run_one
+from .compare import Comparison, open_comparison
+from .launchers import Job, LocalLauncher, RunOptions
 from .plan import AT_GPU_SCALE, OwedComparison, at_laptop_scale
 from .runs import RESULT_FILE, RunSpec, option_flags, resolve
 from .train import write_json_atomically
@@ -128,14 +131,18 @@ class Schedule:
         return [r for r in self.runs if not r.finished and not r.failed
                 and (comparison is None or r.comparison == comparison)]
 
-    def next_run(self, seconds_left: float) -> tuple[PlannedRun, float, str] | None:
-        """The first run in order that may start and is expected to finish within `seconds_left`."""
+    def startable(self, seconds_left: float) -> Iterator[tuple[PlannedRun, float, str]]:
+        """The runs in order that may start and are expected to finish within `seconds_left`, with their
+        estimates."""
         for run in self.open_runs():
             if self.waiting(run) is None:
                 seconds, basis = self.estimate(run)
                 if seconds <= seconds_left:
-                    return run, seconds, basis
-        return None
+                    yield run, seconds, basis
+
+    def next_run(self, seconds_left: float) -> tuple[PlannedRun, float, str] | None:
+        """The first run in order that may start and is expected to finish within `seconds_left`."""
+        return next(self.startable(seconds_left), None)
 
 
 def claims_of(owed: OwedComparison) -> list[str]:
@@ -195,13 +202,17 @@ def _check_arguments(budget_seconds: float, out: Path, data_workers: int, tasks:
 def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison, ...] = AT_GPU_SCALE,
               root: str | Path = "runs", archive: str | Path | None = None, data_workers: int = 0,
               tasks: list[str] | None = None, overrides: dict[str, Any] | None = None, progress: bool = True,
-              dry_run: bool = False) -> int:
+              dry_run: bool = False, launcher=None, report_to: tuple[str, ...] = ()) -> int:
     """Run the next runs of `plan` (of `tasks`, or all) for at most `budget_seconds`, training in `root` and copying
     each finished run into `out`/compare; `archive`: the folder whose finished runs count as done (see module
-    docstring). `dry_run`: plan and print, train nothing. Returns 0, or 1 when a run failed."""
+    docstring). `dry_run`: plan and print, train nothing. `launcher` (`launchers`; default: local, one run at a
+    time) trains the runs that may start, as many at once as it has slots; `report_to`: see `RunOptions`.
+    Returns 0, or 1 when a run failed."""
     started = time.monotonic()
     out = Path(out)
     _check_arguments(budget_seconds, out, data_workers, tasks, plan)
+    options = RunOptions(progress, data_workers=data_workers, report_to=report_to)
+    launcher = launcher or LocalLauncher()
     chosen = [owed for owed in plan if tasks is None or owed.task in tasks]
     runs = [run for index, owed in enumerate(chosen) for run in ordered_runs(owed, index)]
     comparisons = [_open(owed, overrides or {}, Path(root), None if archive is None else Path(archive))
@@ -215,29 +226,33 @@ def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison
                                             in zip(chosen, comparisons, schedule.predicted)]}
     while not dry_run:
         left = budget_seconds - (time.monotonic() - started)
-        found = schedule.next_run(left)
-        if found is None:
+        wave = list(islice(schedule.startable(left), launcher.slots))  # at once: the launcher's slots
+        if not wave:
             break
-        run, expected, basis = found
-        comparison, owed = comparisons[run.comparison], chosen[run.comparison]
-        print(f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
-              f"{left:.0f} s left", flush=True)
+        entries, jobs = [], []
+        for run, expected, basis in wave:
+            comparison, owed = comparisons[run.comparison], chosen[run.comparison]
+            print(f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
+                  f"{left:.0f} s left", flush=True)
+            entries.append({"task": owed.task, "settings_hash": comparison.directory.name, "pe": run.pe,
+                            "seed": run.seed, "expected_seconds": expected, "expected_from": basis,
+                            "launcher": launcher.name, "at_once": len(wave)})
+            jobs.append(Job(comparison.runs[run.pe, run.seed], comparison.run_dir(run.pe, run.seed),
+                            comparison.command))
         began = time.monotonic()
-        entry = {"task": owed.task, "settings_hash": comparison.directory.name, "pe": run.pe, "seed": run.seed,
-                 "expected_seconds": expected, "expected_from": basis}
-        try:
-            run_one(comparison.runs[run.pe, run.seed], comparison.run_dir(run.pe, run.seed), progress,
-                    comparison.command, data_workers=data_workers)
-        except Exception as error:  # noqa: BLE001 (one run's failure, e.g. out of memory, must not stop the rest)
-            traceback.print_exc()
-            run.failed = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
-            entry["failed"] = run.failed
-        else:
-            _known(comparison, run, owed.task)
-            archive_comparison(comparison.directory, out / "compare", [(run.pe, run.seed)])
-            entry.update(seconds=time.monotonic() - began, session_seconds=run.seconds, learned=run.learned)
-        record["runs"].append(entry)
-        _write(out, record, schedule, chosen, comparisons, started)
+        for outcome in launcher.launch(jobs, options):  # one run's failure (e.g. out of memory) stops no other
+            run, entry = wave[outcome.index][0], entries[outcome.index]
+            comparison, owed = comparisons[run.comparison], chosen[run.comparison]
+            if outcome.error is not None:
+                traceback.print_exception(outcome.error)
+                run.failed = f"{type(outcome.error).__name__}: {(str(outcome.error).splitlines() or [''])[0][:300]}"
+                entry["failed"] = run.failed
+            else:
+                _known(comparison, run, owed.task)
+                archive_comparison(comparison.directory, out / "compare", [(run.pe, run.seed)])
+                entry.update(seconds=time.monotonic() - began, session_seconds=run.seconds, learned=run.learned)
+            record["runs"].append(entry)
+            _write(out, record, schedule, chosen, comparisons, started)
     _write(out, record, schedule, chosen, comparisons, started)
     print(format_status(record))
     return 1 if any(run.failed for run in runs) else 0

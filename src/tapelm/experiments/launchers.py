@@ -1,0 +1,294 @@
+"""Where the runs of a comparison or a stage train (`--launcher`).
+
+- `local` (the default): this machine. One run at a time in this process, or `jobs` at once on each device in worker
+  processes, each worker pinned to its GPU (CUDA_VISIBLE_DEVICES) for good: on the CPU, `jobs` processes; on CUDA,
+  `jobs` per visible GPU.
+- `slurm`: a SLURM cluster through submitit, the runs submitted as one job array, each job with its GPUs, time and
+  partition; a job that SLURM preempts or times out is requeued and resumes from its checkpoint.
+
+Whoever launches it, a run trains in its folder of the comparison (`run_task` with resume), so a run already finished
+is never launched again, a killed one resumes from its newest checkpoint, and the archive reads the same files.
+Each result.json records its device and how it was launched (`launch`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .runs import run_task
+from .trackers import check_report_to
+
+LAUNCHERS = ("local", "slurm")
+SUBMITIT_PIP = "pip install 'tapelm[cluster]' (or: pip install submitit)"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How every run trains, whichever launcher runs it; none of it is part of a run's identity. `data_workers`:
+    batch-making processes of the whole machine, split between the runs a local launcher trains at once."""
+
+    progress: bool = True
+    compile_layers: bool = False
+    data_workers: int = 0
+    report_to: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data_workers, bool) or not isinstance(self.data_workers, int) or self.data_workers < 0:
+            raise ValueError(f"--data-workers={self.data_workers!r} is not allowed; give a number of processes >= 0")
+        object.__setattr__(self, "report_to", check_report_to(self.report_to))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run to launch: the resolved run, its folder and the command recorded with it."""
+
+    run: Any
+    run_dir: Path
+    command: str
+
+
+@dataclass
+class Outcome:
+    """A launched run that ended: its place in the jobs given to `launch`, its result, or the error that ended it."""
+
+    index: int
+    result: dict[str, Any] | None = None
+    error: BaseException | None = None
+
+
+def run_one(job: Job, options: RunOptions, launch: dict[str, Any] | None = None,
+            threads: int | None = None) -> dict[str, Any] | None:
+    """Train and evaluate one run (in this process, or in a worker with `threads` torch threads); its result."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    run, started = job.run, time.time()
+    result = run_task(run, job.run_dir, resume=True, progress=options.progress, command=job.command,
+                      compile_layers=options.compile_layers, data_workers=options.data_workers,
+                      report_to=options.report_to, launch=launch)
+    if result is not None:
+        print(f"    {run.spec.pe} / seed {run.spec.seed} done in {time.time() - started:.0f} s: {result['metric']} "
+              f"in-distribution {result['summary']['in_distribution']:.4f}, all {result['summary']['all']:.4f}",
+              flush=True)
+    return result
+
+
+def die_with_parent(parent: int) -> None:
+    """In a worker: end when the process that started it ends (killed or not), instead of training on as an
+    orphan; the unfinished run resumes from its checkpoint next time. Linux only (prctl); elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent ended before the request took effect
+            os._exit(1)
+
+
+def visible_devices() -> list[str]:
+    """The devices a local launcher pins runs to: the visible GPUs as CUDA_VISIBLE_DEVICES names them (their
+    indices when it is unset), or ["cpu"] where there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ["cpu"]
+    named = [name.strip() for name in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if name.strip()]
+    return named[:torch.cuda.device_count()] if named else [str(i) for i in range(torch.cuda.device_count())]
+
+
+def device_slots(devices: list[str], per_device: int) -> list[str]:
+    """The device of each concurrent worker: every device `per_device` times, round robin, so that fewer runs than
+    workers still spread over every device."""
+    return [device for _ in range(per_device) for device in devices]
+
+
+def shared_data_workers(total: int, concurrent: int) -> int:
+    """Each run's share of `total` data workers when `concurrent` runs train at once (at least one where any were
+    asked for)."""
+    return 0 if total == 0 else max(1, total // concurrent)
+
+
+_WORKER_DEVICE: str | None = None  # the device this worker process is pinned to (`_start_worker`)
+
+
+def _start_worker(parent: int, devices, threads: int) -> None:
+    """A local worker's start: die with the parent, take a device for good (before CUDA starts in this process),
+    use `threads` torch threads."""
+    global _WORKER_DEVICE
+    die_with_parent(parent)
+    _WORKER_DEVICE = devices.get()
+    if _WORKER_DEVICE != "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = _WORKER_DEVICE
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run_pinned(job: Job, options: RunOptions, launch: dict[str, Any]) -> dict[str, Any] | None:
+    return run_one(job, options, {**launch, "device_slot": _WORKER_DEVICE})
+
+
+class LocalLauncher:
+    """Runs on this machine: `jobs` at once on each of `devices` (default `visible_devices()`), in pinned worker
+    processes; one run at a time in this process where that makes one slot on the process's own device."""
+
+    name = "local"
+
+    def __init__(self, jobs: int = 1, devices: list[str] | None = None) -> None:
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer (runs at once per "
+                             "device)")
+        if devices is not None and (not devices or len(set(devices)) != len(devices)):
+            raise ValueError(f"devices={devices!r} is not allowed; give distinct device names")
+        self.jobs, self.pinned = jobs, devices is not None
+        self.devices = list(devices) if devices is not None else visible_devices()
+        self.slots = jobs * len(self.devices)
+
+    def launch(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
+        """Train `jobs`, yielding each one's outcome as it ends."""
+        if self.slots == 1 and not self.pinned:
+            for index, job in enumerate(jobs):
+                try:
+                    yield Outcome(index, run_one(job, options, {"launcher": "local", "runs_per_device": 1}))
+                except Exception as error:  # noqa: BLE001 (the caller decides whether one failure stops the rest)
+                    yield Outcome(index, error=error)
+            return
+        yield from self._in_workers(jobs, options)
+
+    def _in_workers(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
+        import torch
+
+        context = multiprocessing.get_context("spawn")
+        slots = device_slots(self.devices, self.jobs)[:max(1, len(jobs))]
+        devices = context.Queue()
+        for device in slots:
+            devices.put(device)
+        shared = replace(options, progress=False, data_workers=shared_data_workers(options.data_workers, len(slots)))
+        launch = {"launcher": "local", "runs_per_device": self.jobs}
+        with ProcessPoolExecutor(len(slots), mp_context=context, initializer=_start_worker,
+                                 initargs=(os.getpid(), devices, torch.get_num_threads())) as pool:
+            futures = {pool.submit(_run_pinned, job, shared, launch): index for index, job in enumerate(jobs)}
+            for future in as_completed(futures):
+                error = future.exception()
+                yield Outcome(futures[future], None if error else future.result(), error)
+
+
+class SubmittedRun:
+    """A run as a submitit job: it trains (resuming from its folder's checkpoint); when SLURM preempts it or its
+    time runs out, submitit calls `checkpoint`, which requeues the same call, so the run resumes from its newest
+    checkpoint (`submitit.helpers.Checkpointable`'s protocol)."""
+
+    def __call__(self, job: Job, options: RunOptions) -> dict[str, Any] | None:
+        import submitit
+
+        environment = submitit.JobEnvironment()
+        return run_one(job, options, {"launcher": "slurm", "job_id": environment.job_id,
+                                      "hostname": environment.hostname})
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+class SlurmLauncher:
+    """Runs on a SLURM cluster through submitit: one job array, each job `gpus_per_run` GPUs, `cpus_per_run` CPUs,
+    `time_minutes` and `partition`; submitit's files (scripts, logs, pickled results) in `folder`. `cluster`:
+    "slurm", or "local" for submitit's local executor (tests: the same submission, as processes on this machine)."""
+
+    name = "slurm"
+    slots = None  # every run that may start is submitted at once
+
+    def __init__(self, folder: str | Path, partition: str | None = None, time_minutes: int = 60,
+                 gpus_per_run: int = 1, cpus_per_run: int | None = None, cluster: str = "slurm",
+                 poll_seconds: float = 10.0) -> None:
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            raise ValueError(f"--launcher slurm needs the submitit package, which is not installed: "
+                             f"{SUBMITIT_PIP}") from None
+        for name, value, low in (("--slurm-time", time_minutes, 1), ("--slurm-gpus-per-run", gpus_per_run, 0),
+                                 ("--slurm-cpus-per-run", 1 if cpus_per_run is None else cpus_per_run, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r} is not allowed; it must be an integer >= {low}")
+        if cluster not in ("slurm", "local"):
+            raise ValueError(f"cluster={cluster!r} is not allowed; choose slurm or local")
+        if cluster == "slurm" and shutil.which("sbatch") is None:
+            raise ValueError("--launcher slurm submits with SLURM's sbatch, which this machine does not have; run the "
+                             "command on the cluster's login node")
+        self.folder, self.partition, self.time_minutes = Path(folder), partition, time_minutes
+        self.gpus_per_run, self.cpus_per_run, self.cluster = gpus_per_run, cpus_per_run, cluster
+        self.poll_seconds = poll_seconds
+
+    def executor(self):
+        """submitit's executor with this launcher's per-run resources."""
+        import submitit
+
+        executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster)
+        parameters: dict[str, Any] = {"name": "tapelm", "timeout_min": self.time_minutes, "nodes": 1,
+                                      "tasks_per_node": 1, "gpus_per_node": self.gpus_per_run}
+        if self.cpus_per_run is not None:
+            parameters["cpus_per_task"] = self.cpus_per_run
+        if self.partition is not None:
+            parameters["slurm_partition"] = self.partition
+        executor.update_parameters(**parameters)
+        return executor
+
+    def submit(self, jobs: list[Job], options: RunOptions) -> list:
+        """Submit `jobs` as one job array; the submitit jobs, in order."""
+        executor = self.executor()
+        quiet = replace(options, progress=False)
+        with executor.batch():
+            submitted = [executor.submit(SubmittedRun(), job, quiet) for job in jobs]
+        for job, handle in zip(jobs, submitted):
+            print(f"    submitted {job.run.spec.pe} / seed {job.run.spec.seed} as job {handle.job_id} "
+                  f"(log: {handle.paths.stdout})", flush=True)
+        return submitted
+
+    def launch(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
+        """Submit `jobs` and yield each one's outcome as it lands."""
+        if not jobs:
+            return
+        from submitit.helpers import as_completed as landed
+
+        submitted = self.submit(jobs, options)
+        for handle in landed(submitted, poll_frequency=self.poll_seconds):
+            index = submitted.index(handle)
+            try:
+                yield Outcome(index, handle.result())
+            except Exception as error:  # noqa: BLE001 (a failed, killed or cancelled job)
+                yield Outcome(index, error=error)
+
+
+def make_launcher(name: str, jobs: int = 1, folder: str | Path = "runs/slurm", partition: str | None = None,
+                  time_minutes: int | None = None, gpus_per_run: int | None = None,
+                  cpus_per_run: int | None = None) -> LocalLauncher | SlurmLauncher:
+    """The launcher `--launcher name` asks for, with its options; ValueError, before anything starts, for an unknown
+    launcher or an option of the other one."""
+    if name not in LAUNCHERS:
+        raise ValueError(f"--launcher {name!r} is not allowed; choose from: {', '.join(LAUNCHERS)}")
+    slurm = {"--slurm-partition": partition, "--slurm-time": time_minutes, "--slurm-gpus-per-run": gpus_per_run,
+             "--slurm-cpus-per-run": cpus_per_run}
+    if name == "local":
+        given = [flag for flag, value in slurm.items() if value is not None]
+        if given:
+            raise ValueError(f"{given[0]} is an option of --launcher slurm; add --launcher slurm or leave it out")
+        return LocalLauncher(jobs)
+    if jobs != 1:
+        raise ValueError("--jobs is an option of --launcher local; on SLURM every run is a job of its own (give its "
+                         "GPUs with --slurm-gpus-per-run)")
+    return SlurmLauncher(folder, partition, 60 if time_minutes is None else time_minutes,
+                         1 if gpus_per_run is None else gpus_per_run, cpus_per_run)
+
+
+__all__ = ["LAUNCHERS", "Job", "LocalLauncher", "Outcome", "RunOptions", "SlurmLauncher", "SubmittedRun",
+           "device_slots", "die_with_parent", "make_launcher", "run_one", "shared_data_workers", "visible_devices"]
