@@ -146,3 +146,31 @@ def test_a_comparison_on_submitit_killed_mid_run_resumes_to_the_local_result(loc
     assert resumed["launch"]["launcher"] == "slurm" and resumed["launch"]["job_id"] != rope.job_id
     for pe in PES:
         assert training(comparison.run_dir(pe, 0)) == training(local / pe / "seed0")
+
+
+@pytest.mark.device
+def test_on_cuda_every_visible_gpu_trains_runs_pinned_to_it(tmp_path) -> None:
+    """`pytest --device cuda`: two runs at once per visible GPU, each in a worker that sees only its GPU; every GPU
+    gets runs, each result names the GPU it ran on, and a run's first loss (the initial model, the same batch) is
+    the in-process one's."""
+    import conftest
+    import torch
+
+    from tapelm.experiments.launchers import visible_devices
+
+    if conftest.DEVICE.type != "cuda":
+        pytest.skip("needs CUDA: run with --device cuda")
+    devices = visible_devices()
+    short = RunSpec(**{**vars(BASE), "train_options": {**BASE.train_options, "steps": 20, "checkpoint_every": 0}})
+    seeds = list(range(len(devices) * 2))
+    compare(short, ["rope"], seeds, root=tmp_path / "pinned", progress=False, launcher=LocalLauncher(2))
+    compare(short, ["rope"], [0], root=tmp_path / "alone", progress=False, launcher=LocalLauncher(1, devices=devices[:1]))
+    pinned = comparison_dir(tmp_path / "pinned", short.task, settings_hash(short))
+    records = [json.loads((pinned / "rope" / f"seed{seed}" / RESULT_FILE).read_text()) for seed in seeds]
+    assert sorted(r["device"]["cuda_visible_devices"] for r in records) == sorted(devices * 2)
+    for record in records:
+        assert record["device"]["device"].startswith("cuda") and record["launch"]["runs_per_device"] == 2
+        assert record["device"]["name"] == torch.cuda.get_device_name(devices.index(record["launch"]["device_slot"]))
+    alone = json.loads((comparison_dir(tmp_path / "alone", short.task, settings_hash(short)) / "rope" / "seed0" /
+                        RESULT_FILE).read_text())
+    assert records[0]["first_loss"] == pytest.approx(alone["first_loss"], rel=1e-5)
