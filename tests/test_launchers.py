@@ -67,8 +67,8 @@ def test_bad_launch_options_get_one_line_errors_before_anything_starts(tmp_path,
         make_launcher("local", jobs=0)
     with pytest.raises(ValueError, match="distinct device names"):
         LocalLauncher(1, devices=["0", "0"])
-    with pytest.raises(ValueError, match="--slurm-gpus-per-run=-1 is not allowed"):
-        SlurmLauncher(tmp_path, gpus_per_run=-1, cluster="local")
+    with pytest.raises(ValueError, match="--slurm-gpus-per-run=2 is not allowed; give 1"):
+        SlurmLauncher(tmp_path, gpus_per_run=2, cluster="local")
     if shutil.which("sbatch") is None:
         assert main(["compare", "addition", "--launcher", "slurm", "--root", str(tmp_path / "runs")]) == 2
         assert "does not have; run the command on the cluster's login node" in capsys.readouterr().err
@@ -164,7 +164,8 @@ def test_on_cuda_every_visible_gpu_trains_runs_pinned_to_it(tmp_path) -> None:
     short = RunSpec(**{**vars(BASE), "train_options": {**BASE.train_options, "steps": 20, "checkpoint_every": 0}})
     seeds = list(range(len(devices) * 2))
     compare(short, ["rope"], seeds, root=tmp_path / "pinned", progress=False, launcher=LocalLauncher(2))
-    compare(short, ["rope"], [0], root=tmp_path / "alone", progress=False, launcher=LocalLauncher(1, devices=devices[:1]))
+    compare(short, ["rope"], [0], root=tmp_path / "alone", progress=False,
+            launcher=LocalLauncher(1, devices=devices[:1]))
     pinned = comparison_dir(tmp_path / "pinned", short.task, settings_hash(short))
     records = [json.loads((pinned / "rope" / f"seed{seed}" / RESULT_FILE).read_text()) for seed in seeds]
     assert sorted(r["device"]["cuda_visible_devices"] for r in records) == sorted(devices * 2)

@@ -105,7 +105,8 @@ def add_launch_arguments(parser) -> None:
     parser.add_argument("--slurm-time", type=int, metavar="MINUTES",
                         help="slurm: each job's time limit; a job that reaches it is requeued and resumes from its "
                              "checkpoint (default: 60)")
-    parser.add_argument("--slurm-gpus-per-run", type=int, help="slurm: GPUs of each job (default: 1)")
+    parser.add_argument("--slurm-gpus-per-run", type=int,
+                        help="slurm: GPUs of each job: 1 (default), or 0 on CPU nodes")
     parser.add_argument("--slurm-cpus-per-run", type=int, help="slurm: CPUs of each job (default: the cluster's)")
     add_report_to(parser)
 

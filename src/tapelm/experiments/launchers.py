@@ -201,9 +201,10 @@ class SubmittedRun:
 
 
 class SlurmLauncher:
-    """Runs on a SLURM cluster through submitit: one job array, each job `gpus_per_run` GPUs, `cpus_per_run` CPUs,
-    `time_minutes` and `partition`; submitit's files (scripts, logs, pickled results) in `folder`. `cluster`:
-    "slurm", or "local" for submitit's local executor (tests: the same submission, as processes on this machine)."""
+    """Runs on a SLURM cluster through submitit: one job array, each job `gpus_per_run` GPUs (1, or 0 on CPU
+    nodes), `cpus_per_run` CPUs, `time_minutes` and `partition`; submitit's files (scripts, logs, pickled results) in
+    `folder`. `cluster`: "slurm", or "local" for submitit's local executor (tests: the same submission, as processes
+    on this machine)."""
 
     name = "slurm"
     slots = None  # every run that may start is submitted at once
@@ -216,10 +217,13 @@ class SlurmLauncher:
         except ImportError:
             raise ValueError(f"--launcher slurm needs the submitit package, which is not installed: "
                              f"{SUBMITIT_PIP}") from None
-        for name, value, low in (("--slurm-time", time_minutes, 1), ("--slurm-gpus-per-run", gpus_per_run, 0),
+        for name, value, low in (("--slurm-time", time_minutes, 1),
                                  ("--slurm-cpus-per-run", 1 if cpus_per_run is None else cpus_per_run, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r} is not allowed; it must be an integer >= {low}")
+        if gpus_per_run not in (0, 1) or isinstance(gpus_per_run, bool):
+            raise ValueError(f"--slurm-gpus-per-run={gpus_per_run!r} is not allowed; give 1 (a run trains on one GPU: "
+                             "on several its batches, and so its result, would change) or 0 (CPU nodes)")
         if cluster not in ("slurm", "local"):
             raise ValueError(f"cluster={cluster!r} is not allowed; choose slurm or local")
         if cluster == "slurm" and shutil.which("sbatch") is None:
@@ -284,8 +288,8 @@ def make_launcher(name: str, jobs: int = 1, folder: str | Path = "runs/slurm", p
             raise ValueError(f"{given[0]} is an option of --launcher slurm; add --launcher slurm or leave it out")
         return LocalLauncher(jobs)
     if jobs != 1:
-        raise ValueError("--jobs is an option of --launcher local; on SLURM every run is a job of its own (give its "
-                         "GPUs with --slurm-gpus-per-run)")
+        raise ValueError("--jobs is an option of --launcher local; on SLURM every run is a job of its own, with one "
+                         "GPU")
     return SlurmLauncher(folder, partition, 60 if time_minutes is None else time_minutes,
                          1 if gpus_per_run is None else gpus_per_run, cpus_per_run)
 
