@@ -184,15 +184,13 @@ def _known(comparison: Comparison, run: PlannedRun, task: str) -> None:
         run.learned = learned(task, result["metric"], result["summary"]["in_distribution"])
 
 
-def _check_arguments(budget_seconds: float, out: Path, data_workers: int, tasks: list[str] | None,
+def _check_arguments(budget_seconds: float, out: Path, tasks: list[str] | None,
                      plan: tuple[OwedComparison, ...]) -> None:
     if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) or not budget_seconds > 0:
         raise ValueError(f"--budget-seconds={budget_seconds!r} is not allowed; give the seconds the stage may take "
                          "(a positive number)")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out '{out}' is a file; give a folder for the stage's results")
-    if isinstance(data_workers, bool) or not isinstance(data_workers, int) or data_workers < 0:
-        raise ValueError(f"--data-workers={data_workers!r} is not allowed; give a number of processes >= 0")
     known = list(dict.fromkeys(owed.task for owed in plan))
     unknown = [task for task in tasks or [] if task not in known]
     if unknown:
@@ -210,8 +208,8 @@ def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison
     Returns 0, or 1 when a run failed."""
     started = time.monotonic()
     out = Path(out)
-    _check_arguments(budget_seconds, out, data_workers, tasks, plan)
-    options = RunOptions(progress, data_workers=data_workers, report_to=report_to)
+    options = RunOptions(progress, data_workers=data_workers, report_to=report_to)  # refuses bad ones, as below
+    _check_arguments(budget_seconds, out, tasks, plan)
     launcher = launcher or LocalLauncher()
     chosen = [owed for owed in plan if tasks is None or owed.task in tasks]
     runs = [run for index, owed in enumerate(chosen) for run in ordered_runs(owed, index)]
