@@ -120,14 +120,25 @@ def shared_data_workers(total: int, concurrent: int) -> int:
 _WORKER_DEVICE: str | None = None  # the device this worker process is pinned to (`_start_worker`)
 
 
+def pin(device: str, position: int) -> None:
+    """Make this process compute on GPU `device` (its name in the parent's CUDA_VISIBLE_DEVICES, `position` in the
+    parent's list): the only GPU it sees, where CUDA has not started in the process yet; else (an import asked CUDA
+    for its devices first, which fixes what the process sees) its current device. Nothing for "cpu"."""
+    if device == "cpu":
+        return
+    os.environ["CUDA_VISIBLE_DEVICES"] = device
+    import torch
+
+    if torch.cuda.device_count() > 1:
+        torch.cuda.set_device(position)
+
+
 def _start_worker(parent: int, devices, threads: int) -> None:
-    """A local worker's start: die with the parent, take a device for good (before CUDA starts in this process),
-    use `threads` torch threads."""
+    """A local worker's start: die with the parent, take a device for good (`pin`), use `threads` torch threads."""
     global _WORKER_DEVICE
     die_with_parent(parent)
-    _WORKER_DEVICE = devices.get()
-    if _WORKER_DEVICE != "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = _WORKER_DEVICE
+    _WORKER_DEVICE, position = devices.get()
+    pin(_WORKER_DEVICE, position)
     import torch
 
     torch.set_num_threads(threads)
@@ -155,6 +166,8 @@ class LocalLauncher:
 
     def launch(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
         """Train `jobs`, yielding each one's outcome as it ends."""
+        if not jobs:
+            return
         if self.slots == 1 and not self.pinned:
             for index, job in enumerate(jobs):
                 try:
@@ -168,10 +181,10 @@ class LocalLauncher:
         import torch
 
         context = multiprocessing.get_context("spawn")
-        slots = device_slots(self.devices, self.jobs)[:max(1, len(jobs))]
+        slots = device_slots(self.devices, self.jobs)[:len(jobs)]
         devices = context.Queue()
         for device in slots:
-            devices.put(device)
+            devices.put((device, self.devices.index(device)))
         shared = replace(options, progress=False, data_workers=shared_data_workers(options.data_workers, len(slots)))
         launch = {"launcher": "local", "runs_per_device": self.jobs}
         with ProcessPoolExecutor(len(slots), mp_context=context, initializer=_start_worker,
@@ -295,4 +308,4 @@ def make_launcher(name: str, jobs: int = 1, folder: str | Path = "runs/slurm", p
 
 
 __all__ = ["LAUNCHERS", "Job", "LocalLauncher", "Outcome", "RunOptions", "SlurmLauncher", "SubmittedRun",
-           "device_slots", "die_with_parent", "make_launcher", "run_one", "shared_data_workers", "visible_devices"]
+           "device_slots", "die_with_parent", "make_launcher", "pin", "run_one", "shared_data_workers", "visible_devices"]
