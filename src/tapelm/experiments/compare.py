@@ -109,6 +109,8 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     variants). `compile_layers`, `data_workers` (split between concurrent runs), `report_to`: see `RunOptions`.
     `archive`: reuse the finished runs archived there (see `restore_archived`)."""
     options = RunOptions(progress, compile_layers, data_workers, report_to)
+    if launcher is not None and jobs != 1:
+        raise ValueError(f"jobs={jobs!r} is an option of the local launcher; give LocalLauncher(jobs) as the launcher")
     launcher = launcher or LocalLauncher(jobs)
     comparison = open_comparison(base, pes, seeds, root, command, ablation, compile_layers, archive)
     directory, runs, command = comparison.directory, comparison.runs, comparison.command

@@ -280,10 +280,15 @@ class SlurmLauncher:
         submitted = self.submit(jobs, options)
         for handle in landed(submitted, poll_frequency=self.poll_seconds):
             index = submitted.index(handle)
+            spec = jobs[index].run.spec
             try:
-                yield Outcome(index, handle.result())
+                outcome = Outcome(index, handle.result())
             except Exception as error:  # noqa: BLE001 (a failed, killed or cancelled job)
-                yield Outcome(index, error=error)
+                outcome = Outcome(index, error=error)
+            print(f"    {spec.pe} / seed {spec.seed}: job {handle.job_id} " + (
+                "finished" if outcome.error is None else f"failed ({type(outcome.error).__name__}; log: "
+                                                         f"{handle.paths.stderr})"), flush=True)
+            yield outcome
 
 
 def make_launcher(name: str, jobs: int = 1, folder: str | Path = "runs/slurm", partition: str | None = None,
