@@ -219,6 +219,7 @@ def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison
         _known(comparisons[run.comparison], run, chosen[run.comparison].task)
     schedule = Schedule(runs, [predicted_seconds(c.runs["rope", 0], data_workers) for c in comparisons])
     record: dict[str, Any] = {"budget_seconds": budget_seconds, "data_workers": data_workers, "dry_run": dry_run,
+                              "launcher": {"name": launcher.name, "runs_at_once": launcher.slots},
                               "runs": [], "environment": _environment(),
                               "rope_runs": [_rope_run(owed, comparison, seconds) for owed, comparison, seconds
                                             in zip(chosen, comparisons, schedule.predicted)]}
