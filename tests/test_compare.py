@@ -299,9 +299,9 @@ def test_mqar_reading_gives_the_score_of_elimination_without_recall() -> None:
 
 
 def test_a_runs_result_does_not_depend_on_how_many_runs_share_a_device(compared, tmp_path) -> None:
-    """Two runs at once on each of two devices (given explicitly, as a machine's GPUs would be: each worker pinned
-    to its device through CUDA_VISIBLE_DEVICES, here on the CPU) train the same models as one run at a time: every
-    run's losses and evaluation equal the sequential ones, and each result records its device."""
+    """Two runs at once on one device (given explicitly, as a machine's GPU would be: each worker pinned to it
+    through CUDA_VISIBLE_DEVICES, here on the CPU) train the same models as one run at a time: every run's losses and
+    evaluation equal the sequential ones, and each result records its device."""
     from tapelm.experiments.launchers import LocalLauncher
 
     spec = json.loads((comparison(compared) / "comparison.json").read_text())
@@ -309,7 +309,7 @@ def test_a_runs_result_does_not_depend_on_how_many_runs_share_a_device(compared,
                    train_options={k: spec["train"][k] for k in ("steps", "batch_size", "warmup", "eval_every")},
                    eval_n=spec["eval"]["n"])
     compare(base, ["tape", "rope"], [0, 1], root=tmp_path, progress=False,
-            launcher=LocalLauncher(2, devices=["0", "1"]))
+            launcher=LocalLauncher(2, devices=["1"]))
     sequential, parallel = comparison(compared), comparison(tmp_path)
     assert parallel.name == sequential.name
     pinned = []
@@ -322,7 +322,7 @@ def test_a_runs_result_does_not_depend_on_how_many_runs_share_a_device(compared,
         assert losses[0] == losses[1]
         assert mine["launch"]["runs_per_device"] == 2
         pinned.append((mine["launch"]["device_slot"], mine["device"]["cuda_visible_devices"]))
-    assert sorted(pinned) == [("0", "0"), ("0", "0"), ("1", "1"), ("1", "1")]  # spread over both, two on each
+    assert pinned == [("1", "1")] * 4
 
 
 def test_ablation_variants_are_encodings_with_options(tmp_path, capsys) -> None:
