@@ -21,7 +21,8 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -148,7 +149,107 @@ def _run_pinned(job: Job, options: RunOptions, launch: dict[str, Any]) -> dict[s
     return run_one(job, options, {**launch, "device_slot": _WORKER_DEVICE})
 
 
-class LocalLauncher:
+class Launcher:
+    """Where runs train: a `session` starts runs and hands back their outcomes as they end, with at most `slots`
+    training at once (None: no limit, the cluster queues them)."""
+
+    name: str
+    slots: int | None
+
+    def session(self, options: RunOptions) -> Session:
+        raise NotImplementedError
+
+    def launch(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
+        """Train `jobs`, all started at once (as many training as there are slots), yielding each outcome as it
+        ends."""
+        if not jobs:
+            return
+        with self.session(options) as session:
+            session.start(jobs)
+            for _ in jobs:
+                yield session.landed()
+
+
+class Session:
+    """Runs started and not yet handed back; `start` numbers them in order (an Outcome's `index`) across calls."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def start(self, jobs: list[Job]) -> list[int]:
+        """Start `jobs` (queued while every slot is busy); their numbers."""
+        keys = list(range(self.started, self.started + len(jobs)))
+        self.started += len(jobs)
+        self._start(list(zip(keys, jobs)))
+        return keys
+
+    def _start(self, keyed: list[tuple[int, Job]]) -> None:
+        raise NotImplementedError
+
+    def landed(self) -> Outcome:
+        """The outcome of the next started run to end (waiting for it)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exception: Any) -> None:
+        pass
+
+
+class _InProcess(Session):
+    """One slot on this process's own device: each run trains here, in order, when an outcome is asked for."""
+
+    def __init__(self, options: RunOptions) -> None:
+        super().__init__()
+        self.options, self.queued = options, deque()
+
+    def _start(self, keyed: list[tuple[int, Job]]) -> None:
+        self.queued.extend(keyed)
+
+    def landed(self) -> Outcome:
+        key, job = self.queued.popleft()
+        try:
+            return Outcome(key, run_one(job, self.options, {"launcher": "local", "runs_per_device": 1}))
+        except Exception as error:  # noqa: BLE001 (the caller decides whether one failure stops the rest)
+            return Outcome(key, error=error)
+
+
+class _Workers(Session):
+    """`per_device` worker processes on each of `devices`, each pinned to its device for good (`_start_worker`);
+    a run goes to the next free worker."""
+
+    def __init__(self, devices: list[str], per_device: int, options: RunOptions) -> None:
+        import torch
+
+        super().__init__()
+        context = multiprocessing.get_context("spawn")
+        slots = device_slots(devices, per_device)
+        queue = context.Queue()
+        for device in slots:  # a worker takes the next one as it starts, so fewer runs still spread over devices
+            queue.put((device, devices.index(device)))
+        self.options = replace(options, progress=False,
+                               data_workers=shared_data_workers(options.data_workers, len(slots)))
+        self.launch = {"launcher": "local", "runs_per_device": per_device}
+        self.pool = ProcessPoolExecutor(len(slots), mp_context=context, initializer=_start_worker,
+                                        initargs=(os.getpid(), queue, torch.get_num_threads()))
+        self.futures: dict[Any, int] = {}
+
+    def _start(self, keyed: list[tuple[int, Job]]) -> None:
+        for key, job in keyed:
+            self.futures[self.pool.submit(_run_pinned, job, self.options, self.launch)] = key
+
+    def landed(self) -> Outcome:
+        done, _ = wait(self.futures, return_when=FIRST_COMPLETED)
+        future = min(done, key=self.futures.get)
+        key, error = self.futures.pop(future), future.exception()
+        return Outcome(key, None if error else future.result(), error)
+
+    def __exit__(self, *exception: Any) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)  # runs not started stay undone; started ones finish
+
+
+class LocalLauncher(Launcher):
     """Runs on this machine: `jobs` at once on each of `devices` (default `visible_devices()`), in pinned worker
     processes; one run at a time in this process where that makes one slot on the process's own device."""
 
@@ -164,35 +265,10 @@ class LocalLauncher:
         self.devices = list(devices) if devices is not None else visible_devices()
         self.slots = jobs * len(self.devices)
 
-    def launch(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
-        """Train `jobs`, yielding each one's outcome as it ends."""
-        if not jobs:
-            return
+    def session(self, options: RunOptions) -> Session:
         if self.slots == 1 and not self.pinned:
-            for index, job in enumerate(jobs):
-                try:
-                    yield Outcome(index, run_one(job, options, {"launcher": "local", "runs_per_device": 1}))
-                except Exception as error:  # noqa: BLE001 (the caller decides whether one failure stops the rest)
-                    yield Outcome(index, error=error)
-            return
-        yield from self._in_workers(jobs, options)
-
-    def _in_workers(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
-        import torch
-
-        context = multiprocessing.get_context("spawn")
-        slots = device_slots(self.devices, self.jobs)[:len(jobs)]
-        devices = context.Queue()
-        for device in slots:
-            devices.put((device, self.devices.index(device)))
-        shared = replace(options, progress=False, data_workers=shared_data_workers(options.data_workers, len(slots)))
-        launch = {"launcher": "local", "runs_per_device": self.jobs}
-        with ProcessPoolExecutor(len(slots), mp_context=context, initializer=_start_worker,
-                                 initargs=(os.getpid(), devices, torch.get_num_threads())) as pool:
-            futures = {pool.submit(_run_pinned, job, shared, launch): index for index, job in enumerate(jobs)}
-            for future in as_completed(futures):
-                error = future.exception()
-                yield Outcome(futures[future], None if error else future.result(), error)
+            return _InProcess(options)
+        return _Workers(self.devices, self.jobs, options)
 
 
 class SubmittedRun:
@@ -213,7 +289,7 @@ class SubmittedRun:
         return DelayedSubmission(self, *args, **kwargs)
 
 
-class SlurmLauncher:
+class SlurmLauncher(Launcher):
     """Runs on a SLURM cluster through submitit: one job array, each job `gpus_per_run` GPUs (1, or 0 on CPU
     nodes), `cpus_per_run` CPUs, `time_minutes` and `partition`; submitit's files (scripts, logs, pickled results) in
     `folder`. `cluster`: "slurm", or "local" for submitit's local executor (tests: the same submission, as processes
@@ -271,29 +347,40 @@ class SlurmLauncher:
                   f"(log: {handle.paths.stdout})", flush=True)
         return submitted
 
-    def launch(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
-        """Submit `jobs` and yield each one's outcome as it lands."""
-        if not jobs:
-            return
-        from submitit.helpers import as_completed as landed
+    def session(self, options: RunOptions) -> Session:
+        return _Submitted(self, options)
 
-        submitted = self.submit(jobs, options)
-        for handle in landed(submitted, poll_frequency=self.poll_seconds):
-            index = submitted.index(handle)
-            spec = jobs[index].run.spec
-            try:
-                outcome = Outcome(index, handle.result())
-            except Exception as error:  # noqa: BLE001 (a failed, killed or cancelled job)
-                outcome = Outcome(index, error=error)
-            print(f"    {spec.pe} / seed {spec.seed}: job {handle.job_id} " + (
-                "finished" if outcome.error is None else f"failed ({type(outcome.error).__name__}; log: "
-                                                         f"{handle.paths.stderr})"), flush=True)
-            yield outcome
+
+class _Submitted(Session):
+    """Runs submitted to SLURM, each `start` one job array; an outcome as its job lands (polled)."""
+
+    def __init__(self, launcher: SlurmLauncher, options: RunOptions) -> None:
+        super().__init__()
+        self.launcher, self.options, self.running = launcher, options, {}
+
+    def _start(self, keyed: list[tuple[int, Job]]) -> None:
+        if keyed:
+            handles = self.launcher.submit([job for _, job in keyed], self.options)
+            self.running.update(zip(handles, keyed))
+
+    def landed(self) -> Outcome:
+        while not (done := [handle for handle in self.running if handle.done()]):
+            time.sleep(self.launcher.poll_seconds)
+        handle = done[0]
+        key, job = self.running.pop(handle)
+        try:
+            outcome = Outcome(key, handle.result())
+        except Exception as error:  # noqa: BLE001 (a failed, killed or cancelled job)
+            outcome = Outcome(key, error=error)
+        print(f"    {job.run.spec.pe} / seed {job.run.spec.seed}: job {handle.job_id} " + (
+            "finished" if outcome.error is None else f"failed ({type(outcome.error).__name__}; log: "
+                                                     f"{handle.paths.stderr})"), flush=True)
+        return outcome
 
 
 def make_launcher(name: str, jobs: int = 1, folder: str | Path = "runs/slurm", partition: str | None = None,
                   time_minutes: int | None = None, gpus_per_run: int | None = None,
-                  cpus_per_run: int | None = None) -> LocalLauncher | SlurmLauncher:
+                  cpus_per_run: int | None = None) -> Launcher:
     """The launcher `--launcher name` asks for, with its options; ValueError, before anything starts, for an unknown
     launcher or an option of the other one."""
     if name not in LAUNCHERS:
@@ -312,5 +399,6 @@ def make_launcher(name: str, jobs: int = 1, folder: str | Path = "runs/slurm", p
                          1 if gpus_per_run is None else gpus_per_run, cpus_per_run)
 
 
-__all__ = ["LAUNCHERS", "Job", "LocalLauncher", "Outcome", "RunOptions", "SlurmLauncher", "SubmittedRun",
-           "device_slots", "die_with_parent", "make_launcher", "pin", "run_one", "shared_data_workers", "visible_devices"]
+__all__ = ["LAUNCHERS", "Job", "Launcher", "LocalLauncher", "Outcome", "RunOptions", "Session", "SlurmLauncher",
+           "SubmittedRun", "device_slots", "die_with_parent", "make_launcher", "pin", "run_one", "shared_data_workers",
+           "visible_devices"]

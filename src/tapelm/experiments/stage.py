@@ -223,38 +223,53 @@ def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison
                               "runs": [], "environment": _environment(),
                               "rope_runs": [_rope_run(owed, comparison, seconds) for owed, comparison, seconds
                                             in zip(chosen, comparisons, schedule.predicted)]}
-    while not dry_run:
+    if not dry_run:
+        with launcher.session(options) as session:
+            _dispatch(session, launcher, budget_seconds, started, schedule, chosen, comparisons, out, record)
+    _write(out, record, schedule, chosen, comparisons, started)
+    print(format_status(record))
+    return 1 if any(run.failed for run in runs) else 0
+
+
+def _dispatch(session, launcher, budget_seconds: float, started: float, schedule: Schedule,
+              chosen: list[OwedComparison], comparisons: list[Comparison], out: Path, record: dict[str, Any]) -> None:
+    """Keep the launcher's slots busy: start the runs that may start and fit in the time left, as many as slots are
+    free; as each ends, archive it (or note its failure: one run's, e.g. out of memory, stops no other) and start
+    what may start now."""
+    running: dict[int, tuple[PlannedRun, dict[str, Any], float]] = {}
+    while True:
         left = budget_seconds - (time.monotonic() - started)
-        wave = list(islice(schedule.startable(left), launcher.slots))  # at once: the launcher's slots
-        if not wave:
-            break
-        entries, jobs = [], []
-        for run, expected, basis in wave:
+        free = None if launcher.slots is None else launcher.slots - len(running)
+        busy = [run for run, _, _ in running.values()]
+        new = list(islice((found for found in schedule.startable(left) if not any(found[0] is r for r in busy)),
+                          free)) if free != 0 else []
+        jobs, entries = [], []
+        for run, expected, basis in new:
             comparison, owed = comparisons[run.comparison], chosen[run.comparison]
             print(f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
                   f"{left:.0f} s left", flush=True)
             entries.append({"task": owed.task, "settings_hash": comparison.directory.name, "pe": run.pe,
                             "seed": run.seed, "expected_seconds": expected, "expected_from": basis,
-                            "launcher": launcher.name, "at_once": len(wave)})
+                            "launcher": launcher.name, "at_once": len(running) + len(new)})
             jobs.append(Job(comparison.runs[run.pe, run.seed], comparison.run_dir(run.pe, run.seed),
                             comparison.command))
-        began = time.monotonic()
-        for outcome in launcher.launch(jobs, options):  # one run's failure (e.g. out of memory) stops no other
-            run, entry = wave[outcome.index][0], entries[outcome.index]
-            comparison, owed = comparisons[run.comparison], chosen[run.comparison]
-            if outcome.error is not None:
-                traceback.print_exception(outcome.error)
-                run.failed = f"{type(outcome.error).__name__}: {(str(outcome.error).splitlines() or [''])[0][:300]}"
-                entry["failed"] = run.failed
-            else:
-                _known(comparison, run, owed.task)
-                archive_comparison(comparison.directory, out / "compare", [(run.pe, run.seed)])
-                entry.update(seconds=time.monotonic() - began, session_seconds=run.seconds, learned=run.learned)
-            record["runs"].append(entry)
-            _write(out, record, schedule, chosen, comparisons, started)
-    _write(out, record, schedule, chosen, comparisons, started)
-    print(format_status(record))
-    return 1 if any(run.failed for run in runs) else 0
+        for key, (run, _, _), entry in zip(session.start(jobs), new, entries):
+            running[key] = (run, entry, time.monotonic())
+        if not running:
+            return
+        outcome = session.landed()
+        run, entry, began = running.pop(outcome.index)
+        comparison, owed = comparisons[run.comparison], chosen[run.comparison]
+        if outcome.error is not None:
+            traceback.print_exception(outcome.error)
+            run.failed = f"{type(outcome.error).__name__}: {(str(outcome.error).splitlines() or [''])[0][:300]}"
+            entry["failed"] = run.failed
+        else:
+            _known(comparison, run, owed.task)
+            archive_comparison(comparison.directory, out / "compare", [(run.pe, run.seed)])
+            entry.update(seconds=time.monotonic() - began, session_seconds=run.seconds, learned=run.learned)
+        record["runs"].append(entry)
+        _write(out, record, schedule, chosen, comparisons, started)
 
 
 def _rope_run(owed: OwedComparison, comparison: Comparison, seconds: float) -> dict[str, Any]:
