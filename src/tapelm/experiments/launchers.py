@@ -20,8 +20,9 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -149,15 +150,16 @@ def _run_pinned(job: Job, options: RunOptions, launch: dict[str, Any]) -> dict[s
     return run_one(job, options, {**launch, "device_slot": _WORKER_DEVICE})
 
 
-class Launcher:
+class Launcher(ABC):
     """Where runs train: a `session` starts runs and hands back their outcomes as they end, with at most `slots`
     training at once (None: no limit, the cluster queues them)."""
 
     name: str
     slots: int | None
 
+    @abstractmethod
     def session(self, options: RunOptions) -> Session:
-        raise NotImplementedError
+        """A session that trains runs with `options`; a context manager that waits for started runs as it ends."""
 
     def launch(self, jobs: list[Job], options: RunOptions) -> Iterator[Outcome]:
         """Train `jobs`, all started at once (as many training as there are slots), yielding each outcome as it
@@ -170,7 +172,7 @@ class Launcher:
                 yield session.landed()
 
 
-class Session:
+class Session(ABC):
     """Runs started and not yet handed back; `start` numbers them in order (an Outcome's `index`) across calls."""
 
     def __init__(self) -> None:
@@ -183,12 +185,13 @@ class Session:
         self._start(list(zip(keys, jobs)))
         return keys
 
+    @abstractmethod
     def _start(self, keyed: list[tuple[int, Job]]) -> None:
-        raise NotImplementedError
+        """Start each (number, job)."""
 
+    @abstractmethod
     def landed(self) -> Outcome:
         """The outcome of the next started run to end (waiting for it)."""
-        raise NotImplementedError
 
     def __enter__(self) -> Session:
         return self
