@@ -298,15 +298,31 @@ def test_mqar_reading_gives_the_score_of_elimination_without_recall() -> None:
     assert sentence.endswith("75.0% at 2, 34.0% at 8.")  # (1 + 1/2) / 2 and H(8) / 8
 
 
-def test_parallel_jobs_give_the_same_runs_as_one_at_a_time(compared, tmp_path) -> None:
-    """--jobs 2 trains the same models: every run's losses and evaluation equal the sequential ones."""
-    assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(tmp_path),
-                 "--jobs", "2", *TINY]) == 0
+def test_a_runs_result_does_not_depend_on_how_many_runs_share_a_device(compared, tmp_path) -> None:
+    """Two runs at once on one device (given explicitly, as a machine's GPU would be: each worker pinned to it
+    through CUDA_VISIBLE_DEVICES, here on the CPU) train the same models as one run at a time: every run's losses and
+    evaluation equal the sequential ones, and each result records its device."""
+    from tapelm.experiments.launchers import LocalLauncher
+
+    spec = json.loads((comparison(compared) / "comparison.json").read_text())
+    base = RunSpec(task="addition", pe="tape", task_options=spec["task_options"], model_options=spec["model_options"],
+                   train_options={k: spec["train"][k] for k in ("steps", "batch_size", "warmup", "eval_every")},
+                   eval_n=spec["eval"]["n"])
+    compare(base, ["tape", "rope"], [0, 1], root=tmp_path, progress=False,
+            launcher=LocalLauncher(2, devices=["1"]))
     sequential, parallel = comparison(compared), comparison(tmp_path)
+    assert parallel.name == sequential.name
+    pinned = []
     for result in parallel.glob("*/seed*/result.json"):
         mine = json.loads(result.read_text())
         theirs = json.loads((sequential / result.relative_to(parallel)).read_text())
         assert mine["summary"] == theirs["summary"] and mine["final_loss"] == theirs["final_loss"]
+        losses = [[json.loads(line).get("loss") for line in (path.parent / "metrics.jsonl").read_text().splitlines()]
+                  for path in (result, sequential / result.relative_to(parallel))]
+        assert losses[0] == losses[1]
+        assert mine["launch"]["runs_per_device"] == 2
+        pinned.append((mine["launch"]["device_slot"], mine["device"]["cuda_visible_devices"]))
+    assert pinned == [("1", "1")] * 4
 
 
 def test_ablation_variants_are_encodings_with_options(tmp_path, capsys) -> None:

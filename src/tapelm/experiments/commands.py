@@ -13,11 +13,13 @@ from ..config import PE_TYPES
 from .compare import DEFAULT_PES, compare
 from .devices import process_device
 from .evaluate import EVAL_SEED, evaluate_model
+from .launchers import LAUNCHERS, make_launcher
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
 from .runs import RunSpec, load_run, resolve, run_task, write_evaluation
 from .stage import run_stage
 from .sweep import sweep
 from .tasks import TASKS
+from .trackers import TRACKERS, check_report_to
 from .variants import ABLATIONS
 
 
@@ -81,6 +83,40 @@ def add_run_arguments(parser, exclude: tuple[str, ...] = ()) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def add_report_to(parser) -> None:
+    parser.add_argument("--report-to", nargs="+", default=["none"], metavar="TRACKER",
+                        help=f"experiment trackers each run logs to live, through accelerate: any of "
+                             f"{', '.join(TRACKERS)}, or none (default); they do not change a run's numbers")
+
+
+def add_launch_arguments(parser) -> None:
+    """Where the runs train (`launchers`): --launcher, --jobs, the SLURM options, --data-workers, --report-to."""
+    parser.add_argument("--launcher", default="local", choices=LAUNCHERS,
+                        help="local: this machine (default); slurm: a SLURM cluster through submitit, the runs as one "
+                             "job array, results collected as they land")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="local: runs trained at once on each device, each in a process of its own pinned to "
+                             "its device: on CUDA, N per visible GPU; on the CPU, N with the preset's threads each "
+                             "(default: %(default)s)")
+    parser.add_argument("--data-workers", type=int, default=0,
+                        help="processes that make the batches ahead of the device, split between the runs trained "
+                             "at once (default: %(default)s)")
+    parser.add_argument("--slurm-partition", help="slurm: the partition each job asks for (default: the cluster's)")
+    parser.add_argument("--slurm-time", type=int, metavar="MINUTES",
+                        help="slurm: each job's time limit; a job that reaches it is requeued and resumes from its "
+                             "checkpoint (default: 60)")
+    parser.add_argument("--slurm-gpus-per-run", type=int,
+                        help="slurm: GPUs of each job: 1 (default), or 0 on CPU nodes")
+    parser.add_argument("--slurm-cpus-per-run", type=int, help="slurm: CPUs of each job (default: the cluster's)")
+    add_report_to(parser)
+
+
+def launcher_from_args(args):
+    """The launcher of `add_launch_arguments`' options (submitit's files in ROOT/slurm)."""
+    return make_launcher(args.launcher, args.jobs, Path(args.root) / "slurm", args.slurm_partition, args.slurm_time,
+                         args.slurm_gpus_per_run, args.slurm_cpus_per_run)
+
+
 def apply_threads(args) -> None:
     """--threads, else the preset's thread count (cpu-small: 1), else torch's default."""
     threads = args.threads
@@ -115,6 +151,7 @@ def _add_train(commands) -> None:
     parser.add_argument("--out", help="run directory (default: runs/train/TASK-PE-seedSEED)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_run_arguments(parser)
+    add_report_to(parser)
     parser.set_defaults(handler=_train_command)
 
 
@@ -125,7 +162,8 @@ def _train_command(args) -> None:
     out = Path(args.out or f"runs/train/{spec.task}-{spec.pe}-seed{spec.seed}")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out '{out}' is a file; give a run folder")
-    result = run_task(run, out, resume=args.resume, progress=not args.no_progress, compile_layers=args.compile)
+    result = run_task(run, out, resume=args.resume, progress=not args.no_progress, compile_layers=args.compile,
+                      report_to=check_report_to(args.report_to))
     if result is not None:
         summary = result["summary"]
         print(f"{spec.task} / {spec.pe} / seed {spec.seed}: loss {result['first_loss']:.3f} -> "
@@ -190,21 +228,21 @@ def _add_comparison_arguments(parser, seeds: list[int]) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=seeds,
                         help=f"training seeds (default: {' '.join(map(str, seeds))})")
     parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process with "
-                                                            "the preset's threads (default: %(default)s)")
     parser.add_argument("--archive", metavar="DIR",
                         help="count as done the finished runs of this comparison that `tapelm report` archived in "
                              "DIR (docs/results/compare), copying their results into --root: continues a "
                              "comparison on a machine without its runs/ cache")
+    add_launch_arguments(parser)
     add_run_arguments(parser)
 
 
 def _compare_command(args) -> None:
     pes = list(PE_TYPES) if args.pe == ["all"] else args.pe
     base = spec_from_args(args, pes[0] if pes else "tape", 0)
+    launcher = launcher_from_args(args)
     apply_threads(args)
-    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs,
-            compile_layers=args.compile, archive=args.archive)
+    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress, compile_layers=args.compile,
+            archive=args.archive, launcher=launcher, data_workers=args.data_workers, report_to=args.report_to)
 
 
 def _add_ablate(commands) -> None:
@@ -222,9 +260,11 @@ def _ablate_command(args) -> None:
     if unknown:
         raise ValueError(f"unknown ablation variant '{unknown[0]}'; choose from: {', '.join(ABLATIONS)}")
     base = spec_from_args(args, "tape", 0)
+    launcher = launcher_from_args(args)
     apply_threads(args)
-    compare(base, args.variants, args.seeds, root=args.root, progress=not args.no_progress, jobs=args.jobs,
-            ablation=True, compile_layers=args.compile, archive=args.archive)
+    compare(base, args.variants, args.seeds, root=args.root, progress=not args.no_progress, ablation=True,
+            compile_layers=args.compile, archive=args.archive, launcher=launcher, data_workers=args.data_workers,
+            report_to=args.report_to)
 
 
 def _add_sweep(commands) -> None:
@@ -266,8 +306,7 @@ def _add_stage(commands) -> None:
     parser.add_argument("--archive", metavar="DIR", help="count the runs archived in DIR (docs/results/compare) as "
                                                          "done, and continue after them")
     parser.add_argument("--root", default="runs", help="results cache folder, where runs train (default: %(default)s)")
-    parser.add_argument("--data-workers", type=int, default=0,
-                        help="processes that make each run's batches ahead of the GPU (default: %(default)s)")
+    add_launch_arguments(parser)
     parser.add_argument("--tasks", nargs="+", metavar="TASK", help="only the comparisons of these tasks")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its predicted GPU minutes; "
                                                                "train nothing")
@@ -285,7 +324,8 @@ def _stage_command(args) -> int:
                  "train_options": train_options(args), "eval_n": args.eval_n, "eval_batch_size": args.eval_batch_size}
     return run_stage(args.budget_seconds, args.out, root=args.root, archive=args.archive,
                      data_workers=args.data_workers, tasks=args.tasks, progress=not args.no_progress,
-                     dry_run=args.dry_run, overrides={k: v for k, v in overrides.items() if v not in (None, {})})
+                     dry_run=args.dry_run, overrides={k: v for k, v in overrides.items() if v not in (None, {})},
+                     launcher=launcher_from_args(args), report_to=args.report_to)
 
 
 def add_commands(commands) -> None:

@@ -10,17 +10,10 @@ comparison's result files, docs/results/compare) supplies the finished runs (`re
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
-import multiprocessing
-import os
 import shlex
 import shutil
-import signal
-import sys
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +22,7 @@ import numpy as np
 
 from .claims import learned_threshold, verdict_lines
 from .evaluate import higher_is_better
+from .launchers import Job, LocalLauncher, RunOptions
 from .runs import (
     RESULT_FILE,
     RESULT_FILES,
@@ -36,7 +30,6 @@ from .runs import (
     identity_differences,
     option_flags,
     resolve,
-    run_task,
     settings_hash,
 )
 from .statistics import (
@@ -108,13 +101,17 @@ def open_comparison(base: RunSpec, pes: list[str], seeds: list[int], root: str |
 
 def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs", progress: bool = True,
             command: str | None = None, jobs: int = 1, ablation: bool = False,
-            compile_layers: bool = False, archive: str | Path | None = None) -> dict[str, Any]:
+            compile_layers: bool = False, archive: str | Path | None = None, launcher=None, data_workers: int = 0,
+            report_to: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
-    With `jobs` > 1, that many runs train at once in worker processes (each with torch's current thread count).
-    `ablation` records the command as `tapelm ablate` (the encodings are TAPE's variants). `compile_layers`: see
-    `run_task`. `archive`: reuse the finished runs archived there (see `restore_archived`)."""
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer")
+    `launcher` (`launchers`; default: local, `jobs` runs at once per device, each worker with torch's current thread
+    count) trains the runs still to do. `ablation` records the command as `tapelm ablate` (the encodings are TAPE's
+    variants). `compile_layers`, `data_workers` (split between concurrent runs), `report_to`: see `RunOptions`.
+    `archive`: reuse the finished runs archived there (see `restore_archived`)."""
+    options = RunOptions(progress, compile_layers, data_workers, report_to)
+    if launcher is not None and jobs != 1:
+        raise ValueError(f"jobs={jobs!r} is an option of the local launcher; give LocalLauncher(jobs) as the launcher")
+    launcher = launcher or LocalLauncher(jobs)
     comparison = open_comparison(base, pes, seeds, root, command, ablation, compile_layers, archive)
     directory, runs, command = comparison.directory, comparison.runs, comparison.command
     pending = []
@@ -124,19 +121,10 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
         print(f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: "
               f"{'cached' if cached else 'to run'} ({run_dir})", flush=True)
         if not cached:
-            pending.append((run, run_dir))
-    if jobs == 1:
-        for run, run_dir in pending:
-            run_one(run, run_dir, progress, command, compile_layers=compile_layers)
-    else:
-        import torch
-
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
-                                 initargs=(os.getpid(),)) as pool:
-            futures = [pool.submit(run_one, run, run_dir, False, command, torch.get_num_threads(), compile_layers)
-                       for run, run_dir in pending]
-            for future in as_completed(futures):
-                future.result()
+            pending.append(Job(run, run_dir, command))
+    for outcome in launcher.launch(pending, options):
+        if outcome.error is not None:
+            raise outcome.error
     summary = aggregate(directory)
     print(summary["table"])
     for line in verdict_lines(summary):
@@ -197,33 +185,6 @@ def comparison_tokenizer(directory: Path) -> Path | None:
     """A run folder of the comparison that saved its tokenizer: every run of a comparison uses the one the first
     run trained (a BPE trained again, e.g. on another machine's corpus, could give other token ids); None before."""
     return next((path.parent for path in sorted(Path(directory).glob(f"*/seed*/{TOKENIZER_FILE}"))), None)
-
-
-def die_with_parent(parent: int) -> None:
-    """In a worker: end when the comparison's process ends (killed or not), instead of training on as an orphan;
-    the unfinished run resumes from its checkpoint next time. Linux only (prctl); elsewhere a no-op."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent ended before the request took effect
-            os._exit(1)
-
-
-def run_one(run, run_dir: Path, progress: bool, command: str, threads: int | None = None,
-            compile_layers: bool = False, data_workers: int = 0) -> dict[str, Any] | None:
-    """Train and evaluate one run of a comparison (in this process, or in a worker with `threads` torch threads);
-    its result."""
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    started = time.time()
-    result = run_task(run, run_dir, resume=True, progress=progress, command=command, compile_layers=compile_layers,
-                      data_workers=data_workers)
-    if result is not None:
-        print(f"    {run.spec.pe} / seed {run.spec.seed} done in {time.time() - started:.0f} s: {result['metric']} "
-              f"in-distribution {result['summary']['in_distribution']:.4f}, all {result['summary']['all']:.4f}",
-              flush=True)
-    return result
 
 
 def requested_runs(record: dict[str, Any]) -> dict[str, list[int]]:
@@ -513,6 +474,6 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
     return names
 
 
-__all__ = ["Comparison", "compare", "open_comparison", "run_one", "restore_archived", "copy_atomically", "aggregate",
+__all__ = ["Comparison", "compare", "open_comparison", "restore_archived", "copy_atomically", "aggregate",
            "format_table", "load_results",
            "comparison_dir", "learning_curves", "mean_state_norms", "write_figures"]

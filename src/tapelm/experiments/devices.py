@@ -8,6 +8,9 @@ the GPU of its process, or on the CPU where there is none, and moves its inputs 
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
 
 
@@ -19,9 +22,18 @@ def process_device() -> torch.device:
     return PartialState().device
 
 
+def describe_device(device: torch.device) -> dict[str, Any]:
+    """What result.json records of the device a run computed on: its name in the process, the accelerator's model
+    name (CUDA) and the GPUs the process was given (CUDA_VISIBLE_DEVICES, as a launcher pinned it)."""
+    device = torch.device(device)
+    return {"device": str(device),
+            "name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device of `model`'s parameters."""
     return next(model.parameters()).device
 
 
-__all__ = ["model_device", "process_device"]
+__all__ = ["describe_device", "model_device", "process_device"]

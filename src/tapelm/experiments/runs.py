@@ -23,9 +23,12 @@ import torch
 
 from ..config import TapeConfig
 from ..modeling import TapeForCausalLM
+from . import trackers
+from .devices import describe_device
 from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task, has_saved_tokenizer, is_saved_in, save_tokenizer
+from .trackers import check_report_to
 from .train import (
     CheckpointError,
     TrainSettings,
@@ -246,11 +249,13 @@ def _environment() -> dict[str, Any]:
 
 def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = False, progress: bool = True,
              stop_after: int | None = None, command: str | None = None,
-             compile_layers: bool = False, data_workers: int = 0) -> dict[str, Any] | None:
+             compile_layers: bool = False, data_workers: int = 0, report_to: tuple[str, ...] = (),
+             launch: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
     stopped early by `stop_after`. With resume, a finished run returns its cached result. `compile_layers`: train
     with torch.compile'd decoder layers (`compile_for_training`); `data_workers`: processes that make the batches
-    ahead (`train`); neither is part of the run's identity, like threads."""
+    ahead (`train`); `report_to`: experiment trackers to log to (`trackers`); `launch`: how the run was launched
+    (`launchers`), recorded in result.json with its device; none is part of the run's identity, like threads."""
     run = spec if isinstance(spec, ResolvedRun) else resolve(spec)
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
@@ -260,7 +265,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     _check_tokenizer(run, run_dir)
     # The Accelerator comes first: a bare PartialState created before it would settle the process group on its own
     # (on CPU without ACCELERATE_USE_CPU it silently becomes a single process); a broken group is refused here.
-    state = make_accelerator(run.settings)
+    state = make_accelerator(run.settings, check_report_to(report_to), run_dir)
     if state.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / RUN_FILE).exists():
@@ -281,9 +286,14 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if run.settings.eval_every:
         evaluate_fn = eager(_quick_evaluation(run))
     started = time.time()
-    trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
-                    progress=progress, stop_after=stop_after, accelerator=state,
-                    evaluate_last=False, data_workers=data_workers)  # the full evaluation below covers the last step
+    trackers.start(state, f"{run.spec.task}-{run.spec.pe}-seed{run.spec.seed}-{run.settings_hash}", run.settings_hash,
+                   run.identity)
+    try:
+        trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
+                        progress=progress, stop_after=stop_after, accelerator=state,
+                        evaluate_last=False, data_workers=data_workers)  # the full evaluation below: the last step
+    finally:
+        trackers.finish(state)
     if trained.start_step + len(trained.losses) < run.settings.steps:
         return None
     if not state.is_main_process:
@@ -304,6 +314,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         "train_seconds_this_session": trained.seconds, "eval_seconds": time.time() - eval_started,
         "session_seconds": time.time() - started, "world_size": trained.world_size,
         "tokens_this_session": trained.tokens, "compiled_layers": compile_layers, "data": run.task.data_record(),
+        "device": describe_device(state.device), "launch": launch or {"launcher": "in-process"},
         "environment": _environment(),
     }
     write_json_atomically(run_dir / RESULT_FILE, result)

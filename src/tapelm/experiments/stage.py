@@ -24,14 +24,17 @@ import json
 import shlex
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from .archive import archive_comparison
 from .budget import OVERHEAD_SECONDS, Rate, archived_rates, current_rate, measured_rate, step_cost, training_flops
 from .claims import CLAIMS, learned
-from .compare import Comparison, open_comparison, run_one
+from .compare import Comparison, open_comparison
+from .launchers import Job, LocalLauncher, RunOptions
 from .plan import AT_GPU_SCALE, OwedComparison, at_laptop_scale
 from .runs import RESULT_FILE, RunSpec, option_flags, resolve
 from .train import write_json_atomically
@@ -152,14 +155,18 @@ class Schedule:
         return [r for r in self.runs if not r.finished and not r.failed
                 and (comparison is None or r.comparison == comparison)]
 
-    def next_run(self, seconds_left: float) -> tuple[PlannedRun, float, str] | None:
-        """The first run in order that may start and is expected to finish within `seconds_left`."""
+    def startable(self, seconds_left: float) -> Iterator[tuple[PlannedRun, float, str]]:
+        """The runs in order that may start and are expected to finish within `seconds_left`, with their
+        estimates."""
         for run in self.open_runs():
             if self.waiting(run) is None:
                 seconds, basis = self.estimate(run)
                 if seconds <= seconds_left:
-                    return run, seconds, basis
-        return None
+                    yield run, seconds, basis
+
+    def next_run(self, seconds_left: float) -> tuple[PlannedRun, float, str] | None:
+        """The first run in order that may start and is expected to finish within `seconds_left`."""
+        return next(self.startable(seconds_left), None)
 
     def minutes_left(self, pairs: bool = False) -> float:
         """The expected GPU minutes of the runs still to do (of the pairs only, or all), stopped comparisons aside."""
@@ -220,15 +227,13 @@ def _known(comparison: Comparison, run: PlannedRun, task: str) -> None:
         run.rate = measured_rate(result, f"{task}/{comparison.directory.name}/{run.pe}/seed{run.seed}")
 
 
-def _check_arguments(budget_seconds: float, out: Path, data_workers: int, tasks: list[str] | None,
+def _check_arguments(budget_seconds: float, out: Path, tasks: list[str] | None,
                      plan: tuple[OwedComparison, ...]) -> None:
     if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) or not budget_seconds > 0:
         raise ValueError(f"--budget-seconds={budget_seconds!r} is not allowed; give the seconds the stage may take "
                          "(a positive number)")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out '{out}' is a file; give a folder for the stage's results")
-    if isinstance(data_workers, bool) or not isinstance(data_workers, int) or data_workers < 0:
-        raise ValueError(f"--data-workers={data_workers!r} is not allowed; give a number of processes >= 0")
     known = list(dict.fromkeys(owed.task for owed in plan))
     unknown = [task for task in tasks or [] if task not in known]
     if unknown:
@@ -238,13 +243,17 @@ def _check_arguments(budget_seconds: float, out: Path, data_workers: int, tasks:
 def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison, ...] = AT_GPU_SCALE,
               root: str | Path = "runs", archive: str | Path | None = None, data_workers: int = 0,
               tasks: list[str] | None = None, overrides: dict[str, Any] | None = None, progress: bool = True,
-              dry_run: bool = False) -> int:
+              dry_run: bool = False, launcher=None, report_to: tuple[str, ...] = ()) -> int:
     """Run the next runs of `plan` (of `tasks`, or all) for at most `budget_seconds`, training in `root` and copying
     each finished run into `out`/compare; `archive`: the folder whose finished runs count as done (see module
-    docstring). `dry_run`: plan and print, train nothing. Returns 0, or 1 when a run failed."""
+    docstring). `dry_run`: plan and print, train nothing. `launcher` (`launchers`; default: local, one run at a
+    time) trains the runs that may start, as many at once as it has slots; `report_to`: see `RunOptions`.
+    Returns 0, or 1 when a run failed."""
     started = time.monotonic()
     out = Path(out)
-    _check_arguments(budget_seconds, out, data_workers, tasks, plan)
+    options = RunOptions(progress, data_workers=data_workers, report_to=report_to)  # refuses bad ones, as below
+    _check_arguments(budget_seconds, out, tasks, plan)
+    launcher = launcher or LocalLauncher()
     chosen = [owed for owed in plan if tasks is None or owed.task in tasks]
     runs = ordered_runs(chosen)
     comparisons = [_open(owed, overrides or {}, Path(root), None if archive is None else Path(archive))
@@ -254,26 +263,49 @@ def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison
     schedule = Schedule(runs, [training_flops(c.runs["rope", 0]) for c in comparisons],
                         [] if archive is None else archived_rates(Path(archive)))
     record: dict[str, Any] = {"budget_seconds": budget_seconds, "data_workers": data_workers, "dry_run": dry_run,
+                              "launcher": {"name": launcher.name, "runs_at_once": launcher.slots},
                               "runs": [], "environment": _environment(),
                               "rope_runs": [_rope_run(owed, flops) for owed, flops in zip(chosen, schedule.flops)]}
-    while not dry_run:
+    if not dry_run:
+        with launcher.session(options) as session:
+            _dispatch(session, launcher, budget_seconds, started, schedule, chosen, comparisons, out, record)
+    _write(out, record, schedule, chosen, comparisons, started)
+    print(format_status(record))
+    return 1 if any(run.failed for run in runs) else 0
+
+
+def _dispatch(session, launcher, budget_seconds: float, started: float, schedule: Schedule,
+              chosen: list[OwedComparison], comparisons: list[Comparison], out: Path, record: dict[str, Any]) -> None:
+    """Keep the launcher's slots busy: start the runs that may start and fit in the time left, as many as slots are
+    free; as each ends, archive it (or note its failure: one run's, e.g. out of memory, stops no other) and start
+    what may start now."""
+    running: dict[int, tuple[PlannedRun, dict[str, Any], float]] = {}
+    while True:
         left = budget_seconds - (time.monotonic() - started)
-        found = schedule.next_run(left)
-        if found is None:
-            break
-        run, expected, basis = found
+        free = None if launcher.slots is None else launcher.slots - len(running)
+        busy = [run for run, _, _ in running.values()]
+        new = list(islice((found for found in schedule.startable(left) if not any(found[0] is r for r in busy)),
+                          free)) if free != 0 else []
+        jobs, entries = [], []
+        for run, expected, basis in new:
+            comparison, owed = comparisons[run.comparison], chosen[run.comparison]
+            print(f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
+                  f"{left:.0f} s left", flush=True)
+            entries.append({"task": owed.task, "settings_hash": comparison.directory.name, "pe": run.pe,
+                            "seed": run.seed, "expected_seconds": expected, "expected_from": basis,
+                            "launcher": launcher.name, "at_once": len(running) + len(new)})
+            jobs.append(Job(comparison.runs[run.pe, run.seed], comparison.run_dir(run.pe, run.seed),
+                            comparison.command))
+        for key, (run, _, _), entry in zip(session.start(jobs), new, entries):
+            running[key] = (run, entry, time.monotonic())
+        if not running:
+            return
+        outcome = session.landed()
+        run, entry, began = running.pop(outcome.index)
         comparison, owed = comparisons[run.comparison], chosen[run.comparison]
-        print(f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
-              f"{left:.0f} s left", flush=True)
-        began = time.monotonic()
-        entry = {"task": owed.task, "settings_hash": comparison.directory.name, "pe": run.pe, "seed": run.seed,
-                 "expected_seconds": expected, "expected_from": basis}
-        try:
-            run_one(comparison.runs[run.pe, run.seed], comparison.run_dir(run.pe, run.seed), progress,
-                    comparison.command, data_workers=data_workers)
-        except Exception as error:  # noqa: BLE001 (one run's failure, e.g. out of memory, must not stop the rest)
-            traceback.print_exc()
-            run.failed = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+        if outcome.error is not None:
+            traceback.print_exception(outcome.error)
+            run.failed = f"{type(outcome.error).__name__}: {(str(outcome.error).splitlines() or [''])[0][:300]}"
             entry["failed"] = run.failed
         else:
             _known(comparison, run, owed.task)
@@ -281,9 +313,6 @@ def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison
             entry.update(seconds=time.monotonic() - began, session_seconds=run.seconds, learned=run.learned)
         record["runs"].append(entry)
         _write(out, record, schedule, chosen, comparisons, started)
-    _write(out, record, schedule, chosen, comparisons, started)
-    print(format_status(record))
-    return 1 if any(run.failed for run in runs) else 0
 
 
 def _rope_run(owed: OwedComparison, flops: float) -> dict[str, Any]:

@@ -21,7 +21,7 @@ Run directory layout (written by the main process only):
     metrics.jsonl          one JSON object per logged step / evaluation (truncated to the checkpoint on resume)
     checkpoints/step-N/    accelerate state (model.safetensors, optimizer, scheduler, RNG per rank) + manifest.json
     model/                 the final model (`save_pretrained` when the model has it, else model.safetensors)
-    tensorboard/           when the `tensorboard` package is installed
+    tensorboard/           local tracker logs, when the accelerator reports to TensorBoard (`trackers`)
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
+
+from . import trackers
 
 SCHEDULES = ("constant", "cosine", "polynomial", "wsd")
 WSD_DECAY = 0.2  # the share of the steps over which "wsd" decays
@@ -308,14 +310,6 @@ def write_text_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def _tensorboard(run_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(str(run_dir / "tensorboard"))
-
-
 def check_run_dir(run_dir: Path, settings: TrainSettings, resume: bool) -> tuple[int, Path] | None:
     """Validate `run_dir` for a new run or a resume before anything is written; the checkpoint to resume from.
 
@@ -381,13 +375,15 @@ def load_saved_model(directory: Path, model_class, **kwargs):
                          "truncated or corrupt: write it again (rerun or --resume the command that made it)") from None
 
 
-def make_accelerator(settings: TrainSettings):
-    """The Accelerator `train` uses by default (the launch environment decides DDP / FSDP / devices)."""
+def make_accelerator(settings: TrainSettings, report_to: tuple[str, ...] = (), run_dir: Path | None = None):
+    """The Accelerator `train` uses by default (the launch environment decides DDP / FSDP / devices); with
+    `report_to`, it logs to those trackers (`trackers.check_report_to`), their local logs in `run_dir`."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
 
     def build():
-        return Accelerator(mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False)
+        return Accelerator(mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False,
+                           **trackers.accelerator_options(report_to, run_dir))
 
     try:
         return check_world(build())
@@ -478,7 +474,6 @@ def train(
         elif metrics_path.exists():
             metrics_path.unlink()
     accelerator.wait_for_everyone()
-    writer = _tensorboard(run_dir) if accelerator.is_main_process else None
 
     result = TrainResult(run_dir=run_dir, steps=settings.steps, start_step=start_step,
                          world_size=accelerator.num_processes)
@@ -532,21 +527,17 @@ def train(
                 if accelerator.is_main_process:
                     with metrics_path.open("a") as handle:
                         handle.write(json.dumps(record) + "\n")
-                    if writer is not None:
-                        for key in ("loss", "lr", "tokens_per_s"):
-                            writer.add_scalar(f"train/{key}", record[key], step)
+                trackers.log(accelerator, "train", {k: record[k] for k in ("loss", "lr", "tokens_per_s")}, step)
                 bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
             bar.update(1)
             if evaluate_fn is not None and ((settings.eval_every and step % settings.eval_every == 0)
                                             or (step == settings.steps and evaluate_last)):
-                _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, result)
+                _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result)
             if settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.steps:
                 _save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
     finally:
         batches.close()
         bar.close()
-        if writer is not None:
-            writer.close()
     result.seconds = time.perf_counter() - started
     result.final_loss = result.losses[-1] if result.losses else float("nan")
     if step >= settings.steps:
@@ -578,7 +569,7 @@ def micro_batches(batch_stream: BatchStream, first: int, stride: int, count: int
     return (batch for batch in loader)
 
 
-def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, result) -> None:
+def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result) -> None:
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.eval()
     with torch.no_grad():
@@ -588,10 +579,7 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, resul
         record = {"step": step, "eval": values}
         with metrics_path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
-        if writer is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)):
-                    writer.add_scalar(f"eval/{key}", value, step)
+    trackers.log(accelerator, "eval", values, step)
     result.evaluations.append({"step": step, **values})
     accelerator.wait_for_everyone()
 

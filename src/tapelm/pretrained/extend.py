@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..experiments.compare import die_with_parent
+from ..experiments.launchers import die_with_parent
 from ..experiments.devices import process_device
 from ..experiments.runs import RunSpec, resolve, run_task
 from ..experiments.statistics import format_difference, interval, paired_difference, verdict
