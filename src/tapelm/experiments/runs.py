@@ -246,12 +246,18 @@ def _environment() -> dict[str, Any]:
 
 def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = False, progress: bool = True,
              stop_after: int | None = None, command: str | None = None,
-             compile_layers: bool = False, data_workers: int = 0) -> dict[str, Any] | None:
+             compile_layers: bool = False, data_workers: int = 0,
+             compile_step: bool | None = None) -> dict[str, Any] | None:
     """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
     stopped early by `stop_after`. With resume, a finished run returns its cached result. `compile_layers`: train
-    with torch.compile'd decoder layers (`compile_for_training`); `data_workers`: processes that make the batches
-    ahead (`train`); neither is part of the run's identity, like threads."""
+    with torch.compile'd decoder layers (`compile_for_training`); `compile_step`: compile the whole model's training
+    forward instead (`tapelm.experiments.train.compile_for_steps`; None: the preset's choice); `data_workers`:
+    processes that make the batches ahead (`train`); none of them is part of the run's identity, like threads."""
     run = spec if isinstance(spec, ResolvedRun) else resolve(spec)
+    if compile_step is None:
+        compile_step = run.preset.compile_step and not compile_layers
+    if compile_step and compile_layers:
+        raise ValueError("compile_layers and compile_step are two ways to compile the same forward; choose one")
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
     if resume and (run_dir / RESULT_FILE).exists():
@@ -269,7 +275,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
                                              "command": command or shlex.join(
                                                  ["tapelm", "train", "--task", run.spec.task, "--pe", run.spec.pe,
                                                   "--seed", str(run.spec.seed),
-                                                  *option_flags(run.spec, compile_layers)])})
+                                                  *option_flags(run.spec, compile_layers, compile_step)])})
         if not has_saved_tokenizer(run_dir):
             save_tokenizer(run.task.tokenizer, run_dir)
     state.wait_for_everyone()
@@ -283,7 +289,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     started = time.time()
     trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
                     progress=progress, stop_after=stop_after, accelerator=state,
-                    evaluate_last=False, data_workers=data_workers)  # the full evaluation below covers the last step
+                    evaluate_last=False, data_workers=data_workers, compile_step=compile_step)  # the full evaluation below covers the last step
     if trained.start_step + len(trained.losses) < run.settings.steps:
         return None
     if not state.is_main_process:
@@ -303,7 +309,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         "first_loss": losses[0][1] if losses else None, "final_loss": losses[-1][1] if losses else None,
         "train_seconds_this_session": trained.seconds, "eval_seconds": time.time() - eval_started,
         "session_seconds": time.time() - started, "world_size": trained.world_size,
-        "tokens_this_session": trained.tokens, "compiled_layers": compile_layers, "data": run.task.data_record(),
+        "tokens_this_session": trained.tokens, "compiled_layers": compile_layers,
+        "compiled_step": compile_step, "data": run.task.data_record(),
         "environment": _environment(),
     }
     write_json_atomically(run_dir / RESULT_FILE, result)
@@ -425,9 +432,9 @@ def load_run(run_dir: str | Path) -> ResolvedRun:
     return run
 
 
-def option_flags(spec: RunSpec, compile_layers: bool = False) -> list[str]:
+def option_flags(spec: RunSpec, compile_layers: bool = False, compile_step: bool = False) -> list[str]:
     """The command-line flags that reproduce `spec`'s preset, options and overrides (not task, encoding, seed), and
-    --compile when the run is trained with compiled layers."""
+    --compile / --compile-step when the run is trained with compiled layers / a compiled step (`tapelm train`'s)."""
     flags = [] if spec.preset == DEFAULT_PRESET else ["--preset", spec.preset]
     for flag, options in (("--task-option", spec.task_options), ("--model-option", spec.model_options)):
         for key, value in options.items():
@@ -442,7 +449,8 @@ def option_flags(spec: RunSpec, compile_layers: bool = False) -> list[str]:
     for key in ("eval_n", "eval_batch_size"):
         if getattr(spec, key) is not None:
             flags += [f"--{key.replace('_', '-')}", str(getattr(spec, key))]
-    return flags + (["--match-params"] if spec.match_params else []) + (["--compile"] if compile_layers else [])
+    return (flags + (["--match-params"] if spec.match_params else []) + (["--compile"] if compile_layers else [])
+            + (["--compile-step"] if compile_step else []))
 
 
 __all__ = ["RunSpec", "ResolvedRun", "resolve", "settings_hash", "run_task", "load_run", "batch_stream", "model_config",

@@ -463,8 +463,9 @@ def train(
         raise ValueError("there is no trainable parameter")
     optimizer = make_optimizer(params, settings, accelerator.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_lambda(settings))
+    graphs = compile_step and accelerator.device.type == "cuda" and settings.grad_accum == 1
     if compile_step:
-        compile_for_steps(model, accelerator.device)
+        compile_for_steps(model, graphs)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
     start_step, micro = 0, 0
@@ -509,6 +510,8 @@ def train(
                 window_tokens = window_tokens + _token_count(batch)
             on_device = [{k: v.to(accelerator.device, non_blocking=pinned) for k, v in batch.items()}
                          for batch in host]
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are read already
             loss, grad_norm = training_step(model, on_device, accelerator, optimizer, scheduler, settings.clip)
             unread.append(loss)
             logged = step % settings.log_every == 0 or step in (1, last_step)  # the first loss is always logged
@@ -530,8 +533,9 @@ def train(
                 _log(accelerator, metrics_path, writer, record)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
             bar.update(1)
-            if evaluated:
-                _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, result)
+            if evaluated:  # eagerly: a compiled step's shapes are not the evaluation's
+                with torch.compiler.set_stance("force_eager") if compile_step else contextlib.nullcontext():
+                    _evaluate(accelerator, model, evaluate_fn, step, metrics_path, writer, result)
             if saved:
                 _save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
     finally:
@@ -596,13 +600,17 @@ def _token_count(batch: Mapping[str, torch.Tensor]) -> torch.Tensor | int:
     return mask.sum() if mask is not None else batch["input_ids"].numel()
 
 
-def compile_for_steps(model: torch.nn.Module, device: torch.device) -> None:
-    """torch.compile the whole model (forward and loss, hence its backward) for fixed shapes, with CUDA graphs on
-    CUDA (mode "reduce-overhead"): a training step then launches a few graphs instead of hundreds of kernels. The
-    compiled code is keyed by the code and the shapes, not by the model object, so another model of the same
-    configuration trained in this process reuses it (the compiler's caches are not reset). Evaluation under
-    `torch.compiler.set_stance("force_eager")` runs the model eagerly."""
-    model.compile(dynamic=False, mode="reduce-overhead" if device.type == "cuda" else None)
+def compile_for_steps(model: torch.nn.Module, graphs: bool) -> None:
+    """torch.compile the model's forward (with its loss, hence its backward) for the shapes it is called with, with
+    CUDA graphs when `graphs` (mode "reduce-overhead"; `train` asks for them on CUDA without gradient accumulation,
+    where a micro-batch's gradients would live in memory the next micro-batch's graph rewrites): a step then
+    launches a few graphs instead of hundreds of kernels. Shapes are static until one changes (then one dynamic
+    recompilation, not one per length). The forward is compiled under accelerate's autocast wrapper and the compiled
+    code is keyed by code and shapes, not by the model object, so another model of the same configuration trained in
+    this process reuses it: the compiler's caches are not reset, and dynamo may keep 64 versions of the forward
+    instead of 8 (past them it would run eagerly), so that a process training several configurations keeps each."""
+    torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
+    model.forward = torch.compile(model.forward, mode="reduce-overhead" if graphs else None)
 
 
 def _log(accelerator, metrics_path: Path, writer, record: dict[str, Any]) -> None:
