@@ -452,40 +452,9 @@ def train(
     checkpoint = check_run_dir(run_dir, settings, resume)
     accelerator = check_world(accelerator or make_accelerator(settings))
     set_seed(settings.seed)
-    if settings.grad_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
-            model, "gradient_checkpointing_enable", None)  # transformers v5 renamed it
-        if enable is None:
-            raise ValueError("grad_checkpointing=True needs a model with activation_checkpointing_enable()")
-        enable()
-    params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
-    if not params:
-        raise ValueError("there is no trainable parameter")
-    optimizer = make_optimizer(params, settings, accelerator.device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_lambda(settings))
     graphs = compile_step and accelerator.device.type == "cuda" and settings.grad_accum == 1
-    if compile_step:
-        compile_for_steps(model, graphs)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-
-    start_step, micro = 0, 0
-    if checkpoint is not None:
-        start_step, path = checkpoint
-        manifest = verify_checkpoint(path)
-        if manifest.get("world_size", 1) != accelerator.num_processes:
-            raise CheckpointError(f"checkpoint '{path}' was written by {manifest.get('world_size')} processes; "
-                                  f"resume it with the same number (now {accelerator.num_processes})")
-        accelerator.load_state(str(path))
-        micro = int(manifest["data_position"])
-    metrics_path = run_dir / "metrics.jsonl"
-    if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(run_dir / "settings.json", settings.to_dict())
-        if resume:
-            _truncate_metrics(metrics_path, start_step)
-        elif metrics_path.exists():
-            metrics_path.unlink()
-    accelerator.wait_for_everyone()
+    model, optimizer, scheduler = _prepare(model, parameters, settings, accelerator, compile_step, graphs)
+    start_step, micro, metrics_path = _restore(accelerator, run_dir, settings, checkpoint, resume)
     writer = _tensorboard(run_dir) if accelerator.is_main_process else None
 
     result = TrainResult(run_dir=run_dir, steps=settings.steps, start_step=start_step,
@@ -549,6 +518,50 @@ def train(
         _save_checkpoint(accelerator, run_dir, settings.steps, micro, settings.keep_last)
         _model_save(accelerator, model, run_dir / "model")
     return result
+
+
+def _prepare(model, parameters, settings: TrainSettings, accelerator, compile_step: bool, graphs: bool):
+    """The model (gradient checkpointing enabled, compiled when asked, under CUDA graphs when `graphs`), its
+    optimizer and scheduler, prepared by `accelerator`."""
+    if settings.grad_checkpointing:
+        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
+            model, "gradient_checkpointing_enable", None)  # transformers v5 renamed it
+        if enable is None:
+            raise ValueError("grad_checkpointing=True needs a model with activation_checkpointing_enable()")
+        enable()
+    params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
+    if not params:
+        raise ValueError("there is no trainable parameter")
+    optimizer = make_optimizer(params, settings, accelerator.device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_lambda(settings))
+    if compile_step:
+        compile_for_steps(model, graphs)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return model, optimizer, scheduler
+
+
+def _restore(accelerator, run_dir: Path, settings: TrainSettings, checkpoint, resume: bool) -> tuple[int, int, Path]:
+    """The step and data position to start from (a checkpoint's state loaded), with the run directory's
+    settings.json written and its metrics.jsonl cut back to the start step; and that file's path."""
+    start_step, micro = 0, 0
+    if checkpoint is not None:
+        start_step, path = checkpoint
+        manifest = verify_checkpoint(path)
+        if manifest.get("world_size", 1) != accelerator.num_processes:
+            raise CheckpointError(f"checkpoint '{path}' was written by {manifest.get('world_size')} processes; "
+                                  f"resume it with the same number (now {accelerator.num_processes})")
+        accelerator.load_state(str(path))
+        micro = int(manifest["data_position"])
+    metrics_path = run_dir / "metrics.jsonl"
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(run_dir / "settings.json", settings.to_dict())
+        if resume:
+            _truncate_metrics(metrics_path, start_step)
+        elif metrics_path.exists():
+            metrics_path.unlink()
+    accelerator.wait_for_everyone()
+    return start_step, micro, metrics_path
 
 
 def make_optimizer(params: list[torch.nn.Parameter], settings: TrainSettings, device: torch.device):
