@@ -257,7 +257,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if compile_step is None:
         compile_step = run.preset.compile_step and not compile_layers
     if compile_step and compile_layers:
-        raise ValueError("compile_layers and compile_step are two ways to compile the same forward; choose one")
+        raise ValueError("compile_layers (--compile) and compile_step (--compile-step) compile the same forward two "
+                         "ways; choose one")
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
     if resume and (run_dir / RESULT_FILE).exists():
