@@ -100,9 +100,9 @@ def test_a_compiled_step_trains_as_the_eager_step_and_the_next_run_reuses_its_co
 
     def losses(seed, name, compile_step):
         run = resolve(RunSpec(task="mqar", pe="rope", seed=seed, model_options={**TINY_MODEL, "num_hidden_layers": 1},
-                              train_options={"steps": 3, "batch_size": 8, "warmup": 1, "log_every": 1},
+                              train_options={"steps": 3, "batch_size": 32, "warmup": 1, "log_every": 1},
                               eval_n=4, eval_batch_size=8))
-        return train(run.build_model(), batch_stream(run.task, seed, 8), run.settings, tmp_path / name,
+        return train(run.build_model(), batch_stream(run.task, seed, 32), run.settings, tmp_path / name,
                      progress=False, compile_step=compile_step).losses
 
     assert losses(0, "compiled-0", True) == pytest.approx(losses(0, "eager-0", False), rel=1e-4)
