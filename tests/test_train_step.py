@@ -34,9 +34,9 @@ def test_the_loop_computes_what_a_plain_loop_computes(tmp_path) -> None:
 
     model = run.build_model().train()
     params = list(model.parameters())
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
-                                   {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-                                  lr=settings.lr, betas=settings.betas, foreach=False)
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_lambda(settings))
     losses, norms = [], []
     for step in range(settings.steps):

@@ -289,8 +289,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         evaluate_fn = eager(_quick_evaluation(run))
     started = time.time()
     trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
-                    progress=progress, stop_after=stop_after, accelerator=state,
-                    evaluate_last=False, data_workers=data_workers, compile_step=compile_step)  # the full evaluation below covers the last step
+                    progress=progress, stop_after=stop_after, accelerator=state, data_workers=data_workers,
+                    evaluate_last=False, compile_step=compile_step)  # the full evaluation below covers the last step
     if trained.start_step + len(trained.losses) < run.settings.steps:
         return None
     if not state.is_main_process:
