@@ -94,20 +94,22 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_read_naming_its_step(tmp_pa
 @pytest.mark.device
 @pytest.mark.compiles
 def test_a_compiled_step_trains_as_the_eager_step_and_the_next_run_reuses_its_code(tmp_path) -> None:
-    """compile_step: the same losses as eager steps to float rounding; a second run of the same shapes (another
-    seed, a new model) compiles nothing. On CUDA the compiled forward runs under CUDA graphs."""
+    """compile_step, in bf16 autocast as the GPU presets train: the same losses as eager steps to bf16 rounding; a
+    second run of the same shapes (another seed, a new model under accelerate's own autocast wrapper) compiles
+    nothing. On CUDA the compiled forward runs under CUDA graphs."""
     from torch._dynamo.utils import counters
 
     def losses(seed, name, compile_step):
         run = resolve(RunSpec(task="mqar", pe="rope", seed=seed, model_options={**TINY_MODEL, "num_hidden_layers": 1},
-                              train_options={"steps": 3, "batch_size": 32, "warmup": 1, "log_every": 1},
-                              eval_n=4, eval_batch_size=8))
+                              train_options={"steps": 3, "batch_size": 32, "warmup": 1, "log_every": 1,
+                                             "mixed_precision": "bf16"}, eval_n=4, eval_batch_size=8))
         return train(run.build_model(), batch_stream(run.task, seed, 32), run.settings, tmp_path / name,
                      progress=False, compile_step=compile_step).losses
 
-    assert losses(0, "compiled-0", True) == pytest.approx(losses(0, "eager-0", False), rel=1e-4)
+    tolerance = 1e-3 if DEVICE.type == "cpu" else 1e-2  # on a GPU inductor may round fewer intermediates to bf16
+    assert losses(0, "compiled-0", True) == pytest.approx(losses(0, "eager-0", False), rel=tolerance)
     counters.clear()
-    assert losses(1, "compiled-1", True) == pytest.approx(losses(1, "eager-1", False), rel=1e-4)
+    assert losses(1, "compiled-1", True) == pytest.approx(losses(1, "eager-1", False), rel=tolerance)
     assert counters["stats"]["unique_graphs"] == 0
 
 
