@@ -15,6 +15,10 @@ whole run, so every process draws different batches and a resumed run draws exac
 would. The data position saved in a checkpoint is `micro`.
 
 Same command on one CPU, or under `accelerate launch` / `torchrun` (DDP; FSDP / DeepSpeed via an accelerate config).
+A step's own code (`training_step`) reads nothing from the device; the loop reads the losses at log, evaluation and checkpoint
+steps only, so the host does not wait for a GPU in between (the model's own reads aside: docs/GPU.md). On CUDA
+batches are pinned and copied without blocking and AdamW is fused; `compile_step` compiles the forward for the
+run's shapes (CUDA graphs where they hold).
 Run directory layout (written by the main process only):
 
     settings.json          TrainSettings of the run (a resume with other settings is refused)
@@ -580,8 +584,8 @@ def training_step(model, batches: list[Mapping[str, torch.Tensor]], accelerator,
     """One optimizer update over `batches` (the micro-batches of the step, on the device): forward and backward of
     each (gradients synchronised across processes on the last only), clipping to global norm `clip` (0: none), the
     optimizer and scheduler steps. Returns the step's mean loss over micro-batches and processes and the gradient
-    norm before clipping (None without clipping), both on the device: it reads nothing from it, so on a GPU the
-    host runs ahead, queueing the next steps' kernels."""
+    norm before clipping (None without clipping), both on the device: its own code reads nothing from it (the model
+    may: docs/GPU.md), so on a GPU the host runs ahead, queueing the next steps' kernels."""
     step_loss = torch.zeros((), device=accelerator.device)
     for index, batch in enumerate(batches):
         context = contextlib.nullcontext() if index == len(batches) - 1 else accelerator.no_sync(model)
