@@ -15,9 +15,9 @@ whole run, so every process draws different batches and a resumed run draws exac
 would. The data position saved in a checkpoint is `micro`.
 
 Same command on one CPU, or under `accelerate launch` / `torchrun` (DDP; FSDP / DeepSpeed via an accelerate config).
-A step's own code (`training_step`) reads nothing from the device; the loop reads the losses at log, evaluation and checkpoint
-steps only, so the host does not wait for a GPU in between (the model's own reads aside: docs/GPU.md). On CUDA
-batches are pinned and copied without blocking and AdamW is fused; `compile_step` compiles the forward for the
+A step's own code (`training_step`) reads nothing from the device; the loop reads the losses at log, evaluation and
+checkpoint steps only, so the host does not wait for a GPU in between (the model's own reads aside: docs/GPU.md). On
+CUDA batches are pinned and copied without blocking and AdamW is fused; `compile_step` compiles the forward for the
 run's shapes (CUDA graphs where they hold).
 Run directory layout (written by the main process only):
 
