@@ -262,6 +262,8 @@ def test_the_first_loss_is_logged_and_the_last_step_is_not_evaluated_twice(tmp_p
      "hidden_size=30 must be divisible by num_attention_heads=8"),
     (["train", "--task", "addition", "--pe", "tape", "--model-option", "num_hiden_layers=6"],
      "unknown model option 'num_hiden_layers'; choose from the TapeConfig fields: "),
+    (["train", "--task", "addition", "--pe", "tape", "--compile", "--compile-step"],
+     "compile_layers (--compile) and compile_step (--compile-step) compile the same forward two ways; choose one"),
     (["compare", "addition", "--pe", "tape", "--model-option", "hiden_size=64"], "unknown model option 'hiden_size'"),
     (["compare", "addition", "--pe", "tape", "sine"], "unknown encoding 'sine'"),
     (["eval", "/no/such/run"], "'/no/such/run' is not a tapelm run directory"),

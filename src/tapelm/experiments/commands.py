@@ -152,6 +152,11 @@ def _add_train(commands) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_run_arguments(parser)
     add_report_to(parser)
+    parser.add_argument("--compile-step", action="store_true", default=None,
+                        help="compile the whole model's training forward for the run's shapes, with CUDA graphs on a "
+                             "GPU (minutes of compiling on a CPU; evaluation stays eager; default: the preset's "
+                             "choice, off in every preset): the same function to float rounding, so not part of a "
+                             "run's identity")
     parser.set_defaults(handler=_train_command)
 
 
@@ -163,7 +168,7 @@ def _train_command(args) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out '{out}' is a file; give a run folder")
     result = run_task(run, out, resume=args.resume, progress=not args.no_progress, compile_layers=args.compile,
-                      report_to=check_report_to(args.report_to))
+                      report_to=check_report_to(args.report_to), compile_step=args.compile_step)
     if result is not None:
         summary = result["summary"]
         print(f"{spec.task} / {spec.pe} / seed {spec.seed}: loss {result['first_loss']:.3f} -> "

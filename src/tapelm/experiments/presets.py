@@ -56,6 +56,9 @@ class Preset:
     eval_n: int = 100  # examples per condition (text: train_length-token spans of held-out text)
     eval_batch_size: int = 32
     threads: int | None = None  # torch CPU threads when --threads is not given (not part of a run's identity)
+    # Compile the training forward for the run's shapes (`compile_for_steps`; not part of a run's identity): off in
+    # every preset until a GPU visit measures what it gains against what compiling costs (docs/GPU.md).
+    compile_step: bool = False
 
 
 _SMALL = ModelSize(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,

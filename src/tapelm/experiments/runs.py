@@ -250,13 +250,20 @@ def _environment() -> dict[str, Any]:
 def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = False, progress: bool = True,
              stop_after: int | None = None, command: str | None = None,
              compile_layers: bool = False, data_workers: int = 0, report_to: tuple[str, ...] = (),
-             launch: dict[str, Any] | None = None) -> dict[str, Any] | None:
+             launch: dict[str, Any] | None = None, compile_step: bool | None = None) -> dict[str, Any] | None:
     """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
     stopped early by `stop_after`. With resume, a finished run returns its cached result. `compile_layers`: train
-    with torch.compile'd decoder layers (`compile_for_training`); `data_workers`: processes that make the batches
-    ahead (`train`); `report_to`: experiment trackers to log to (`trackers`); `launch`: how the run was launched
-    (`launchers`), recorded in result.json with its device; none is part of the run's identity, like threads."""
+    with torch.compile'd decoder layers (`compile_for_training`); `compile_step`: compile the whole model's training
+    forward instead (`tapelm.experiments.train.compile_for_steps`; None: the preset's choice); `data_workers`:
+    processes that make the batches ahead (`train`); `report_to`: experiment trackers to log to (`trackers`);
+    `launch`: how the run was launched (`launchers`), recorded in result.json with its device; none is part of the
+    run's identity, like threads."""
     run = spec if isinstance(spec, ResolvedRun) else resolve(spec)
+    if compile_step is None:
+        compile_step = run.preset.compile_step and not compile_layers
+    if compile_step and compile_layers:
+        raise ValueError("compile_layers (--compile) and compile_step (--compile-step) compile the same forward two "
+                         "ways; choose one")
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
     if resume and (run_dir / RESULT_FILE).exists():
@@ -274,7 +281,7 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
                                              "command": command or shlex.join(
                                                  ["tapelm", "train", "--task", run.spec.task, "--pe", run.spec.pe,
                                                   "--seed", str(run.spec.seed),
-                                                  *option_flags(run.spec, compile_layers)])})
+                                                  *option_flags(run.spec, compile_layers, compile_step)])})
         if not has_saved_tokenizer(run_dir):
             save_tokenizer(run.task.tokenizer, run_dir)
     state.wait_for_everyone()
@@ -291,7 +298,8 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     try:
         trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
                         progress=progress, stop_after=stop_after, accelerator=state,
-                        evaluate_last=False, data_workers=data_workers)  # the full evaluation below: the last step
+                        evaluate_last=False, data_workers=data_workers,
+                        compile_step=compile_step)  # the full evaluation below: the last step
     finally:
         trackers.finish(state)
     if trained.start_step + len(trained.losses) < run.settings.steps:
@@ -313,8 +321,9 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         "first_loss": losses[0][1] if losses else None, "final_loss": losses[-1][1] if losses else None,
         "train_seconds_this_session": trained.seconds, "eval_seconds": time.time() - eval_started,
         "session_seconds": time.time() - started, "world_size": trained.world_size,
-        "tokens_this_session": trained.tokens, "compiled_layers": compile_layers, "data": run.task.data_record(),
-        "device": describe_device(state.device), "launch": launch or {"launcher": "in-process"},
+        "tokens_this_session": trained.tokens, "compiled_layers": compile_layers, "compiled_step": compile_step,
+        "data": run.task.data_record(), "device": describe_device(state.device),
+        "launch": launch or {"launcher": "in-process"},
         "environment": _environment(),
     }
     write_json_atomically(run_dir / RESULT_FILE, result)
@@ -443,9 +452,9 @@ def run_from_identity(identity: dict[str, Any], tokenizer_dir: str | Path | None
     return run
 
 
-def option_flags(spec: RunSpec, compile_layers: bool = False) -> list[str]:
+def option_flags(spec: RunSpec, compile_layers: bool = False, compile_step: bool = False) -> list[str]:
     """The command-line flags that reproduce `spec`'s preset, options and overrides (not task, encoding, seed), and
-    --compile when the run is trained with compiled layers."""
+    --compile / --compile-step when the run is trained with compiled layers / a compiled step (`tapelm train`'s)."""
     flags = [] if spec.preset == DEFAULT_PRESET else ["--preset", spec.preset]
     for flag, options in (("--task-option", spec.task_options), ("--model-option", spec.model_options)):
         for key, value in options.items():
@@ -460,9 +469,10 @@ def option_flags(spec: RunSpec, compile_layers: bool = False) -> list[str]:
     for key in ("eval_n", "eval_batch_size"):
         if getattr(spec, key) is not None:
             flags += [f"--{key.replace('_', '-')}", str(getattr(spec, key))]
-    return flags + (["--match-params"] if spec.match_params else []) + (["--compile"] if compile_layers else [])
+    return (flags + (["--match-params"] if spec.match_params else []) + (["--compile"] if compile_layers else [])
+            + (["--compile-step"] if compile_step else []))
 
 
-__all__ = ["RunSpec", "ResolvedRun", "resolve", "settings_hash", "run_task", "load_run", "run_from_identity", "batch_stream", "model_config",
-           "matched_intermediate", "count_parameters", "option_flags", "identity_differences", "RESULT_FILE",
-           "RESULT_FILES"]
+__all__ = ["RunSpec", "ResolvedRun", "resolve", "settings_hash", "run_task", "load_run", "run_from_identity",
+           "batch_stream", "model_config", "matched_intermediate", "count_parameters", "option_flags",
+           "identity_differences", "RESULT_FILE", "RESULT_FILES"]

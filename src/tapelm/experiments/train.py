@@ -15,6 +15,10 @@ whole run, so every process draws different batches and a resumed run draws exac
 would. The data position saved in a checkpoint is `micro`.
 
 Same command on one CPU, or under `accelerate launch` / `torchrun` (DDP; FSDP / DeepSpeed via an accelerate config).
+A step's own code (`training_step`) reads nothing from the device; the loop reads the losses at log, evaluation and
+checkpoint steps only, so the host does not wait for a GPU in between (the model's own reads aside: docs/GPU.md). On
+CUDA batches are pinned and copied without blocking and AdamW is fused; `compile_step` compiles the forward for the
+run's shapes (CUDA graphs where they hold).
 Run directory layout (written by the main process only):
 
     settings.json          TrainSettings of the run (a resume with other settings is refused)
@@ -419,6 +423,7 @@ def train(
     stop_after: int | None = None,
     evaluate_last: bool = True,
     data_workers: int = 0,
+    compile_step: bool = False,
 ) -> TrainResult:
     """Train `model` for `settings.steps` optimizer updates and save it to `run_dir/model`.
 
@@ -432,6 +437,13 @@ def train(
     stop_after: stop (as if killed) after this many steps, leaving the checkpoints; for tests and time budgets.
     data_workers: make the micro-batches ahead in that many worker processes (the same batches in the same order;
     not a setting: it changes no number, only whether a GPU waits for the CPU to make its next batch).
+    compile_step: compile the model for the run's fixed batch shapes (`compile_for_steps`); the same function to
+    float rounding, so not a setting either.
+
+    Between log steps the loop reads nothing from the device (`training_step`): token counts come from the batches'
+    host copies, and the steps' losses are read at the next log, evaluation or checkpoint step. A non-finite loss
+    therefore stops the run there, at the latest at the next log step, with a FloatingPointError naming the step it
+    happened at and its loss (the steps after it ran on non-finite weights; no checkpoint is written from them).
     """
     from accelerate.utils import set_seed
 
@@ -440,6 +452,74 @@ def train(
     checkpoint = check_run_dir(run_dir, settings, resume)
     accelerator = check_world(accelerator or make_accelerator(settings))
     set_seed(settings.seed)
+    graphs = compile_step and accelerator.device.type == "cuda" and settings.grad_accum == 1
+    model, optimizer, scheduler = _prepare(model, parameters, settings, accelerator, compile_step, graphs)
+    start_step, micro, metrics_path = _restore(accelerator, run_dir, settings, checkpoint, resume)
+
+    result = TrainResult(run_dir=run_dir, steps=settings.steps, start_step=start_step,
+                         world_size=accelerator.num_processes)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    bar = tqdm(total=settings.steps, initial=start_step, desc=f"train {run_dir.name}", unit="step",
+               disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
+    started = time.perf_counter()
+    window_tokens, window_start = 0, time.perf_counter()
+    unread: list[torch.Tensor] = []  # the mean losses of the steps since the last read, on the device
+    last_step = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    pinned = accelerator.device.type == "cuda"
+    batches = micro_batches(batch_stream, micro * world + rank, world,
+                            (last_step - start_step) * settings.grad_accum, data_workers, pin_memory=pinned)
+    model.train()
+    step = start_step
+    try:
+        for step in range(start_step + 1, last_step + 1):
+            host = [next(batches) for _ in range(settings.grad_accum)]
+            micro += settings.grad_accum
+            for batch in host:
+                window_tokens = window_tokens + _token_count(batch)
+            on_device = [{k: v.to(accelerator.device, non_blocking=pinned) for k, v in batch.items()}
+                         for batch in host]
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are read already
+            loss, grad_norm = training_step(model, on_device, accelerator, optimizer, scheduler, settings.clip)
+            unread.append(loss)
+            logged = step % settings.log_every == 0 or step in (1, last_step)  # the first loss is always logged
+            evaluated = evaluate_fn is not None and ((settings.eval_every and step % settings.eval_every == 0)
+                                                     or (step == settings.steps and evaluate_last))
+            saved = settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.steps
+            if logged or evaluated or saved:
+                result.losses += read_losses(unread, step - len(unread) + 1)
+                unread.clear()
+            if logged:
+                now = time.perf_counter()
+                tokens = int(window_tokens) * world
+                rate = tokens / max(now - window_start, 1e-9)
+                result.tokens += tokens
+                window_tokens, window_start = 0, now
+                record = {"step": step, "loss": result.losses[-1], "lr": scheduler.get_last_lr()[0],
+                          "grad_norm": None if grad_norm is None else float(grad_norm),
+                          "tokens_per_s": rate, "elapsed_s": now - started}
+                _log(accelerator, metrics_path, record)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
+            bar.update(1)
+            if evaluated:  # eagerly: a compiled step's shapes are not the evaluation's
+                with torch.compiler.set_stance("force_eager") if compile_step else contextlib.nullcontext():
+                    _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result)
+            if saved:
+                _save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
+    finally:
+        batches.close()
+        bar.close()
+    result.seconds = time.perf_counter() - started
+    result.final_loss = result.losses[-1] if result.losses else float("nan")
+    if step >= settings.steps:
+        _save_checkpoint(accelerator, run_dir, settings.steps, micro, settings.keep_last)
+        _model_save(accelerator, model, run_dir / "model")
+    return result
+
+
+def _prepare(model, parameters, settings: TrainSettings, accelerator, compile_step: bool, graphs: bool):
+    """The model (gradient checkpointing enabled, compiled when asked, under CUDA graphs when `graphs`), its
+    optimizer and scheduler, prepared by `accelerator`."""
     if settings.grad_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
             model, "gradient_checkpointing_enable", None)  # transformers v5 renamed it
@@ -449,13 +529,17 @@ def train(
     params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
     if not params:
         raise ValueError("there is no trainable parameter")
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=settings.betas)
+    optimizer = make_optimizer(params, settings, accelerator.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_lambda(settings))
+    if compile_step:
+        compile_for_steps(model, graphs)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return model, optimizer, scheduler
 
+
+def _restore(accelerator, run_dir: Path, settings: TrainSettings, checkpoint, resume: bool) -> tuple[int, int, Path]:
+    """The step and data position to start from (a checkpoint's state loaded), with the run directory's
+    settings.json written and its metrics.jsonl cut back to the start step; and that file's path."""
     start_step, micro = 0, 0
     if checkpoint is not None:
         start_step, path = checkpoint
@@ -474,76 +558,77 @@ def train(
         elif metrics_path.exists():
             metrics_path.unlink()
     accelerator.wait_for_everyone()
+    return start_step, micro, metrics_path
 
-    result = TrainResult(run_dir=run_dir, steps=settings.steps, start_step=start_step,
-                         world_size=accelerator.num_processes)
-    rank, world = accelerator.process_index, accelerator.num_processes
-    bar = tqdm(total=settings.steps, initial=start_step, desc=f"train {run_dir.name}", unit="step",
-               disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
-    started = time.perf_counter()
-    window_tokens, window_start = 0, time.perf_counter()
-    last_step = settings.steps if stop_after is None else min(settings.steps, stop_after)
-    batches = micro_batches(batch_stream, micro * world + rank, world,
-                            (last_step - start_step) * settings.grad_accum, data_workers)
-    model.train()
-    step = start_step
-    try:
-        for step in range(start_step + 1, last_step + 1):
-            step_loss = torch.zeros((), device=accelerator.device)
-            step_tokens = 0
-            for accum in range(settings.grad_accum):
-                batch = {k: v.to(accelerator.device) for k, v in next(batches).items()}
-                micro += 1
-                sync = accum == settings.grad_accum - 1
-                context = contextlib.nullcontext() if sync else accelerator.no_sync(model)
-                with context:
-                    loss = model(**batch).loss
-                    if not torch.isfinite(loss):
-                        raise FloatingPointError(f"training loss is {loss.item()} at step {step}; "
-                                                 "lower the learning rate or enable clipping")
-                    accelerator.backward(loss / settings.grad_accum)
-                step_loss += loss.detach() / settings.grad_accum
-                mask = batch.get("attention_mask")
-                step_tokens += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
-            grad_norm = None
-            if settings.clip > 0:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), settings.clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
 
-            mean_loss = accelerator.reduce(step_loss, reduction="mean").item()
-            result.losses.append(mean_loss)
-            tokens = step_tokens * world
-            result.tokens += tokens
-            window_tokens += tokens
-            if step % settings.log_every == 0 or step in (1, last_step):  # the first loss is always logged
-                now = time.perf_counter()
-                rate = window_tokens / max(now - window_start, 1e-9)
-                window_tokens, window_start = 0, now
-                record = {"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0],
-                          "grad_norm": None if grad_norm is None else float(grad_norm),
-                          "tokens_per_s": rate, "elapsed_s": now - started}
-                if accelerator.is_main_process:
-                    with metrics_path.open("a") as handle:
-                        handle.write(json.dumps(record) + "\n")
-                trackers.log(accelerator, "train", {k: record[k] for k in ("loss", "lr", "tokens_per_s")}, step)
-                bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
-            bar.update(1)
-            if evaluate_fn is not None and ((settings.eval_every and step % settings.eval_every == 0)
-                                            or (step == settings.steps and evaluate_last)):
-                _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result)
-            if settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.steps:
-                _save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
-    finally:
-        batches.close()
-        bar.close()
-    result.seconds = time.perf_counter() - started
-    result.final_loss = result.losses[-1] if result.losses else float("nan")
-    if step >= settings.steps:
-        _save_checkpoint(accelerator, run_dir, settings.steps, micro, settings.keep_last)
-        _model_save(accelerator, model, run_dir / "model")
-    return result
+def make_optimizer(params: list[torch.nn.Parameter], settings: TrainSettings, device: torch.device):
+    """AdamW with weight decay on the matrices only; fused on CUDA (a few kernel launches per step instead of
+    several per parameter), foreach elsewhere (on the CPU the same numbers as the per-parameter loop)."""
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    implementation = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=settings.betas,
+                             **implementation)
+
+
+def training_step(model, batches: list[Mapping[str, torch.Tensor]], accelerator, optimizer, scheduler,
+                  clip: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer update over `batches` (the micro-batches of the step, on the device): forward and backward of
+    each (gradients synchronised across processes on the last only), clipping to global norm `clip` (0: none), the
+    optimizer and scheduler steps. Returns the step's mean loss over micro-batches and processes and the gradient
+    norm before clipping (None without clipping), both on the device: its own code reads nothing from it (the model
+    may: docs/GPU.md), so on a GPU the host runs ahead, queueing the next steps' kernels."""
+    step_loss = torch.zeros((), device=accelerator.device)
+    for index, batch in enumerate(batches):
+        context = contextlib.nullcontext() if index == len(batches) - 1 else accelerator.no_sync(model)
+        with context:
+            loss = model(**batch).loss
+            accelerator.backward(loss / len(batches))
+        step_loss += loss.detach() / len(batches)
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), clip) if clip > 0 else None
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return accelerator.reduce(step_loss, reduction="mean"), grad_norm
+
+
+def read_losses(losses: list[torch.Tensor], first_step: int) -> list[float]:
+    """The values of the steps' losses (`first_step` onwards), read from the device at once; FloatingPointError
+    naming the first step whose loss is not finite."""
+    values = torch.stack(losses).tolist() if losses else []
+    for step, value in enumerate(values, first_step):
+        if not math.isfinite(value):
+            raise FloatingPointError(f"training loss is {value} at step {step}; lower the learning rate or enable "
+                                     "clipping")
+    return values
+
+
+def _token_count(batch: Mapping[str, torch.Tensor]) -> torch.Tensor | int:
+    """The real tokens of a micro-batch, counted where the batch is (its host copy: no device read)."""
+    mask = batch.get("attention_mask")
+    return mask.sum() if mask is not None else batch["input_ids"].numel()
+
+
+def compile_for_steps(model: torch.nn.Module, graphs: bool) -> None:
+    """torch.compile the model's forward (with its loss, hence its backward) for the shapes it is called with, with
+    CUDA graphs when `graphs` (mode "reduce-overhead"): a step then launches a few graphs instead of hundreds of
+    kernels. `train` asks for graphs on CUDA without gradient accumulation only: with it, a micro-batch's gradients
+    might live in memory that the next micro-batch's graph rewrites (not tried on a GPU). Shapes are static until one
+    changes (then one dynamic recompilation, not one per length). The forward is compiled before accelerate wraps it
+    in autocast, and compiled code is keyed by code and shapes, not by the model object, so another model of the same
+    configuration trained in this process reuses it: the compiler's caches are not reset, and dynamo may keep 64
+    versions of the forward instead of 8 (past them it would run eagerly), so that a process training several
+    configurations keeps each."""
+    torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
+    model.forward = torch.compile(model.forward, mode="reduce-overhead" if graphs else None)
+
+
+def _log(accelerator, metrics_path: Path, record: dict[str, Any]) -> None:
+    if accelerator.is_main_process:
+        with metrics_path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    trackers.log(accelerator, "train", {k: record[k] for k in ("loss", "lr", "tokens_per_s")}, record["step"])
 
 
 class _Indexed(torch.utils.data.Dataset):
@@ -556,16 +641,19 @@ class _Indexed(torch.utils.data.Dataset):
         return self.batch_stream(index)
 
 
-def micro_batches(batch_stream: BatchStream, first: int, stride: int, count: int, workers: int = 0):
+def micro_batches(batch_stream: BatchStream, first: int, stride: int, count: int, workers: int = 0,
+                  pin_memory: bool = False):
     """batch_stream(first), batch_stream(first + stride), ... (`count` of them); with `workers` > 0 made ahead, in
-    order, by that many forked processes (the stream need not be picklable)."""
+    order, by that many forked processes (the stream need not be picklable). `pin_memory`: the batches' tensors in
+    page-locked memory, so that copies to a GPU run asynchronously (`.to(device, non_blocking=True)`)."""
     indices = range(first, first + stride * count, stride)
     if not workers:
-        return (batch_stream(index) for index in indices)
+        made = (batch_stream(index) for index in indices)
+        return ({k: v.pin_memory() for k, v in batch.items()} for batch in made) if pin_memory else made
     from torch.utils.data import DataLoader
 
     loader = DataLoader(_Indexed(batch_stream), batch_size=None, sampler=indices, num_workers=workers,
-                        prefetch_factor=4, multiprocessing_context="fork")
+                        prefetch_factor=4, multiprocessing_context="fork", pin_memory=pin_memory)
     return (batch for batch in loader)
 
 
@@ -585,5 +673,6 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result) -> No
 
 
 __all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError",
-           "latest_checkpoint", "newest_intact_checkpoint", "load_saved_model", "list_checkpoints", "verify_checkpoint", "check_run_dir", "learning_rate_lambda",
-           "micro_batches", "SCHEDULES", "MIXED_PRECISION"]
+           "latest_checkpoint", "newest_intact_checkpoint", "load_saved_model", "list_checkpoints", "verify_checkpoint",
+           "check_run_dir", "learning_rate_lambda", "micro_batches", "make_optimizer", "training_step", "read_losses",
+           "compile_for_steps", "SCHEDULES", "MIXED_PRECISION"]
