@@ -230,15 +230,14 @@ def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
     parts = record["parts"]
     assert {part: result["status"] for part, result in parts.items()} == dict.fromkeys(
         ("tests", "first-calls", "speed", "training", "generation"), "passed")
-    assert parts["tests"]["counts"] == {"passed": len(TINY_TESTS) * len(PE_TYPES)}
+    assert parts["tests"]["counts"] == {"passed": len(TINY_TESTS)}
     log = (tmp_path / parts["tests"]["log"]).read_text()  # pytest's whole output, the slowest tests included
-    assert "slowest 20 durations" in log and f"{len(TINY_TESTS) * len(PE_TYPES)} passed" in log.splitlines()[-1]
+    assert "slowest 20 durations" in log and f"{len(TINY_TESTS)} passed" in log.splitlines()[-1]
     assert set(parts["speed"]["sizes"]["tiny"]["results"]) == {"rope", "tape", "llama"}
     assert parts["speed"]["fast_paths"] == "on"  # the law tests, which run every fast path, passed
     for pe in ("tape", "rope"):
         assert parts["training"]["runs"][pe]["final_loss"] > 0
         assert parts["generation"]["models"][pe]["cached_equals_uncached"]
-    assert record["seconds"] < 120
 
 
 def test_a_failing_doctor_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch, capsys):

@@ -46,9 +46,13 @@ PARTS = ("tests", "first-calls", "speed", "training", "generation")
 ENCODINGS = ("tape", "rope")
 TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "tape_position_size": 8}
-TINY_TESTS = ("test_cache.py::test_cache_parity", "test_equivalence.py::test_sdpa_equals_eager_reference",
-              "test_packing.py::test_a_packed_row_is_each_document_alone")
-"""The law tests `--tiny` runs: cache parity, the fused path against the explicit one, packing (every encoding)."""
+TINY_TESTS = tuple(f"{test}[{pe}]" for test in ("test_cache.py::test_cache_parity",
+                                                "test_equivalence.py::test_sdpa_equals_eager_reference",
+                                                "test_packing.py::test_a_packed_row_is_each_document_alone")
+                   for pe in ("tape", "rope", "grape-ap"))
+"""The law tests `--tiny` runs: cache parity, the fused path against the explicit one, packing, for TAPE, RoPE and
+an encoding with a logit bias (the suite runs them for every encoding; the tiny run checks the doctor's own
+machinery)."""
 
 
 def source_tests() -> Path | None:
