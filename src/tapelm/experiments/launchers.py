@@ -275,16 +275,17 @@ class LocalLauncher(Launcher):
 
 
 class SubmittedRun:
-    """A run as a submitit job: it trains (resuming from its folder's checkpoint); when SLURM preempts it or its
-    time runs out, submitit calls `checkpoint`, which requeues the same call, so the run resumes from its newest
+    """A run as a submitit job with the submitting process's torch threads (as a local worker has them: a CPU run's
+    numbers depend on them): it trains (resuming from its folder's checkpoint); when SLURM preempts it or its time
+    runs out, submitit calls `checkpoint`, which requeues the same call, so the run resumes from its newest
     checkpoint (`submitit.helpers.Checkpointable`'s protocol)."""
 
-    def __call__(self, job: Job, options: RunOptions) -> dict[str, Any] | None:
+    def __call__(self, job: Job, options: RunOptions, threads: int) -> dict[str, Any] | None:
         import submitit
 
         environment = submitit.JobEnvironment()
         return run_one(job, options, {"launcher": "slurm", "job_id": environment.job_id,
-                                      "hostname": environment.hostname})
+                                      "hostname": environment.hostname}, threads)
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         from submitit.helpers import DelayedSubmission
@@ -341,10 +342,12 @@ class SlurmLauncher(Launcher):
 
     def submit(self, jobs: list[Job], options: RunOptions) -> list:
         """Submit `jobs` as one job array; the submitit jobs, in order."""
+        import torch
+
         executor = self.executor()
         quiet = replace(options, progress=False)
         with executor.batch():
-            submitted = [executor.submit(SubmittedRun(), job, quiet) for job in jobs]
+            submitted = [executor.submit(SubmittedRun(), job, quiet, torch.get_num_threads()) for job in jobs]
         for job, handle in zip(jobs, submitted):
             print(f"    submitted {job.run.spec.pe} / seed {job.run.spec.seed} as job {handle.job_id} "
                   f"(log: {handle.paths.stdout})", flush=True)
