@@ -168,10 +168,9 @@ def test_the_plan_is_predicted_from_gpu_runs_whatever_machine_predicts_it(tmp_pa
                          data_workers=workers, progress=False, dry_run=True) == 0
         records.append(json.loads((out / "stage.json").read_text()))
     assert records[0]["prediction"] == records[1]["prediction"]
-    rate = records[0]["prediction"]["rate"]
-    assert rate["source"] == "mqar/3d8c304917/rope/seed0 on NVIDIA H100 80GB HBM3"
-    (measured,) = archived_rates(ARCHIVE)
-    assert rate["flops_per_second"] == measured.flops_per_second
+    rate, measured = records[0]["prediction"]["rate"], current_rate(archived_rates(ARCHIVE))
+    assert rate == {"flops_per_second": measured.flops_per_second, "source": measured.source}
+    assert " on NVIDIA " in measured.source  # the first, mqar/3d8c304917/rope/seed0 on NVIDIA H100 80GB HBM3
     flops = records[0]["rope_runs"][0]["flops"]
     seconds = flops / measured.flops_per_second * sum(step_cost(pe) for pe in AT_GPU_SCALE[0].rows) * 3
     assert records[0]["prediction"]["minutes"]["plan"] == pytest.approx(seconds / 60)
