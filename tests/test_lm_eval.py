@@ -55,15 +55,19 @@ def test_lm_eval_scores_a_saved_model_alike_at_batch_sizes_1_and_4(tmp_path: Pat
     environment = {**os.environ, "PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                    "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
                    "OMP_NUM_THREADS": "1"}
-    scores = {}
-    for batch_size in (1, 4):
-        out = tmp_path / f"out{batch_size}"
+    runs = {}
+    for batch_size in (1, 4):  # the two evaluations run side by side: each is mostly lm_eval's start
         command = [LM_EVAL, "--model", "hf", "--model_args",
                    f"pretrained={tmp_path / 'model'},trust_remote_code=True,dtype=float32",
                    "--tasks", "tapelm_local_sums", "--include_path", str(tmp_path / "tasks"),
-                   "--batch_size", str(batch_size), "--device", "cpu", "--output_path", str(out), "--log_samples"]
-        done = subprocess.run(command, env=environment, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        scores[batch_size] = _loglikelihoods(out)
+                   "--batch_size", str(batch_size), "--device", "cpu", "--output_path",
+                   str(tmp_path / f"out{batch_size}"), "--log_samples"]
+        runs[batch_size] = subprocess.Popen(command, env=environment, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, text=True)
+    scores = {}
+    for batch_size, run in runs.items():
+        _, stderr = run.communicate(timeout=600)
+        assert run.returncode == 0, stderr[-3000:]
+        scores[batch_size] = _loglikelihoods(tmp_path / f"out{batch_size}")
     assert len(scores[1]) == 3 * len(rows) and all(score < 0 for score in scores[1])
     torch.testing.assert_close(torch.tensor(scores[4]), torch.tensor(scores[1]), rtol=1e-5, atol=1e-5)
