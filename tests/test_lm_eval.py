@@ -62,12 +62,11 @@ def test_lm_eval_scores_a_saved_model_alike_at_batch_sizes_1_and_4(tmp_path: Pat
                    "--tasks", "tapelm_local_sums", "--include_path", str(tmp_path / "tasks"),
                    "--batch_size", str(batch_size), "--device", "cpu", "--output_path",
                    str(tmp_path / f"out{batch_size}"), "--log_samples"]
-        runs[batch_size] = subprocess.Popen(command, env=environment, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.PIPE, text=True)
+        with open(tmp_path / f"log{batch_size}", "w") as log:  # a file, not a pipe: neither run waits on a reader
+            runs[batch_size] = subprocess.Popen(command, env=environment, cwd=tmp_path, stdout=log, stderr=log)
     scores = {}
     for batch_size, run in runs.items():
-        _, stderr = run.communicate(timeout=600)
-        assert run.returncode == 0, stderr[-3000:]
+        assert run.wait(timeout=600) == 0, (tmp_path / f"log{batch_size}").read_text()[-3000:]
         scores[batch_size] = _loglikelihoods(tmp_path / f"out{batch_size}")
     assert len(scores[1]) == 3 * len(rows) and all(score < 0 for score in scores[1])
     torch.testing.assert_close(torch.tensor(scores[4]), torch.tensor(scores[1]), rtol=1e-5, atol=1e-5)
