@@ -4,7 +4,8 @@ In float64 (on the CPU, and on a device too) the two paths agree to `exact` of e
 device, where the kernels take half precision, the fast path's error from the reference path in float64 may be at
 most `FACTOR` times the reference path's own error in that precision, plus one rounding step, both errors and the
 step measured over the whole tensor (its Euclidean norm): a kernel is held to the precision a user would get without
-it, not to a fixed tolerance that a few layers of bf16 rounding already exceed. The norm, not the largest entry: two ways of rounding
+it, not to a fixed tolerance that a few layers of bf16 rounding already exceed. The norm, not the largest entry:
+two ways of rounding
 differ entry by entry, and their largest errors by more than 2x on a GPU (docs/gpu/h100-2026-11-27/), while a wrong
 result moves the whole tensor.
 
@@ -33,9 +34,9 @@ from collections.abc import Callable
 import torch
 
 FACTOR = 2.0
-ROUNDING = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+ROUNDING = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 """Half the spacing of each dtype's numbers near 1, relative."""
-CANCELLATION = {torch.float64: 2.0 ** -26, torch.float32: 2.0 ** -12}
+CANCELLATION = {torch.float64: 2.0**-26, torch.float32: 2.0**-12}
 """Two computations that agree to fewer than half of the second one's digits show a tensor made by cancellation."""
 
 Outputs = dict[str, "torch.Tensor | None"]
@@ -43,12 +44,15 @@ Outputs = dict[str, "torch.Tensor | None"]
 
 def outputs(model: torch.nn.Module, **named: torch.Tensor | None) -> Outputs:
     """The named tensors of one pass (detached) and every parameter's gradient."""
-    return {**{name: None if value is None else value.detach() for name, value in named.items()},
-            **{f"grad {name}": param.grad for name, param in model.named_parameters()}}
+    return {
+        **{name: None if value is None else value.detach() for name, value in named.items()},
+        **{f"grad {name}": param.grad for name, param in model.named_parameters()},
+    }
 
 
-def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype, exact: float = 1e-12,
-                  accumulated: int = 1) -> None:
+def compare_paths(
+    run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype, exact: float = 1e-12, accumulated: int = 1
+) -> None:
     """`run(setting, dtype)` gives the named tensors of one pass with `fast_paths=setting` in `dtype`: those of "on"
     in float64 against "off" in float64, each to `exact` of its largest entry, and in another `dtype` by the rule
     above (the fast path adding each tensor up from `accumulated` parts in `dtype`)."""
@@ -65,9 +69,11 @@ def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype
         expected, other_order = expected.double(), truth_on[name].double()
         largest = expected.abs().max().item()
         error = (other_order - expected).abs().max().item()
-        assert error <= exact * max(largest, 1.0), (f"{name}: largest error {error:.3g} from the float64 reference in "
-                                                    f"float64, allowed {exact * max(largest, 1.0):.3g} (largest entry "
-                                                    f"{largest:.3g})")
+        assert error <= exact * max(largest, 1.0), (
+            f"{name}: largest error {error:.3g} from the float64 reference in "
+            f"float64, allowed {exact * max(largest, 1.0):.3g} (largest entry "
+            f"{largest:.3g})"
+        )
         if actual is None:
             continue
         error = (actual[name].double() - expected).norm().item()
@@ -78,8 +84,10 @@ def compare_paths(run: Callable[[str, torch.dtype], Outputs], dtype: torch.dtype
             in_float32 = in_float32 or [run("off", torch.float32)]
             scale = max(scale, rounding_scale(expected, in_float32[0][name].double(), torch.float32))
             allowed = FACTOR * own_error + accumulated * ROUNDING[dtype] * scale
-        assert error <= allowed, (f"{name}: error (norm) {error:.3g} from the float64 reference, allowed "
-                                  f"{allowed:.3g} (rounding scale {scale:.3g}, norm {expected.norm().item():.3g})")
+        assert error <= allowed, (
+            f"{name}: error (norm) {error:.3g} from the float64 reference, allowed "
+            f"{allowed:.3g} (rounding scale {scale:.3g}, norm {expected.norm().item():.3g})"
+        )
 
 
 def rounding_scale(expected: torch.Tensor, other: torch.Tensor, other_dtype: torch.dtype = torch.float64) -> float:
@@ -105,13 +113,15 @@ def batch_inputs(kind: str, ids: torch.Tensor) -> dict:
         mask[1, :3] = 0
         return {"attention_mask": mask}
     if kind == "packed":
-        return {"position_ids": torch.cat([torch.arange(4, device=ids.device),
-                                           torch.arange(ids.shape[1] - 4, device=ids.device)])[None]}
+        return {
+            "position_ids": torch.cat(
+                [torch.arange(4, device=ids.device), torch.arange(ids.shape[1] - 4, device=ids.device)]
+            )[None]
+        }
     return {}
 
 
-def compare_models_through_path(path: str, encodings: tuple[str, ...], device, dtype: torch.dtype,
-                                **overrides) -> None:
+def compare_models_through_path(path: str, encodings: tuple[str, ...], device, dtype: torch.dtype, **overrides) -> None:
     """Tiny models of `encodings` (with config `overrides`) with fast path `path` alone (`fast_paths=[path]`)
     against the reference paths, on each of `BATCHES`: the loss and every parameter's gradient (`compare_paths`); the
     path must have run. On the CPU tapelm's Triton kernels run under Triton's interpreter (`TRITON_INTERPRET=1`)."""
@@ -121,9 +131,11 @@ def compare_models_through_path(path: str, encodings: tuple[str, ...], device, d
     ids = tokens(2, 9).to(device)
     for encoding in encodings:
         for batch in BATCHES:
+
             def run(setting, setting_dtype, encoding=encoding, batch=batch):
-                model = tiny_model(encoding, dtype=setting_dtype, fast_paths=[path] if setting == "on" else [],
-                                   **overrides).to(device)
+                model = tiny_model(
+                    encoding, dtype=setting_dtype, fast_paths=[path] if setting == "on" else [], **overrides
+                ).to(device)
                 with fast_paths.recording() as ran:
                     loss = model.train()(ids, labels=ids, **batch_inputs(batch, ids)).loss
                     loss.backward()

@@ -32,11 +32,18 @@ in float64; 0.1 on a device, where they run in bf16. At 0.3 bf16 computes the ti
 
 
 def pytest_addoption(parser):
-    parser.addoption("--device", default="cpu",
-                     help="device for the law tests marked `device` (cpu, cuda, cuda:1, ...); on another device "
-                          "than the CPU every other test is skipped with its reason (default: %(default)s)")
-    parser.addoption("--weight-std", type=float, default=None,
-                     help="scale of the tiny models' random weights (default: 0.3 on the CPU, 0.1 on a device)")
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="device for the law tests marked `device` (cpu, cuda, cuda:1, ...); on another device "
+        "than the CPU every other test is skipped with its reason (default: %(default)s)",
+    )
+    parser.addoption(
+        "--weight-std",
+        type=float,
+        default=None,
+        help="scale of the tiny models' random weights (default: 0.3 on the CPU, 0.1 on a device)",
+    )
 
 
 def pytest_configure(config):
@@ -57,11 +64,13 @@ def pytest_configure(config):
         _one_configuration_per_autotuned_kernel()
     config.addinivalue_line("markers", "device: a law test that runs on `pytest --device`")
     config.addinivalue_line("markers", "compiles: a test that runs torch.compile (no device-watching mode around it)")
-    config.addinivalue_line("markers", "own_process: a device test that calls Triton kernels (fla's, tapelm's): "
-                                       "`tapelm doctor` runs each in a process of its own, since a fault there "
-                                       "corrupts the process's CUDA context")
-    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
-                 "torch_compile_test"):
+    config.addinivalue_line(
+        "markers",
+        "own_process: a device test that calls Triton kernels (fla's, tapelm's): "
+        "`tapelm doctor` runs each in a process of its own, since a fault there "
+        "corrupts the process's CUDA context",
+    )
+    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "torch_compile_test"):
         config.addinivalue_line("markers", f"{mark}: a mark of transformers' common tests")
 
 
@@ -105,9 +114,19 @@ def _default_device_elsewhere(request):
 def tiny_config(pe_type: str = "tape", **overrides) -> TapeConfig:
     """A few-thousand-parameter model: 2 layers, 4 heads of dim 8 (2 KV heads). RandPE evaluates on the given
     positions here, so that it obeys the deterministic laws (its random evaluation has its own tests)."""
-    options = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                   pe_type=pe_type, fire_hidden_size=8, cope_max_positions=16, randpe_eval_positions="given")
+    options = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pe_type=pe_type,
+        fire_hidden_size=8,
+        cope_max_positions=16,
+        randpe_eval_positions="given",
+    )
     options.update(overrides)
     return TapeConfig(**options)
 
@@ -137,8 +156,9 @@ def new_model(config: TapeConfig, seed: int = 0, device: torch.device | None = N
         return TapeForCausalLM(config).eval()
 
 
-def tiny_model(pe_type: str = "tape", dtype=torch.float32, seed: int = 0, std: float | None = None,
-               **overrides) -> TapeForCausalLM:
+def tiny_model(
+    pe_type: str = "tape", dtype=torch.float32, seed: int = 0, std: float | None = None, **overrides
+) -> TapeForCausalLM:
     """A tiny model with random non-zero weights (`randomize`) on the test device."""
     return randomize(new_model(tiny_config(pe_type, **overrides), seed), std, seed).to(dtype).eval()
 
@@ -147,7 +167,7 @@ def decode_in_chunks(model, ids, chunks):
     """Logits of `ids` fed through a cache in consecutive chunks of the given sizes."""
     cache, outputs, start = DynamicCache(config=model.config), [], 0
     for size in chunks:
-        out = model(ids[:, start:start + size], cache=cache, use_cache=True)
+        out = model(ids[:, start : start + size], cache=cache, use_cache=True)
         cache, start = out.cache, start + size
         outputs.append(out.logits)
     return torch.cat(outputs, dim=1)
@@ -156,8 +176,14 @@ def decode_in_chunks(model, ids, chunks):
 def run_under_triton_interpreter(script: str) -> None:
     """Run `script` in a fresh Python at the repository root under Triton's CPU interpreter (TRITON_INTERPRET=1,
     which must be set before Triton is imported); fail with the end of its stderr."""
-    result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
-                            capture_output=True, text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -174,10 +200,15 @@ def check_triton_kernels(module: str, *device_checks: str) -> None:
             getattr(checks, name)(DEVICE)
         checks.check_models(DEVICE, torch.bfloat16)
         return
-    calls = ["t.check_kernels(cpu, torch.float64, 1e-12)", *(f"t.{name}(cpu)" for name in device_checks),
-             "t.check_models(cpu, torch.float64)"]
-    run_under_triton_interpreter(f"import sys, torch; sys.path.insert(0, 'tests'); import {module} as t; "
-                                 f"cpu = torch.device('cpu'); {'; '.join(calls)}")
+    calls = [
+        "t.check_kernels(cpu, torch.float64, 1e-12)",
+        *(f"t.{name}(cpu)" for name in device_checks),
+        "t.check_models(cpu, torch.float64)",
+    ]
+    run_under_triton_interpreter(
+        f"import sys, torch; sys.path.insert(0, 'tests'); import {module} as t; "
+        f"cpu = torch.device('cpu'); {'; '.join(calls)}"
+    )
 
 
 def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:

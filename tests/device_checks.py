@@ -3,7 +3,8 @@
 `FactoryWatch` flags every tensor factory (arange, ones, zeros, full, tensor, ...) that tapelm's own code calls
 without a device: on a GPU such a tensor lands on the CPU, where it either crashes ("Expected all tensors to be on the
 same device") or costs a host-to-device copy in every forward pass. `OwnCodeElsewhere` puts what tapelm's code and the
-tests make without a device on the meta device instead (conftest.py: the law tests on the CPU). `InputWatch` checks, at every top-level model
+tests make without a device on the meta device instead (conftest.py: the law tests on the CPU). `InputWatch`
+checks, at every top-level model
 call, that the model sits on the device of its process and that every tensor it is given sits there too.
 """
 
@@ -20,9 +21,27 @@ import tapelm
 SOURCE = Path(tapelm.__file__).resolve().parent
 HERE = Path(__file__).resolve()
 TESTS = HERE.parent
-FACTORIES = {torch.arange, torch.ones, torch.zeros, torch.full, torch.empty, torch.tensor, torch.as_tensor,
-             torch.eye, torch.rand, torch.randn, torch.randint, torch.randperm, torch.linspace, torch.logspace,
-             torch.empty_strided, torch.scalar_tensor, torch.tril_indices, torch.triu_indices, torch.normal}
+FACTORIES = {
+    torch.arange,
+    torch.ones,
+    torch.zeros,
+    torch.full,
+    torch.empty,
+    torch.tensor,
+    torch.as_tensor,
+    torch.eye,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.linspace,
+    torch.logspace,
+    torch.empty_strided,
+    torch.scalar_tensor,
+    torch.tril_indices,
+    torch.triu_indices,
+    torch.normal,
+}
 
 
 def _caller_in(*roots: Path) -> str | None:
@@ -41,8 +60,11 @@ def _caller_in(*roots: Path) -> str | None:
 
 def _without_device(func, args, kwargs) -> bool:
     """A factory call that takes the default device (as_tensor of a tensor keeps the tensor's)."""
-    return (func in FACTORIES and kwargs.get("device") is None
-            and not (func is torch.as_tensor and args and isinstance(args[0], torch.Tensor)))
+    return (
+        func in FACTORIES
+        and kwargs.get("device") is None
+        and not (func is torch.as_tensor and args and isinstance(args[0], torch.Tensor))
+    )
 
 
 class FactoryWatch(TorchFunctionMode):
@@ -94,8 +116,13 @@ class InputWatch:
         def check(model, args, kwargs, what: str):
             if not watch.seen:
                 tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-                watch.seen.append({"model": model.device, "inputs": [t.device for t in tensors],
-                                   "model_class": f"{type(model).__name__}{what}"})
+                watch.seen.append(
+                    {
+                        "model": model.device,
+                        "inputs": [t.device for t in tensors],
+                        "model_class": f"{type(model).__name__}{what}",
+                    }
+                )
                 raise ModelReached()
 
         def call(module, *args, **kwargs):
@@ -114,5 +141,6 @@ class InputWatch:
         assert self.seen, "no model was called"
         seen = self.seen[0]
         assert seen["model"] == device, f"{seen['model_class']} runs on {seen['model']}, not on {device}"
-        assert seen["inputs"] and all(d == device for d in seen["inputs"]), \
+        assert seen["inputs"] and all(d == device for d in seen["inputs"]), (
             f"{seen['model_class']} on {device} got inputs on {seen['inputs']}"
+        )

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 def released_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The authors' planar rotation of x (B, T, H, D) by tables broadcastable to (B, T, H, D/2)."""
-    first, second = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    first, second = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat([first * cos + second * sin, second * cos - first * sin], dim=-1)
 
 
@@ -72,9 +72,10 @@ def grape_m_contextual(x, wq, wk, w_omega, b_omega, log_freq, count: int, omega_
 def alibi_slopes(count: int) -> list[float]:
     """ALiBi's head slopes, the rule the authors use (a power of 2, else the nearest lower power's slopes followed by
     every other slope of twice that many)."""
+
     def powers(n):
-        first = 2 ** (-2 ** -(math.log2(n) - 3))
-        return [first * first ** i for i in range(n)]
+        first = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [first * first**i for i in range(n)]
 
     if math.log2(count).is_integer():
         return powers(count)
@@ -89,8 +90,9 @@ def grape_ap(x, wq, wk, wv, wp, count: int, tie: str = "none", p_width: int = 8)
     p = {"none": heads(x, wp, count) if wp is not None else None, "q": q, "k": k, "v": v}[tie]
     width, length = p.shape[-1], x.shape[1]
     normed = F.rms_norm(p, (width,))
-    angles = torch.outer(torch.arange(length, dtype=x.dtype, device=x.device),
-                         rope_frequencies(width, 1.0, x.dtype, x.device))
+    angles = torch.outer(
+        torch.arange(length, dtype=x.dtype, device=x.device), rope_frequencies(width, 1.0, x.dtype, x.device)
+    )
     rotated = released_rotation(normed, angles.cos()[None, :, None], angles.sin()[None, :, None])
     terms = F.logsigmoid(p.transpose(1, 2) @ rotated.transpose(1, 2).transpose(-1, -2) / width)
     terms = terms * torch.tensor(alibi_slopes(count), dtype=x.dtype, device=x.device).view(1, count, 1, 1)

@@ -67,9 +67,13 @@ def import_graph(src: Path = SRC) -> dict[str, set[str]]:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    return [(module, target) for module, targets in sorted(graph.items()) for target in sorted(targets)
-            if part_of(module) != "facade"
-            and (part_of(target) == "facade" or part_of(target) not in ALLOWED[part_of(module)])]
+    return [
+        (module, target)
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if part_of(module) != "facade"
+        and (part_of(target) == "facade" or part_of(target) not in ALLOWED[part_of(module)])
+    ]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -80,7 +84,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         for target in sorted(graph[module]):
             if state.get(target) == 1:
                 cycle = path + [module, target]
-                return cycle[cycle.index(target):]
+                return cycle[cycle.index(target) :]
             if target not in state and (cycle := visit(target, path + [module])):
                 return cycle
         state[module] = 2

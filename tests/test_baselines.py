@@ -4,13 +4,13 @@ import math
 
 import pytest
 import torch
-from conftest import DEVICE, new_model, tiny_config, tiny_model, tokens
-from test_cache import decode_in_chunks
 
+from conftest import DEVICE, new_model, tiny_config, tiny_model, tokens
 from tapelm import TapeConfig
 from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 from tapelm.positional.bias import FireFunction
+from test_cache import decode_in_chunks
 
 pytestmark = pytest.mark.device
 
@@ -25,15 +25,18 @@ def test_official_defaults():
     assert config.randpe_eval_positions == "random"
 
 
-@pytest.mark.parametrize("overrides, field", [
-    (dict(fire_shared="yes"), "fire_shared"),
-    (dict(t5_shared=1), "t5_shared"),
-    (dict(fire_init_c=0.0), "fire_init_c"),
-    (dict(fire_init_threshold=-1.0), "fire_init_threshold"),
-    (dict(xpos_scale_base=0), "xpos_scale_base"),
-    (dict(xpos_scale_base=float("inf")), "xpos_scale_base"),
-    (dict(randpe_eval_positions="fixed"), "randpe_eval_positions"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(fire_shared="yes"), "fire_shared"),
+        (dict(t5_shared=1), "t5_shared"),
+        (dict(fire_init_c=0.0), "fire_init_c"),
+        (dict(fire_init_threshold=-1.0), "fire_init_threshold"),
+        (dict(xpos_scale_base=0), "xpos_scale_base"),
+        (dict(xpos_scale_base=float("inf")), "xpos_scale_base"),
+        (dict(randpe_eval_positions="fixed"), "randpe_eval_positions"),
+    ],
+)
 def test_invalid_baseline_options_are_named(overrides, field):
     with pytest.raises(ValueError, match=field):
         TapeConfig(**{**VALID, **overrides})
@@ -144,8 +147,9 @@ def test_randpe_with_given_positions_evaluates_on_them():
     model = tiny_model("randpe", randpe_eval_positions="given")
     ids = tokens(2, 9)
     assert torch.equal(randpe_positions(model, ids), torch.arange(9, device=DEVICE).expand(2, 9))
-    torch.testing.assert_close(model(input_ids=ids).logits,
-                               tiny_model("rope")(input_ids=ids).logits)  # same weights (seed 0), same positions
+    torch.testing.assert_close(
+        model(input_ids=ids).logits, tiny_model("rope")(input_ids=ids).logits
+    )  # same weights (seed 0), same positions
 
 
 def test_randpe_random_positions_refuse_to_continue_a_cache():

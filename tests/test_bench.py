@@ -14,8 +14,16 @@ from tapelm.config import PE_TYPES
 
 
 def test_training_bench_reports_every_encoding_and_variant():
-    report = training.measure("addition", "cpu-small", ["tape", "rope"], ["padded grid", "real tokens"], steps=1,
-                              repeats=1, warmup=1, progress=False)
+    report = training.measure(
+        "addition",
+        "cpu-small",
+        ["tape", "rope"],
+        ["padded grid", "real tokens"],
+        steps=1,
+        repeats=1,
+        warmup=1,
+        progress=False,
+    )
     assert 0.2 < report["padding_share"] < 0.4  # addition batches are left-padded to their longest problem
     for pe in ("tape", "rope"):
         variants = report["results"][pe]["variants"]
@@ -27,8 +35,17 @@ def test_training_bench_reports_every_encoding_and_variant():
 
 
 def test_training_bench_refuses_an_unknown_variant(tmp_path):
-    args = argparse.Namespace(task="addition", preset="cpu-small", pe=["rope"], variants=["fast"], steps=1,
-                              repeats=1, threads=1, out=str(tmp_path), no_progress=True)
+    args = argparse.Namespace(
+        task="addition",
+        preset="cpu-small",
+        pe=["rope"],
+        variants=["fast"],
+        steps=1,
+        repeats=1,
+        threads=1,
+        out=str(tmp_path),
+        no_progress=True,
+    )
     with pytest.raises(ValueError, match="unknown variant 'fast'"):
         training.run_command(args)
     assert not any(tmp_path.iterdir())
@@ -45,8 +62,10 @@ def test_speed_bench_measures_every_encoding_and_the_llama_peer(tmp_path):
     for row, result in entry["results"].items():
         assert row == "rope" or len(result["samples"]) == len(result["rope_samples"]) == size.repeats, row
         assert result["tokens_per_s"] > 0 and result["tflops"] > 0 and result["prefill_s"] > 0, row
-        assert all(result[f"decode_tokens_per_s_batch{b}"] > 0 and result[f"cache_bytes_batch{b}"] > 0
-                   for b in size.decode_batches), row
+        assert all(
+            result[f"decode_tokens_per_s_batch{b}"] > 0 and result[f"cache_bytes_batch{b}"] > 0
+            for b in size.decode_batches
+        ), row
         ratio = entry["ratios_to_rope"][row]["train_step_s"]
         assert ratio["n"] == size.repeats and ratio["mean"] > 0, row
     results = entry["results"]
@@ -58,19 +77,28 @@ def test_speed_bench_measures_every_encoding_and_the_llama_peer(tmp_path):
         assert entry["ratios_to_rope"]["tape"][f"decode_bytes_bound_batch{batch}"]["mean"] < 1
         assert entry["ratios_to_rope"]["llama"][f"decode_bytes_bound_batch{batch}"]["mean"] == 1
     assert "(bytes bound 0." in speed.format_table(size, entry)
-    assert report["options"] == {"device": "cpu", "dtype": "float32", "compile": False, "compile_backend": "inductor",
-                                 "fast_paths": "auto"}
+    assert report["options"] == {
+        "device": "cpu",
+        "dtype": "float32",
+        "compile": False,
+        "compile_backend": "inductor",
+        "fast_paths": "auto",
+    }
     saved = json.loads((tmp_path / "speed-cpu-tiny.json").read_text())
     assert saved["sizes"]["tiny"]["results"]["tape"]["parameters"] == results["tape"]["parameters"]
     assert (tmp_path / "speed-cpu-tiny.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_speed_bench_trains_under_bf16_autocast_and_decodes_with_bf16_weights(tmp_path):
-    report = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path, speed.Options(torch.device("cpu"), bf16=True), progress=False)
+    report = speed.run(
+        [speed.SIZES["tiny"]], ["tape"], tmp_path, speed.Options(torch.device("cpu"), bf16=True), progress=False
+    )
     assert report["options"]["dtype"] == "bf16"
     results = report["sizes"]["tiny"]["results"]
     # a bf16 cache holds half the bytes of the float32 one (TAPE's cache keeps E in the model's dtype)
-    float32 = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path / "f32", CPU, progress=False)["sizes"]["tiny"]["results"]
+    float32 = speed.run([speed.SIZES["tiny"]], ["tape"], tmp_path / "f32", CPU, progress=False)["sizes"]["tiny"][
+        "results"
+    ]
     assert results["tape"]["cache_bytes_batch1"] * 2 == float32["tape"]["cache_bytes_batch1"]
 
 
@@ -106,8 +134,9 @@ def test_compiled_rows_decode_with_a_static_cache_through_one_compiled_graph_per
         torch._dynamo.reset()
         counters.clear()
         with torch.compiler.set_stance("force_eager"):  # as bench speed decodes: compiled layers stay eager
-            assert all(speed.paired_decoding([workload], batch)[0].tokens_per_s() > 0
-                       for batch in size.decode_batches), row
+            assert all(
+                speed.paired_decoding([workload], batch)[0].tokens_per_s() > 0 for batch in size.decode_batches
+            ), row
         assert counters["stats"]["unique_graphs"] == (len(size.decode_batches) if compiled else 0), row
         assert not counters["graph_break"], row
     report = speed.run([size], ["tape"], tmp_path, options, progress=False)
@@ -115,10 +144,18 @@ def test_compiled_rows_decode_with_a_static_cache_through_one_compiled_graph_per
     assert report["sizes"]["tiny"]["results"]["tape"]["decode_tokens_per_s_batch2"] > 0
 
 
-@pytest.mark.parametrize("words, setting, label", [(["off"], "off", "off"), (["on"], "on", "on"),
-                                                   (["rotation-autograd", "attention-cpu-flash"],
-                                                    ["rotation-autograd", "attention-cpu-flash"],
-                                                    "rotation-autograd, attention-cpu-flash")])
+@pytest.mark.parametrize(
+    "words, setting, label",
+    [
+        (["off"], "off", "off"),
+        (["on"], "on", "on"),
+        (
+            ["rotation-autograd", "attention-cpu-flash"],
+            ["rotation-autograd", "attention-cpu-flash"],
+            "rotation-autograd, attention-cpu-flash",
+        ),
+    ],
+)
 def test_the_fast_path_setting_reaches_every_tapelm_row_and_the_record(tmp_path, words, setting, label):
     options = speed.Options(torch.device("cpu"), fast_paths=speed.fast_path_setting(words))
     for row in ("rope", "tape", "tape-mlp-only"):
@@ -158,8 +195,9 @@ def test_a_row_that_runs_out_of_memory_is_reported_not_raised(monkeypatch):
     assert results["cope"] == {"error": "out of memory: CUDA out of memory. Tried to allocate 96.00 GiB"}
     assert "error" not in results["tape"]
     ratios = speed.ratios_to_rope(speed.SIZES["tiny"], results)
-    table = speed.format_table(speed.SIZES["tiny"], {"results": results, "ratios_to_rope": ratios,
-                                                      "options": CPU.record()})
+    table = speed.format_table(
+        speed.SIZES["tiny"], {"results": results, "ratios_to_rope": ratios, "options": CPU.record()}
+    )
     assert "| cope | out of memory: CUDA out of memory" in table and "cope" not in ratios
 
 
@@ -188,15 +226,18 @@ def test_a_training_only_row_reports_its_training_against_ropes(monkeypatch):
     assert "| fox |" in table and "| – | – |" in table
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--device", "cuda"], "sees no CUDA device"),
-    (["--device", "tpu"], "is not a device; use cpu, cuda or cuda:N"),
-    (["--device", "mps"], "only cpu and cuda are supported"),
-    (["--pe", "rotary"], "unknown row 'rotary'"),
-    (["--threads", "0"], "--threads=0 is not allowed"),
-    (["--repeats", "0"], "--repeats=0 is not allowed"),
-    (["--pe", "fla-fox"], "row 'fla-fox' runs fla's Triton kernels: it needs a CUDA device and fla installed"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "cuda"], "sees no CUDA device"),
+        (["--device", "tpu"], "is not a device; use cpu, cuda or cuda:N"),
+        (["--device", "mps"], "only cpu and cuda are supported"),
+        (["--pe", "rotary"], "unknown row 'rotary'"),
+        (["--threads", "0"], "--threads=0 is not allowed"),
+        (["--repeats", "0"], "--repeats=0 is not allowed"),
+        (["--pe", "fla-fox"], "row 'fla-fox' runs fla's Triton kernels: it needs a CUDA device and fla installed"),
+    ],
+)
 def test_speed_bench_refuses_bad_input_before_any_work(tmp_path, capsys, argv, message):
     from tapelm.cli import main
 
@@ -207,10 +248,13 @@ def test_speed_bench_refuses_bad_input_before_any_work(tmp_path, capsys, argv, m
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("words, message", [
-    (["fast"], "fast_paths names unknown fast path(s) fast; choose one of: auto, on, off, or a list of fast path"),
-    (["on", "rotation-triton"], "fast_paths names unknown fast path(s) on; choose one of"),
-])
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["fast"], "fast_paths names unknown fast path(s) fast; choose one of: auto, on, off, or a list of fast path"),
+        (["on", "rotation-triton"], "fast_paths names unknown fast path(s) on; choose one of"),
+    ],
+)
 def test_speed_bench_refuses_an_unknown_fast_path_setting(tmp_path, capsys, words, message):
     from tapelm.cli import main
 
@@ -229,7 +273,8 @@ def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
     assert record["tiny"] and record["device"] == {"device": "cpu"}
     parts = record["parts"]
     assert {part: result["status"] for part, result in parts.items()} == dict.fromkeys(
-        ("tests", "first-calls", "speed", "training", "generation"), "passed")
+        ("tests", "first-calls", "speed", "training", "generation"), "passed"
+    )
     assert parts["tests"]["counts"] == {"passed": len(TINY_TESTS)}
     log = (tmp_path / parts["tests"]["log"]).read_text()  # pytest's whole output, the slowest tests included
     assert "slowest 20 durations" in log and f"{len(TINY_TESTS)} passed" in log.splitlines()[-1]

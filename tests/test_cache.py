@@ -6,9 +6,9 @@ from transformers import DynamicCache
 
 from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
 from tapelm import PE_TYPES
+from tapelm.cache import SHARED_STREAM
 from tapelm.fast_paths import NONE
 from tapelm.kernels.attention import AttentionMask, attend_stream, joined_stream
-from tapelm.cache import SHARED_STREAM
 
 pytestmark = pytest.mark.device
 
@@ -45,8 +45,9 @@ def test_tape_cache_keeps_e_beside_the_values():
     streams = [layer.stream().shape[-1] for layer in cache.layers]
     assert streams == [d, 2 * d, d]  # E joins the values in the middle layer; the last one's E is discarded
     assert all(layer.stream()[..., :d].data_ptr() == layer.values.data_ptr() for layer in cache.layers)
-    e0 = torch.cat(model.model.positional.rotary.tables(torch.arange(9, device=DEVICE).expand(2, -1), torch.float32),
-                   dim=-1)
+    e0 = torch.cat(
+        model.model.positional.rotary.tables(torch.arange(9, device=DEVICE).expand(2, -1), torch.float32), dim=-1
+    )
     torch.testing.assert_close(cache.layers[0].state(SHARED_STREAM), e0[:, None], atol=0, rtol=0)
     assert [layer.state(SHARED_STREAM) is None for layer in cache.layers] == [False, True, True]
 
@@ -60,8 +61,15 @@ def test_a_stream_part_shared_by_every_kv_head_attends_as_if_joined_to_each(quer
     generator = torch.Generator().manual_seed(0)
     q, k, v, shared, weight_v, weight_e = (
         torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu").to(DEVICE).requires_grad_()
-        for shape in ((2, 4, queries, 8), (2, 2, 12, 8), (2, 2, 12, 8), (2, 1, 12, 6), (2, 4, queries, 8),
-                      (2, 4, queries, 6)))
+        for shape in (
+            (2, 4, queries, 8),
+            (2, 2, 12, 8),
+            (2, 2, 12, 8),
+            (2, 1, 12, 6),
+            (2, 4, queries, 8),
+            (2, 4, queries, 6),
+        )
+    )
     valid = torch.ones(queries, 12, dtype=torch.bool, device=DEVICE).tril(12 - queries - 2).expand(2, 1, -1, -1)
     valid = valid.clone()
     valid[0, ..., :3] = False
@@ -145,7 +153,7 @@ def test_spare_capacity_holds_zeros_never_uninitialised_memory(pe_type):
     ids = tokens(2, 100)
     with torch.no_grad():  # as in generate (with gradients the cache concatenates instead)
         for start, size in ((0, 40), (40, 1), (41, 59)):  # the last step outgrows the first buffer
-            model(ids[:, start:start + size], cache=cache, use_cache=True)
+            model(ids[:, start : start + size], cache=cache, use_cache=True)
     for layer in cache.layers:
         for name, buffer in layer._buffers.items():
             spare = buffer[..., 100:, :]
@@ -169,7 +177,7 @@ def test_static_cache_decodes_as_the_dynamic_cache(pe_type):
     cache, outputs, start = StaticCache(config=model.config, max_cache_len=20), [], 0
     with torch.no_grad():  # as in generate (with gradients a cache concatenates)
         for size in (7, 1, 1, 5, 4):
-            outputs.append(model(ids[:, start:start + size], cache=cache, use_cache=True).logits)
+            outputs.append(model(ids[:, start : start + size], cache=cache, use_cache=True).logits)
             start += size
     torch.testing.assert_close(torch.cat(outputs, dim=1), model(ids, use_cache=False).logits, atol=1e-10, rtol=0)
     fixed = model.model.positional.fixed_shape_cache  # PaTH reads its cached keys as a sequence
@@ -177,7 +185,7 @@ def test_static_cache_decodes_as_the_dynamic_cache(pe_type):
         assert type(layer).__name__ == ("FixedShapeCacheLayer" if fixed else "TapeCacheLayer")
         assert layer.get_max_cache_shape() == 20 and int(layer.get_seq_length()) == 18
         assert layer.keys.shape[-2] == (20 if fixed else 18)  # a fixed-shape layer hands attention every row
-        for name, buffer in layer._buffers.items():
+        for buffer in layer._buffers.values():
             assert buffer.shape[-2] == 20 and torch.equal(buffer[..., 18:, :], torch.zeros_like(buffer[..., 18:, :]))
 
 
@@ -222,8 +230,9 @@ def test_a_compiled_decode_step_on_a_static_cache_never_recompiles(pe_type):
     mask[1, :2] = 0
     dynamic = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        static = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
-                                cache_implementation="static")
+        static = model.generate(
+            ids, attention_mask=mask, max_new_tokens=10, do_sample=False, cache_implementation="static"
+        )
     assert torch.equal(static, dynamic)
     assert model._compiled_call is not None  # the decode steps went through the compiled call
 
@@ -240,7 +249,7 @@ def test_a_compiled_decode_step_computes_the_full_pass():
     cache = StaticCache(config=model.config, max_cache_len=16)
     step = torch.compile(model, backend="eager", fullgraph=True, dynamic=False)
     logits = [model(ids[:, :6], cache=cache, use_cache=True).logits]
-    logits += [step(ids[:, n:n + 1], cache=cache, use_cache=True).logits for n in range(6, 12)]
+    logits += [step(ids[:, n : n + 1], cache=cache, use_cache=True).logits for n in range(6, 12)]
     torch.testing.assert_close(torch.cat(logits, dim=1), model(ids).logits, atol=1e-10, rtol=0)
 
 

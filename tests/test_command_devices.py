@@ -98,9 +98,11 @@ def test_pretrained_evaluations(watch, llama_on_meta, part):
 
     model, tokenizer = llama_on_meta
     documents = [np.arange(200) % model.config.vocab_size]
-    run = {"perplexity": lambda: evaluation.perplexity(model, documents, 32, 64, 16),
-           "passkey": lambda: evaluation.passkey(model, tokenizer, 512, trials=1),
-           "generation": lambda: evaluation.generation_sample(model, tokenizer, "The grass is")}[part]
+    run = {
+        "perplexity": lambda: evaluation.perplexity(model, documents, 32, 64, 16),
+        "passkey": lambda: evaluation.passkey(model, tokenizer, 512, trials=1),
+        "generation": lambda: evaluation.generation_sample(model, tokenizer, "The grass is"),
+    }[part]
     reached(watch, run)
 
 
@@ -113,13 +115,51 @@ def test_extend_evaluates_a_zero_training_row_on_the_process_device(watch, finet
 
 def test_scrolls_finetune(watch, text_runs, tmp_path):  # noqa: F811
     root, runs, data = text_runs
-    reached(watch, lambda: main(["scrolls", "finetune", "qasper", "--model", str(runs["tape"]), "--data", str(data),
-                                 "--out", str(tmp_path / "out"), "--steps", "1", "--batch-size", "2",
-                                 "--no-progress"]))
+    reached(
+        watch,
+        lambda: main(
+            [
+                "scrolls",
+                "finetune",
+                "qasper",
+                "--model",
+                str(runs["tape"]),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "out"),
+                "--steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--no-progress",
+            ]
+        ),
+    )
 
 
 def test_scrolls_predict(watch, text_runs, tmp_path):  # noqa: F811
     root, runs, data = text_runs
-    reached(watch, lambda: main(["scrolls", "predict", "qasper", "--model", str(runs["tape"]), "--data", str(data),
-                                 "--split", "validation", "--context", "64", "--target-cap", "10", "--out", str(tmp_path / "p.json"),
-                                 "--no-progress"]))
+    reached(
+        watch,
+        lambda: main(
+            [
+                "scrolls",
+                "predict",
+                "qasper",
+                "--model",
+                str(runs["tape"]),
+                "--data",
+                str(data),
+                "--split",
+                "validation",
+                "--context",
+                "64",
+                "--target-cap",
+                "10",
+                "--out",
+                str(tmp_path / "p.json"),
+                "--no-progress",
+            ]
+        ),
+    )

@@ -13,14 +13,36 @@ from tapelm.cli import main
 from tapelm.experiments.claims import CLAIMS
 from tapelm.experiments.compare import aggregate, compare, format_table, merge_records, requested_runs
 from tapelm.experiments.plan import OWED, default_settings_hash, superseded_by
-from tapelm.report import build_report, splice
 from tapelm.experiments.runs import RunSpec, settings_hash
+from tapelm.report import build_report, splice
 
-TINY = ["--steps", "6", "--batch-size", "8", "--warmup", "1", "--eval-n", "2", "--eval-every", "3", "--no-progress",
-        "--task-option", "max_train_digits=2", "--task-option", "eval_max_digits=3",
-        "--model-option", "hidden_size=32", "--model-option", "intermediate_size=48",
-        "--model-option", "num_hidden_layers=1", "--model-option", "num_attention_heads=4",
-        "--model-option", "num_key_value_heads=4"]
+TINY = [
+    "--steps",
+    "6",
+    "--batch-size",
+    "8",
+    "--warmup",
+    "1",
+    "--eval-n",
+    "2",
+    "--eval-every",
+    "3",
+    "--no-progress",
+    "--task-option",
+    "max_train_digits=2",
+    "--task-option",
+    "eval_max_digits=3",
+    "--model-option",
+    "hidden_size=32",
+    "--model-option",
+    "intermediate_size=48",
+    "--model-option",
+    "num_hidden_layers=1",
+    "--model-option",
+    "num_attention_heads=4",
+    "--model-option",
+    "num_key_value_heads=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +60,19 @@ def comparison(root: Path) -> Path:
 def test_compare_caches_each_encoding_and_seed(compared, capsys) -> None:
     directory = comparison(compared)
     results = sorted(p.relative_to(directory).as_posix() for p in directory.glob("*/seed*/result.json"))
-    assert results == ["rope/seed0/result.json", "rope/seed1/result.json", "tape/seed0/result.json",
-                       "tape/seed1/result.json"]
+    assert results == [
+        "rope/seed0/result.json",
+        "rope/seed1/result.json",
+        "tape/seed0/result.json",
+        "tape/seed1/result.json",
+    ]
     stamps = {p: p.stat().st_mtime_ns for p in directory.glob("*/seed*/result.json")}
     capsys.readouterr()
     # Rerunning, and adding an encoding, trains only what is missing.
-    assert main(["compare", "addition", "--pe", "tape", "rope", "nope", "--seeds", "0", "--root", str(compared),
-                 *TINY]) == 0
+    assert (
+        main(["compare", "addition", "--pe", "tape", "rope", "nope", "--seeds", "0", "--root", str(compared), *TINY])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert printed.count("cached") == 2 and "nope / seed 0: to run" in printed
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
@@ -70,8 +98,9 @@ def test_mean_and_std_across_seeds(compared, tmp_path) -> None:
     for pe, seeds in (("tape", (0, 1)), ("nope", (0,))):
         for seed in seeds:
             lines = (comparison(compared) / pe / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
-            evaluations = [[r["step"], r["eval"]["in_distribution_exact_match"]] for r in map(json.loads, lines)
-                           if "eval" in r]
+            evaluations = [
+                [r["step"], r["eval"]["in_distribution_exact_match"]] for r in map(json.loads, lines) if "eval" in r
+            ]
             assert [step for step, _ in evaluations] == [3, 6]
             assert summary["learning_curves"][pe][str(seed)] == evaluations
     assert summary["missing"] == []  # nope was asked for seed 0 only
@@ -95,17 +124,32 @@ def stat(mean: float, half_width: float, n: int = 2) -> dict[str, float]:
 
 
 def test_format_table_on_hand_made_numbers() -> None:
-    row = {"seeds": [0, 1], "parameters": 1_234_000, "all": stat(0.5, 0.1), "in_distribution": stat(0.9, 0.05),
-           "longer": stat(0.25, 0.0), "by_length": {"1": stat(1.0, 0.0)}, "final_loss": stat(0.1234, 0.0),
-           "evaluation_error": {"all": 0.0125, "in_distribution": 0.01, "longer": 0.02}}
+    row = {
+        "seeds": [0, 1],
+        "parameters": 1_234_000,
+        "all": stat(0.5, 0.1),
+        "in_distribution": stat(0.9, 0.05),
+        "longer": stat(0.25, 0.0),
+        "by_length": {"1": stat(1.0, 0.0)},
+        "final_loss": stat(0.1234, 0.0),
+        "evaluation_error": {"all": 0.0125, "in_distribution": 0.01, "longer": 0.02},
+    }
     difference = {"mean": 0.03, "half_width": 0.01, "n": 2, "std": 0.0, "seeds": [0, 1]}
-    summary = {"task": "addition", "metric": "exact_match", "rows": {"tape": row, "rope": row},
-               "paired": {"rope": {"in_distribution": difference, "longer": {**difference, "half_width": 0.05},
-                                   "all": {**difference, "mean": -0.03}}}}
+    summary = {
+        "task": "addition",
+        "metric": "exact_match",
+        "rows": {"tape": row, "rope": row},
+        "paired": {
+            "rope": {
+                "in_distribution": difference,
+                "longer": {**difference, "half_width": 0.05},
+                "all": {**difference, "mean": -0.03},
+            }
+        },
+    }
     table = format_table(summary)
     assert "| tape | 1.234M | 0,1 | 90.0 ± 5.0 | 25.0 ± 0.0 | 50.0 ± 10.0 | 0.123 | 1.25 |" in table
-    assert ("| rope | 0,1 | +3.0 ± 1.0 (better) | +3.0 ± 5.0 (no difference shown) | -3.0 ± 1.0 (worse) |"
-            in table)
+    assert "| rope | 0,1 | +3.0 ± 1.0 (better) | +3.0 ± 5.0 (no difference shown) | -3.0 ± 1.0 (worse) |" in table
 
 
 def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_path) -> None:
@@ -134,8 +178,9 @@ def test_report_writes_the_readme_verdicts_only_between_its_markers(compared, tm
     readme.write_text("# tool\n\nFront page.\n")
     assert "README.md:verdicts" not in build_report(compared, out, readme=readme)
     assert readme.read_text() == "# tool\n\nFront page.\n"  # no markers: the file is not touched
-    readme.write_text("# tool\n\n<!-- tapelm-report:begin verdicts -->\nold\n<!-- tapelm-report:end verdicts -->\n"
-                      "\nAfter.\n")
+    readme.write_text(
+        "# tool\n\n<!-- tapelm-report:begin verdicts -->\nold\n<!-- tapelm-report:end verdicts -->\n\nAfter.\n"
+    )
     assert f"{readme}:verdicts" in build_report(compared, out, readme=readme)
     text = readme.read_text()
     assert "old" not in text and text.endswith("\nAfter.\n")
@@ -150,11 +195,14 @@ def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     build_report(compared, out)
     first = out.read_text()
     archived = tmp_path / "docs" / "results" / "compare" / "addition" / comparison(compared).name
-    runs = sorted(p.parent.relative_to(comparison(compared)).as_posix()
-                  for p in comparison(compared).glob("*/seed*/result.json"))
+    runs = sorted(
+        p.parent.relative_to(comparison(compared)).as_posix() for p in comparison(compared).glob("*/seed*/result.json")
+    )
     assert {"rope/seed0", "rope/seed1", "tape/seed0", "tape/seed1"} <= set(runs)
     assert sorted(p.relative_to(archived).as_posix() for p in archived.rglob("*.json*")) == [
-        "comparison.json", *[f"{run}/{f}" for run in runs for f in ("eval.json", "metrics.jsonl", "result.json")]]
+        "comparison.json",
+        *[f"{run}/{f}" for run in runs for f in ("eval.json", "metrics.jsonl", "result.json")],
+    ]
     assert not list(archived.rglob("*.safetensors"))
     elsewhere = tmp_path / "other-machine"
     (elsewhere / "compare").mkdir(parents=True)
@@ -177,8 +225,27 @@ def test_a_comparison_continues_from_the_archive_on_another_machine(compared, tm
     archive = tmp_path / "docs" / "results" / "compare"
     elsewhere = tmp_path / "other-machine"
     capsys.readouterr()
-    assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "2", "--root", str(elsewhere),
-                 "--archive", str(archive), *TINY]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "addition",
+                "--pe",
+                "tape",
+                "rope",
+                "--seeds",
+                "0",
+                "1",
+                "2",
+                "--root",
+                str(elsewhere),
+                "--archive",
+                str(archive),
+                *TINY,
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert printed.count("cached") == 4 and "tape / seed 2: to run" in printed and "rope / seed 2: to run" in printed
     restored, original = comparison(elsewhere), comparison(compared)
@@ -192,13 +259,45 @@ def test_a_comparison_continues_from_the_archive_on_another_machine(compared, tm
     tampered.write_text(json.dumps({**result, "identity": {**result["identity"], "pe": "rope"}}))
     third = tmp_path / "third-machine"
     capsys.readouterr()
-    assert main(["compare", "addition", "--pe", "tape", "--seeds", "0", "--root", str(third), "--archive",
-                 str(archive), *TINY]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "addition",
+                "--pe",
+                "tape",
+                "--seeds",
+                "0",
+                "--root",
+                str(third),
+                "--archive",
+                str(archive),
+                *TINY,
+            ]
+        )
+        == 2
+    )
     assert "trained with other settings (different pe)" in capsys.readouterr().err
     assert not (third / "compare" / "addition" / original.name / "tape").exists()
     tampered.write_text("{")
-    assert main(["compare", "addition", "--pe", "tape", "--seeds", "0", "--root", str(third), "--archive",
-                 str(archive), *TINY]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "addition",
+                "--pe",
+                "tape",
+                "--seeds",
+                "0",
+                "--root",
+                str(third),
+                "--archive",
+                str(archive),
+                *TINY,
+            ]
+        )
+        == 2
+    )
     assert "has an unreadable result.json" in capsys.readouterr().err
     assert main(["compare", "addition", "--root", str(third), "--archive", str(tmp_path / "missing"), *TINY]) == 2
     assert f"--archive folder '{tmp_path / 'missing'}' does not exist" in capsys.readouterr().err
@@ -223,10 +322,19 @@ def test_reading_states_tape_against_each_baseline_from_paired_intervals() -> No
     from tapelm.report.tasks_section import reading
 
     row = {"seeds": [0, 1], "in_distribution": stat(5.0, 0.1), "longer": stat(9.0, 0.5)}
-    log_ratio = lambda mean, half: {key: {"mean": mean, "half_width": half, "n": 3, "std": 0.0,  # noqa: E731
-                                          "seeds": [0, 1, 2]} for key in ("in_distribution", "longer", "all")}
-    summary = {"rows": {"tape": row, "fire": row, "rope": row}, "metric": "perplexity", "task": "text",
-               "paired": {"fire": log_ratio(0.21, 0.1), "rope": log_ratio(-0.04, 0.3)}}
+
+    def log_ratio(mean, half):
+        return {
+            key: {"mean": mean, "half_width": half, "n": 3, "std": 0.0, "seeds": [0, 1, 2]}
+            for key in ("in_distribution", "longer", "all")
+        }
+
+    summary = {
+        "rows": {"tape": row, "fire": row, "rope": row},
+        "metric": "perplexity",
+        "task": "text",
+        "paired": {"fire": log_ratio(0.21, 0.1), "rope": log_ratio(-0.04, 0.3)},
+    }
     sentences = reading(summary)
     assert any(s.startswith("TAPE is behind fire on the longer lengths") for s in sentences)  # higher perplexity
     assert any("includes 1 against rope" in s for s in sentences)  # a ratio of perplexities
@@ -235,52 +343,84 @@ def test_reading_states_tape_against_each_baseline_from_paired_intervals() -> No
 def test_reading_flags_a_gap_to_a_baseline_that_did_not_learn_in_distribution() -> None:
     from tapelm.report.tasks_section import reading
 
-    learned = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.9, 0.01),
-               "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}}}
-    unlearned = {"seeds": [0, 1], "in_distribution": stat(0.8, 0.01), "longer": stat(0.7, 0.01),
-                 "per_seed": {"in_distribution": {0: 0.995, 1: 0.605}}}
-    ahead = {key: {"mean": 0.1, "half_width": 0.05, "n": 2, "std": 0.0, "seeds": [0, 1]}
-             for key in ("in_distribution", "longer", "all")}
-    summary = {"rows": {"tape": learned, "rope": learned, "nope": unlearned}, "metric": "accuracy",
-               "task": "flipflop", "paired": {"rope": ahead, "nope": ahead}}
+    learned = {
+        "seeds": [0, 1],
+        "in_distribution": stat(1.0, 0.0),
+        "longer": stat(0.9, 0.01),
+        "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}},
+    }
+    unlearned = {
+        "seeds": [0, 1],
+        "in_distribution": stat(0.8, 0.01),
+        "longer": stat(0.7, 0.01),
+        "per_seed": {"in_distribution": {0: 0.995, 1: 0.605}},
+    }
+    ahead = {
+        key: {"mean": 0.1, "half_width": 0.05, "n": 2, "std": 0.0, "seeds": [0, 1]}
+        for key in ("in_distribution", "longer", "all")
+    }
+    summary = {
+        "rows": {"tape": learned, "rope": learned, "nope": unlearned},
+        "metric": "accuracy",
+        "task": "flipflop",
+        "paired": {"rope": ahead, "nope": ahead},
+    }
     sentences = [s for s in reading(summary) if s.startswith("TAPE is ahead of rope, nope")]
     assert len(sentences) == 1 and "nope did not learn the task in distribution" in sentences[0]
     assert "rope did not learn" not in sentences[0]
     # the recipe's robustness per encoding: a mean below the bar can hide a seed that learned (flip-flop's is 99%)
-    assert ("Seeds that learn on their own (≥ 99.0% in distribution): tape 2 of 2 (lowest 100.0%), rope 2 of 2 "
-            "(lowest 100.0%), nope 1 of 2 (lowest 60.5%).") in reading(summary)
+    assert (
+        "Seeds that learn on their own (≥ 99.0% in distribution): tape 2 of 2 (lowest 100.0%), rope 2 of 2 "
+        "(lowest 100.0%), nope 1 of 2 (lowest 60.5%)."
+    ) in reading(summary)
 
 
 def test_reading_says_where_an_unlearned_encodings_curves_stood() -> None:
     from tapelm.report.tasks_section import reading
 
-    learned = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.0, 0.0),
-               "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}}}
+    learned = {
+        "seeds": [0, 1],
+        "in_distribution": stat(1.0, 0.0),
+        "longer": stat(0.0, 0.0),
+        "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}},
+    }
     unlearned = {**learned, "in_distribution": stat(0.85, 0.05), "per_seed": {"in_distribution": {0: 0.9, 1: 0.8}}}
     rising = {"0": [[100, 0.1], [300, 0.5], [400, 0.9]], "1": [[100, 0.1], [300, 0.4], [400, 0.8]]}
-    summary = {"rows": {"tape": learned, "randpe": unlearned, "fire": unlearned}, "metric": "exact_match",
-               "task": "addition", "paired": {},
-               "learning_curves": {"randpe": rising,
-                                   "fire": {"0": [[100, 0.8], [300, 0.85]], "1": [[100, 0.8], [200, 0.85]]}}}
+    summary = {
+        "rows": {"tape": learned, "randpe": unlearned, "fire": unlearned},
+        "metric": "exact_match",
+        "task": "addition",
+        "paired": {},
+        "learning_curves": {"randpe": rising, "fire": {"0": [[100, 0.8], [300, 0.85]], "1": [[100, 0.8], [200, 0.85]]}},
+    }
     (sentence,) = [s for s in reading(summary) if s.startswith("Below 95.0% exact match")]
     # randpe: the evaluation nearest three quarters of training (step 300) against the last, averaged over seeds;
     # fire's seeds were evaluated at different steps, so no trend is claimed for it
-    assert sentence.endswith("randpe (learning curves, mean over seeds: 45.0% at step 300, 85.0% at 400, still "
-                             "rising), fire.")
+    assert sentence.endswith(
+        "randpe (learning curves, mean over seeds: 45.0% at step 300, 85.0% at 400, still rising), fire."
+    )
     flat = {seed: [[step, 0.85] for step, _ in points] for seed, points in rising.items()}
-    (sentence,) = [s for s in reading({**summary, "learning_curves": {"randpe": flat}})
-                   if s.startswith("Below 95.0%")]
+    (sentence,) = [s for s in reading({**summary, "learning_curves": {"randpe": flat}}) if s.startswith("Below 95.0%")]
     assert "randpe (learning curves, mean over seeds: 85.0% at step 300, 85.0% at 400, flat), fire." in sentence
 
 
 def test_reading_reports_the_state_norm_of_the_equivariance_ablation() -> None:
     from tapelm.report.tasks_section import reading
 
-    row = {"seeds": [0, 1], "in_distribution": stat(1.0, 0.0), "longer": stat(0.5, 0.01),
-           "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}}}
+    row = {
+        "seeds": [0, 1],
+        "in_distribution": stat(1.0, 0.0),
+        "longer": stat(0.5, 0.01),
+        "per_seed": {"in_distribution": {0: 1.0, 1: 1.0}},
+    }
     growing = {"steps": [10, 20, 30], "norms": [[1.0, 1.2], [1.0, 0.9], [1.0, 1.5]]}
-    summary = {"rows": {"tape": row, "tape-non-equivariant": row}, "metric": "accuracy", "task": "mqar",
-               "paired": {}, "state_norms": {"tape-non-equivariant": growing}}
+    summary = {
+        "rows": {"tape": row, "tape-non-equivariant": row},
+        "metric": "accuracy",
+        "task": "mqar",
+        "paired": {},
+        "state_norms": {"tape-non-equivariant": growing},
+    }
     (sentence,) = [s for s in reading(summary) if s.startswith("Norm of TAPE's positional state")]
     assert "tape-non-equivariant 1.500 at step 30 (range 0.900–1.500)" in sentence
     assert not any("Norm of TAPE" in s for s in reading({**summary, "state_norms": {"tape": growing}}))
@@ -290,10 +430,19 @@ def test_mqar_reading_gives_the_score_of_elimination_without_recall() -> None:
     """Answering the k-th of n queries with one of the n - k + 1 values not yet asked for scores H(n)/n."""
     from tapelm.report.tasks_section import reading
 
-    row = {"seeds": [0], "in_distribution": stat(1.0, 0.0), "longer": stat(0.5, 0.0),
-           "per_seed": {"in_distribution": {0: 1.0}}}
-    summary = {"rows": {"tape": row}, "metric": "accuracy", "task": "mqar", "paired": {},
-               "record": {"task_options": {"num_pairs": 2, "eval_multipliers": [1, 4]}}}
+    row = {
+        "seeds": [0],
+        "in_distribution": stat(1.0, 0.0),
+        "longer": stat(0.5, 0.0),
+        "per_seed": {"in_distribution": {0: 1.0}},
+    }
+    summary = {
+        "rows": {"tape": row},
+        "metric": "accuracy",
+        "task": "mqar",
+        "paired": {},
+        "record": {"task_options": {"num_pairs": 2, "eval_multipliers": [1, 4]}},
+    }
     (sentence,) = [s for s in reading(summary) if s.startswith("MQAR accuracy")]
     assert sentence.endswith("75.0% at 2, 34.0% at 8.")  # (1 + 1/2) / 2 and H(8) / 8
 
@@ -305,11 +454,15 @@ def test_a_runs_result_does_not_depend_on_how_many_runs_share_a_device(compared,
     from tapelm.experiments.launchers import LocalLauncher
 
     spec = json.loads((comparison(compared) / "comparison.json").read_text())
-    base = RunSpec(task="addition", pe="tape", task_options=spec["task_options"], model_options=spec["model_options"],
-                   train_options={k: spec["train"][k] for k in ("steps", "batch_size", "warmup", "eval_every")},
-                   eval_n=spec["eval"]["n"])
-    compare(base, ["tape", "rope"], [0, 1], root=tmp_path, progress=False,
-            launcher=LocalLauncher(2, devices=["1"]))
+    base = RunSpec(
+        task="addition",
+        pe="tape",
+        task_options=spec["task_options"],
+        model_options=spec["model_options"],
+        train_options={k: spec["train"][k] for k in ("steps", "batch_size", "warmup", "eval_every")},
+        eval_n=spec["eval"]["n"],
+    )
+    compare(base, ["tape", "rope"], [0, 1], root=tmp_path, progress=False, launcher=LocalLauncher(2, devices=["1"]))
     sequential, parallel = comparison(compared), comparison(tmp_path)
     assert parallel.name == sequential.name
     pinned = []
@@ -317,8 +470,10 @@ def test_a_runs_result_does_not_depend_on_how_many_runs_share_a_device(compared,
         mine = json.loads(result.read_text())
         theirs = json.loads((sequential / result.relative_to(parallel)).read_text())
         assert mine["summary"] == theirs["summary"] and mine["final_loss"] == theirs["final_loss"]
-        losses = [[json.loads(line).get("loss") for line in (path.parent / "metrics.jsonl").read_text().splitlines()]
-                  for path in (result, sequential / result.relative_to(parallel))]
+        losses = [
+            [json.loads(line).get("loss") for line in (path.parent / "metrics.jsonl").read_text().splitlines()]
+            for path in (result, sequential / result.relative_to(parallel))
+        ]
         assert losses[0] == losses[1]
         assert mine["launch"]["runs_per_device"] == 2
         pinned.append((mine["launch"]["device_slot"], mine["device"]["cuda_visible_devices"]))
@@ -345,8 +500,25 @@ def test_ablation_rows_get_their_own_report_table(compared, tmp_path) -> None:
 
     root = tmp_path / "runs"
     shutil.copytree(compared, root)
-    assert main(["ablate", "addition", "--variants", "tape", "rope", "tape-mlp-only", "--seeds", "0", "1",
-                 "--root", str(root), *TINY]) == 0
+    assert (
+        main(
+            [
+                "ablate",
+                "addition",
+                "--variants",
+                "tape",
+                "rope",
+                "tape-mlp-only",
+                "--seeds",
+                "0",
+                "1",
+                "--root",
+                str(root),
+                *TINY,
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "docs" / "RESULTS.md"
     build_report(root, out)
     text = out.read_text()
@@ -370,8 +542,9 @@ def _process_state(pid: int) -> tuple[str, int] | None:
 
 
 def _children(pid: int) -> set[int]:
-    return {int(p.name) for p in Path("/proc").glob("[0-9]*")
-            if (state := _process_state(int(p.name))) and state[1] == pid}
+    return {
+        int(p.name) for p in Path("/proc").glob("[0-9]*") if (state := _process_state(int(p.name))) and state[1] == pid
+    }
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
@@ -382,9 +555,25 @@ def test_killing_a_parallel_comparison_ends_its_workers(tmp_path) -> None:
     import time
 
     long = [arg if arg != "6" else "100000" for arg in TINY]  # runs that would outlive the test
-    parent = subprocess.Popen([sys.executable, "-m", "tapelm.cli", "compare", "addition", "--pe", "tape", "rope",
-                               "--jobs", "2", "--root", str(tmp_path), *long],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tapelm.cli",
+            "compare",
+            "addition",
+            "--pe",
+            "tape",
+            "rope",
+            "--jobs",
+            "2",
+            "--root",
+            str(tmp_path),
+            *long,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while len(workers := _children(parent.pid)) < 2 and time.time() < deadline:
         time.sleep(0.5)
@@ -406,8 +595,9 @@ def test_owed_comparisons_name_their_missing_runs_and_the_command_that_runs_them
     assert owed.missing({"tape": {0, 1, 7}, "rope": {1, 5}}) == {"rope": 1, "nope": 0}  # seed 5 is not owed
     assert owed.command(["rope", "nope"]) == "tapelm compare passkey --pe rope nope --seeds 0 1"
     assert replace(owed, ablation=True).command(["tape-r4"]) == "tapelm ablate passkey --variants tape-r4 --seeds 0 1"
-    assert owed.command(["nope"], "docs/results/compare") == ("tapelm compare passkey --pe nope --seeds 0 1 "
-                                                             "--archive docs/results/compare")
+    assert owed.command(["nope"], "docs/results/compare") == (
+        "tapelm compare passkey --pe nope --seeds 0 1 --archive docs/results/compare"
+    )
 
 
 def test_an_owed_design_names_the_command_that_writes_where_it_is_read() -> None:
@@ -447,7 +637,8 @@ def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:
     assert f"| partial: alibi 2/3 | `tapelm compare passkey --pe alibi --seeds 0 1 2 --archive {archive}` |" in line
     (archive / "passkey" / owed.settings_hash() / "alibi" / "seed2").mkdir()
     (archive / "passkey" / owed.settings_hash() / "alibi" / "seed2" / "result.json").write_text(
-        json.dumps({"pe": "alibi", "seed": 2}))
+        json.dumps({"pe": "alibi", "seed": 2})
+    )
     (archive / "passkey" / owed.settings_hash() / "alibi" / "seed2" / "eval.json").write_text("{}")
     text = build(ReportContext(root=tmp_path, figures=tmp_path, figures_link=".", comparisons=archive))
     assert f"| `passkey` {owed.settings_hash()}, {owed.label} | {' '.join(owed.rows)} | 3 | complete |  |" in text
@@ -460,11 +651,17 @@ def test_claims_are_judged_at_the_current_recipe_once_it_has_the_subject() -> No
     from tapelm.report.claims_section import _best_comparison
 
     def summary(settings_hash: str, rows: dict[str, list[int]], **task_options) -> dict:
-        return {"task": "addition", "settings_hash": settings_hash, "record": {"task_options": task_options},
-                "rows": {pe: {"seeds": seeds} for pe, seeds in rows.items()}}
+        return {
+            "task": "addition",
+            "settings_hash": settings_hash,
+            "record": {"task_options": task_options},
+            "rows": {pe: {"seeds": seeds} for pe, seeds in rows.items()},
+        }
 
-    arithmetic, hinted, r4 = (next(c for c in CLAIMS if c.name == name) for name in
-                              ("arithmetic", "arithmetic-index-hints", "ablation-equivariance-addition"))
+    arithmetic, hinted, r4 = (
+        next(c for c in CLAIMS if c.name == name)
+        for name in ("arithmetic", "arithmetic-index-hints", "ablation-equivariance-addition")
+    )
     old = summary("old", {"tape": [0, 1, 2, 3, 4], "rope": [0, 1, 2, 3, 4], "nope": [0, 1]})
     small_old = summary("older", {"tape": [0], "rope": [0]})
     current = summary("new", {"tape": [0], "rope": [0]})

@@ -7,30 +7,33 @@ from tapelm import TapeConfig
 VALID = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 
 
-@pytest.mark.parametrize("overrides, field", [
-    (dict(pe_type="rotary"), "pe_type"),
-    (dict(hidden_size=30), "hidden_size"),
-    (dict(num_key_value_heads=3), "num_attention_heads"),
-    (dict(head_dim=7, pe_type="rope"), "head_dim"),
-    (dict(head_dim=7, pe_type="tape"), "head_dim"),
-    (dict(tape_block=(3, 3)), "tape_block L"),
-    (dict(tape_block=(4, 4), head_dim=6), "tape_block L"),
-    (dict(tape_block=(2, 3)), "tape_block R"),
-    (dict(tape_block=(2,)), "tape_block"),
-    (dict(tape_block=(0, 2)), "tape_block L"),
-    (dict(tape_attn_mixing="full"), "tape_attn_mixing"),
-    (dict(tape_update="all"), "tape_update"),
-    (dict(vocab_size=0), "vocab_size"),
-    (dict(hidden_size=-32), "hidden_size"),
-    (dict(num_hidden_layers=0), "num_hidden_layers"),
-    (dict(intermediate_size=0), "intermediate_size"),
-    (dict(max_position_embeddings=0), "max_position_embeddings"),
-    (dict(tape_position_size=0), "tape_position_size"),
-    (dict(rms_norm_eps=0.0), "rms_norm_eps"),
-    (dict(hidden_act="gelu"), "hidden_act"),
-    (dict(randpe_max_position=16, max_position_embeddings=32), "randpe_max_position"),
-    (dict(num_attention_heads=0), "num_attention_heads"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(pe_type="rotary"), "pe_type"),
+        (dict(hidden_size=30), "hidden_size"),
+        (dict(num_key_value_heads=3), "num_attention_heads"),
+        (dict(head_dim=7, pe_type="rope"), "head_dim"),
+        (dict(head_dim=7, pe_type="tape"), "head_dim"),
+        (dict(tape_block=(3, 3)), "tape_block L"),
+        (dict(tape_block=(4, 4), head_dim=6), "tape_block L"),
+        (dict(tape_block=(2, 3)), "tape_block R"),
+        (dict(tape_block=(2,)), "tape_block"),
+        (dict(tape_block=(0, 2)), "tape_block L"),
+        (dict(tape_attn_mixing="full"), "tape_attn_mixing"),
+        (dict(tape_update="all"), "tape_update"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(hidden_size=-32), "hidden_size"),
+        (dict(num_hidden_layers=0), "num_hidden_layers"),
+        (dict(intermediate_size=0), "intermediate_size"),
+        (dict(max_position_embeddings=0), "max_position_embeddings"),
+        (dict(tape_position_size=0), "tape_position_size"),
+        (dict(rms_norm_eps=0.0), "rms_norm_eps"),
+        (dict(hidden_act="gelu"), "hidden_act"),
+        (dict(randpe_max_position=16, max_position_embeddings=32), "randpe_max_position"),
+        (dict(num_attention_heads=0), "num_attention_heads"),
+    ],
+)
 def test_invalid_field_is_named(overrides, field):
     with pytest.raises(ValueError, match=field):
         TapeConfig(**{**VALID, **overrides})
@@ -51,9 +54,12 @@ def test_odd_head_dim_is_fine_without_rotation():
 
 
 def test_dict_round_trip():
-    config = TapeConfig(**VALID, tape_block=(2, 4), pe_type="tape", rope_parameters={"rope_type": "linear",
-                                                                                       "factor": 2.0,
-                                                                                       "rope_theta": 5e4})
+    config = TapeConfig(
+        **VALID,
+        tape_block=(2, 4),
+        pe_type="tape",
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e4},
+    )
     again = TapeConfig.from_dict(config.to_dict())
     assert again.tape_block == (2, 4) and again.rope_parameters == config.rope_parameters
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tapelm import TapeForCausalLM
-
 from conftest import tiny_config, tiny_model, tokens
+from tapelm import TapeForCausalLM
 
 
 def llama_twin(kv_heads: int = 2) -> tuple[LlamaForCausalLM, TapeForCausalLM]:
@@ -17,11 +16,19 @@ def llama_twin(kv_heads: int = 2) -> tuple[LlamaForCausalLM, TapeForCausalLM]:
     rope = {"rope_type": "default", "rope_theta": 500.0}
     config = tiny_config("rope", num_key_value_heads=kv_heads, rope_parameters=dict(rope))
     torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=kv_heads, rope_parameters=dict(rope), max_position_embeddings=128,
-        attn_implementation="eager"))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=kv_heads,
+            rope_parameters=dict(rope),
+            max_position_embeddings=128,
+            attn_implementation="eager",
+        )
+    )
     llama.generation_config.eos_token_id = None  # generate as long as asked, like tapelm's tiny model
     ours = TapeForCausalLM(config)
     ours.load_state_dict(llama.state_dict())
@@ -91,8 +98,9 @@ def test_generate_in_training_mode_with_checkpointing_does_what_llama_does(pe_ty
     same, token for token, and a fresh TAPE model is RoPE, so both equal Llama's."""
     llama, ours = llama_twin()
     if pe_type == "tape":
-        tape = TapeForCausalLM(tiny_config("tape", num_key_value_heads=2,
-                                           rope_parameters={"rope_type": "default", "rope_theta": 500.0}))
+        tape = TapeForCausalLM(
+            tiny_config("tape", num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+        )
         tape.load_state_dict(ours.state_dict(), strict=False)
         ours = tape
     ids = tokens(1, 6)
@@ -149,8 +157,9 @@ def test_assisted_and_prompt_lookup_decoding_equal_greedy(pe_type):
 
 def test_generate_returns_attentions_per_step():
     model = tiny_model("tape")
-    out = model.generate(tokens(1, 5), max_new_tokens=3, do_sample=False, output_attentions=True,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        tokens(1, 5), max_new_tokens=3, do_sample=False, output_attentions=True, return_dict_in_generate=True
+    )
     assert len(out.attentions) == 3
     assert out.attentions[0][0].shape[-2:] == (5, 5) and out.attentions[2][0].shape[-2:] == (1, 7)
 

@@ -22,19 +22,27 @@ from transformers import (
 )
 
 import tapelm
-from tapelm import TapeForCausalLM
-from tapelm.pretrained import sources
-from tapelm.cli import main as cli_main
-from tapelm.pretrained.convert import from_pretrained_llama, to_llama
-
 from conftest import DEVICE
+from tapelm import TapeForCausalLM
+from tapelm.cli import main as cli_main
+from tapelm.pretrained import sources
+from tapelm.pretrained.convert import from_pretrained_llama, to_llama
 
 pytestmark = pytest.mark.device
 
-SIZES = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
-             max_position_embeddings=256)
-FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-            "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+SIZES = dict(
+    vocab_size=53,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    max_position_embeddings=256,
+)
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
 
 
 def random_source(family: str, kv_heads: int = 2, tied: bool = False, **extra) -> torch.nn.Module:
@@ -56,18 +64,44 @@ def ids(length: int = 40, batch: int = 2) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("pe_type", ["tape", "rope"])
-@pytest.mark.parametrize("family,kv_heads,tied,extra", [
-    ("llama", 2, True, {"attention_bias": True}),
-    ("llama", 6, False, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}),
-    ("llama", 3, False, {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                              "high_freq_factor": 4.0, "rope_theta": 1e4,
-                                              "original_max_position_embeddings": 16}}),
-    ("mistral", 2, False, {"sliding_window": None}),
-    ("mistral", 3, True, {"sliding_window": None, "head_dim": 16}),
-    ("qwen2", 2, False, {}),
-    ("qwen2", 3, True, {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
-                                             "original_max_position_embeddings": 16}}),
-])
+@pytest.mark.parametrize(
+    "family,kv_heads,tied,extra",
+    [
+        ("llama", 2, True, {"attention_bias": True}),
+        ("llama", 6, False, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}),
+        (
+            "llama",
+            3,
+            False,
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "rope_theta": 1e4,
+                    "original_max_position_embeddings": 16,
+                }
+            },
+        ),
+        ("mistral", 2, False, {"sliding_window": None}),
+        ("mistral", 3, True, {"sliding_window": None, "head_dim": 16}),
+        ("qwen2", 2, False, {}),
+        (
+            "qwen2",
+            3,
+            True,
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "rope_theta": 1e4,
+                    "original_max_position_embeddings": 16,
+                }
+            },
+        ),
+    ],
+)
 def test_converted_logits_equal_the_source(family, kv_heads, tied, extra, pe_type):
     source = random_source(family, kv_heads, tied, **extra)
     model = from_pretrained_llama(source, pe_type=pe_type)
@@ -85,9 +119,14 @@ def test_converted_logits_equal_the_source(family, kv_heads, tied, extra, pe_typ
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("family,kv_heads,tied,extra", [("llama", 2, True, {"attention_bias": True}),
-                                                       ("mistral", 3, True, {"sliding_window": None, "head_dim": 16}),
-                                                       ("qwen2", 2, False, {})])
+@pytest.mark.parametrize(
+    "family,kv_heads,tied,extra",
+    [
+        ("llama", 2, True, {"attention_bias": True}),
+        ("mistral", 3, True, {"sliding_window": None, "head_dim": 16}),
+        ("qwen2", 2, False, {}),
+    ],
+)
 def test_grape_m_fixed_converts_exactly_at_step_0(family, kv_heads, tied, extra):
     """GRAPE-M's frequencies start at the source's RoPE spectrum: the converted model computes the RoPE conversion's
     logits to the last bit, and the source's; a scaled RoPE is refused (its frequencies start at the default one)."""
@@ -136,8 +175,11 @@ def test_mistral_sliding_window_is_named_and_exact_within_the_window(caplog):
 
 def test_unknown_architecture_is_refused_with_the_supported_list():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20))
-    with pytest.raises(ValueError, match=r"'gpt2'.*supported: LlamaForCausalLM \(llama\), MistralForCausalLM "
-                                         r"\(mistral\), Qwen2ForCausalLM \(qwen2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"'gpt2'.*supported: LlamaForCausalLM \(llama\), MistralForCausalLM "
+        r"\(mistral\), Qwen2ForCausalLM \(qwen2\)",
+    ):
         from_pretrained_llama(gpt2)
 
 
@@ -152,8 +194,9 @@ def test_sizes_cannot_be_overridden_and_pe_type_is_checked():
     source = random_source("llama")
     with pytest.raises(ValueError, match="hidden_size come from the source checkpoint"):
         from_pretrained_llama(source, hidden_size=64)
-    with pytest.raises(ValueError, match="pe_type='alibi' cannot be converted exactly; choose one of: tape, rope, "
-                                         "grape-m-fixed"):
+    with pytest.raises(
+        ValueError, match="pe_type='alibi' cannot be converted exactly; choose one of: tape, rope, grape-m-fixed"
+    ):
         from_pretrained_llama(source, pe_type="alibi")
 
 
@@ -173,8 +216,9 @@ def test_a_rope_model_exports_to_llama_exactly_and_back(tied):
     llama = to_llama(rope, max_position_embeddings=16)
     assert type(llama).__name__ == "LlamaForCausalLM" and llama.config.max_position_embeddings == 16
     torch.testing.assert_close(llama(ids()).logits, source(ids()).logits, atol=0, rtol=0)
-    torch.testing.assert_close(from_pretrained_llama(llama, pe_type="rope")(ids()).logits, rope(ids()).logits,
-                               atol=0, rtol=0)
+    torch.testing.assert_close(
+        from_pretrained_llama(llama, pe_type="rope")(ids()).logits, rope(ids()).logits, atol=0, rtol=0
+    )
     with pytest.raises(ValueError, match="only a causal RoPE model"):
         to_llama(from_pretrained_llama(source, pe_type="tape"))
 
@@ -211,7 +255,7 @@ def test_smollm2_converts_exactly():
     source, tokenizer = sources.load_pretrained("smollm2-135m")
     source.to(DEVICE)
     model = from_pretrained_llama(source)
-    text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n" * 4
+    text = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n' * 4
     tokens = torch.tensor([tokenizer(text)["input_ids"]], device=DEVICE)
     with torch.no_grad():
         torch.testing.assert_close(model(tokens).logits, source(tokens).logits, atol=1e-4, rtol=0)

@@ -41,7 +41,7 @@ def train_step(model, ids, **inputs):
 def continue_cache(model, ids, sizes):
     cache, start = DynamicCache(config=model.config), 0
     for size in sizes:  # no attention mask: positions continue from the cache
-        model(ids[:, start:start + size], cache=cache, use_cache=True)
+        model(ids[:, start : start + size], cache=cache, use_cache=True)
         start += size
 
 
@@ -49,12 +49,12 @@ PATHS = {
     "plain training batch": lambda model, ids: train_step(model, ids),
     "padded training batch": lambda model, ids: train_step(model, ids, attention_mask=padded(ids)),
     "packed documents": lambda model, ids: train_step(model, ids, position_ids=packed_positions(ids)[None]),
-    "cu_seq_lens": lambda model, ids: model(ids[:1], cu_seq_lens_q=torch.tensor([0, 4, ids.shape[1]],
-                                                                                 device=ids.device)),
+    "cu_seq_lens": lambda model, ids: model(
+        ids[:1], cu_seq_lens_q=torch.tensor([0, 4, ids.shape[1]], device=ids.device)
+    ),
     "4D mask": lambda model, ids: model(ids, attention_mask=four_d(ids)),
     "cached prefill then several tokens without a mask": lambda model, ids: continue_cache(model, ids, [5, 3, 1, 1]),
-    "generate": lambda model, ids: model.generate(ids, attention_mask=padded(ids), max_new_tokens=4,
-                                                  do_sample=False),
+    "generate": lambda model, ids: model.generate(ids, attention_mask=padded(ids), max_new_tokens=4, do_sample=False),
     "beam search": lambda model, ids: model.generate(ids, max_new_tokens=3, do_sample=False, num_beams=2),
 }
 

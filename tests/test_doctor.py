@@ -9,11 +9,13 @@ import torch
 
 from tapelm.bench import device_tests, doctor
 
-CONFTEST = ("def pytest_addoption(parser):\n    parser.addoption('--device', default='cpu')\n"
-            "def pytest_configure(config):\n"
-            "    config.addinivalue_line('markers', 'device: a law test')\n"
-            "    config.addinivalue_line('markers', 'own_process: its own process')\n")
-KERNELS = '''import json, os, signal, time
+CONFTEST = (
+    "def pytest_addoption(parser):\n    parser.addoption('--device', default='cpu')\n"
+    "def pytest_configure(config):\n"
+    "    config.addinivalue_line('markers', 'device: a law test')\n"
+    "    config.addinivalue_line('markers', 'own_process: its own process')\n"
+)
+KERNELS = """import json, os, signal, time
 import pytest, state
 pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
@@ -44,7 +46,7 @@ def test_a_fault():
 
 def test_after_it():
     assert not state.corrupted
-'''
+"""
 
 
 def test_a_test_that_kills_stalls_or_faults_its_process_fails_alone(tmp_path, monkeypatch):
@@ -52,23 +54,26 @@ def test_a_test_that_kills_stalls_or_faults_its_process_fails_alone(tmp_path, mo
     tests.mkdir()
     (tests / "conftest.py").write_text(CONFTEST)
     (tests / "state.py").write_text("corrupted = False\n")
-    (tests / "test_shared.py").write_text("import pytest\npytestmark = pytest.mark.device\n"
-                                          "def test_plain():\n    pass\n")
+    (tests / "test_shared.py").write_text(
+        "import pytest\npytestmark = pytest.mark.device\ndef test_plain():\n    pass\n"
+    )
     (tests / "test_kernels.py").write_text(KERNELS)
     monkeypatch.setattr(doctor, "source_tests", lambda: tests)
     monkeypatch.setattr(device_tests, "TEST_SECONDS", 1.0)
     out = tmp_path / "out"
     monkeypatch.setenv("DOCTOR_RECORD", str(out / "doctor-cpu.json"))
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # these tests need no plugin: processes start in 0.5 s
-    record = doctor.run_doctor(out, tiny=False, skip=("speed", "training", "generation"),
-                               tests=doctor.TestSettings(processes=2))
+    record = doctor.run_doctor(
+        out, tiny=False, skip=("speed", "training", "generation"), tests=doctor.TestSettings(processes=2)
+    )
     assert json.loads((out / "doctor-cpu.json").read_text()) == json.loads(json.dumps(record))
     result = record["parts"]["tests"]
     assert result["status"] == "failed" and result["own_process"] == 7
     assert result["counts"] == {"passed": 4, "failed": 4}, result
     assert sorted(line.split(" - ")[0] for line in result["failures"]) == [
         f"FAILED tests/test_kernels.py::{name}"
-        for name in ("test_a_fault", "test_fails_plainly", "test_killed", "test_stalls")]
+        for name in ("test_a_fault", "test_fails_plainly", "test_killed", "test_stalls")
+    ]
     messages = {line.split("::")[1].split(" - ")[0]: line.split(" - ", 1)[1] for line in result["failures"]}
     assert messages["test_killed"] == "its process ended (exit -9) while it ran"
     assert messages["test_stalls"].startswith("stopped after 1 s (a stall)")
@@ -80,8 +85,11 @@ def test_a_test_that_kills_stalls_or_faults_its_process_fails_alone(tmp_path, mo
 
 
 def test_own_process_tests_go_in_whole_files_to_the_fewest_processes_that_even_them_out():
-    tests = [f"tests/test_{name}.py::test_{i}" for name, count in (("a", 5), ("b", 3), ("c", 2), ("d", 1))
-             for i in range(count)]
+    tests = [
+        f"tests/test_{name}.py::test_{i}"
+        for name, count in (("a", 5), ("b", 3), ("c", 2), ("d", 1))
+        for i in range(count)
+    ]
     groups = device_tests.lanes(tests, 3)
     assert [sorted({test.split("::")[0][-4] for test in group}) for group in groups] == [["a"], ["b"], ["c", "d"]]
     assert sorted(sum(groups, [])) == sorted(tests)

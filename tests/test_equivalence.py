@@ -5,12 +5,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from conftest import DEVICE, new_model, tiny_config, tiny_model, tokens
 from tapelm import TapeForCausalLM
 from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 from tapelm.positional.tape import state_width
-
-from conftest import DEVICE, new_model, tiny_config, tiny_model, tokens
 
 pytestmark = pytest.mark.device
 
@@ -35,28 +34,48 @@ def test_fresh_tape_equals_rope(kv_heads):
 @pytest.mark.parametrize("kv_heads", [4, 2])
 @pytest.mark.parametrize("pe_type", ["rope", "tape"])
 def test_rope_equals_llama(kv_heads, pe_type):
-    config = tiny_config("rope", num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default",
-                                                                                 "rope_theta": 500.0})
+    config = tiny_config(
+        "rope", num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
+    )
     torch.manual_seed(0)
     with torch.device(DEVICE):
-        llama = LlamaForCausalLM(LlamaConfig(
-            vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-            num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-            num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
-            max_position_embeddings=config.max_position_embeddings)).eval()
-    ours = new_model(tiny_config(pe_type, num_key_value_heads=kv_heads,
-                                 rope_parameters={"rope_type": "default", "rope_theta": 500.0}))
+        llama = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=config.vocab_size,
+                hidden_size=config.hidden_size,
+                intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.num_hidden_layers,
+                num_attention_heads=config.num_attention_heads,
+                num_key_value_heads=kv_heads,
+                rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                max_position_embeddings=config.max_position_embeddings,
+            )
+        ).eval()
+    ours = new_model(
+        tiny_config(
+            pe_type, num_key_value_heads=kv_heads, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
+        )
+    )
     copy_shared(llama, ours)
     ids = tokens(2, 40)
     torch.testing.assert_close(ours(ids).logits, llama(ids).logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("rope_parameters", [
-    {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
-    {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4, "original_max_position_embeddings": 32},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "rope_theta": 1e4,
-     "original_max_position_embeddings": 32},
-])
+@pytest.mark.parametrize(
+    "rope_parameters",
+    [
+        {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+        {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4, "original_max_position_embeddings": 32},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "rope_theta": 1e4,
+            "original_max_position_embeddings": 32,
+        },
+    ],
+)
 def test_fresh_tape_equals_rope_under_scalings(rope_parameters):
     rope = tiny_model("rope", rope_parameters=dict(rope_parameters))
     tape = new_model(tiny_config("tape", rope_parameters=dict(rope_parameters)))
@@ -76,22 +95,38 @@ def use_general_path(model: TapeForCausalLM) -> TapeForCausalLM:
 @pytest.mark.parametrize("mixing", ["heads", "per_head"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_compact_state_equals_general_path(mixing, kv_heads):
-    compact = tiny_model("tape", dtype=torch.float64, num_hidden_layers=3, num_key_value_heads=kv_heads,
-                         tape_attn_mixing=mixing)
-    general = use_general_path(tiny_model("tape", dtype=torch.float64, num_hidden_layers=3,
-                                          num_key_value_heads=kv_heads, tape_attn_mixing=mixing))
+    compact = tiny_model(
+        "tape", dtype=torch.float64, num_hidden_layers=3, num_key_value_heads=kv_heads, tape_attn_mixing=mixing
+    )
+    general = use_general_path(
+        tiny_model(
+            "tape", dtype=torch.float64, num_hidden_layers=3, num_key_value_heads=kv_heads, tape_attn_mixing=mixing
+        )
+    )
     ids = tokens(2, 20)
     expected = general(ids).logits
-    assert not torch.allclose(expected, use_general_path(tiny_model("rope", dtype=torch.float64,
-                                                                     num_hidden_layers=3,
-                                                                     num_key_value_heads=kv_heads))(ids).logits)
+    assert not torch.allclose(
+        expected,
+        use_general_path(tiny_model("rope", dtype=torch.float64, num_hidden_layers=3, num_key_value_heads=kv_heads))(
+            ids
+        ).logits,
+    )
     torch.testing.assert_close(compact(ids).logits, expected, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("overrides", [
-    {}, {"num_key_value_heads": 4}, {"tape_block": (2, 4)}, {"tape_block": (4, 4)}, {"tape_equivariant": False},
-    {"tape_attn_mixing": "per_head"}, {"tape_update": "attention"}, {"tape_update": "mlp"},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"num_key_value_heads": 4},
+        {"tape_block": (2, 4)},
+        {"tape_block": (4, 4)},
+        {"tape_equivariant": False},
+        {"tape_attn_mixing": "per_head"},
+        {"tape_update": "attention"},
+        {"tape_update": "mlp"},
+    ],
+)
 def test_sdpa_equals_eager_reference_for_tape(overrides):
     ids = tokens(2, 24)
     sdpa = tiny_model("tape", dtype=torch.float64, **overrides)
@@ -137,8 +172,9 @@ def randomize_tape_parameters(model: TapeForCausalLM) -> None:
             param.copy_(0.3 * torch.randn(param.shape, generator=generator, device="cpu").to(DEVICE))
 
 
-@pytest.mark.parametrize(("choice", "updating"), [("first_half", [0, 1]), ("second_half", [2, 3]), ([1], [1]),
-                                                  ("all", [0, 1, 2, 3])])
+@pytest.mark.parametrize(
+    ("choice", "updating"), [("first_half", [0, 1]), ("second_half", [2, 3]), ([1], [1]), ("all", [0, 1, 2, 3])]
+)
 def test_tape_layers_chooses_which_layers_update(choice, updating):
     """Only the chosen layers carry update parameters (never the last), and layers before the first one see E0:
     a model whose first updating layer is k computes, up to layer k, what RoPE computes."""
@@ -157,8 +193,16 @@ def test_tape_layers_chooses_which_layers_update(choice, updating):
     assert not torch.allclose(ours[first + 2], theirs[first + 2], atol=1e-4)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 4}, {"tape_attn_mixing": "per_head"},
-                                       {"tape_equivariant": False}, {"tape_block": (2, 4)}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"num_key_value_heads": 4},
+        {"tape_attn_mixing": "per_head"},
+        {"tape_equivariant": False},
+        {"tape_block": (2, 4)},
+    ],
+)
 def test_tape_updates_of_one_token_at_a_time_equal_the_sequences(overrides):
     """A decoding step's state updates (one token: the branches with the fewest calls) compute, token by token, what
     the sequence's compute: the updated state and the gradients of the state, the inputs and every parameter, in
@@ -166,10 +210,15 @@ def test_tape_updates_of_one_token_at_a_time_equal_the_sequences(overrides):
     model = tiny_model("tape", dtype=torch.float64, **overrides)
     layer, config, length = model.model.layers[0].positional, model.config, 5
     generator = torch.Generator().manual_seed(0)
-    shapes = ((2, config.num_key_value_heads, length, state_width(config)),
-              (2, config.num_attention_heads, length, state_width(config)), (2, length, config.hidden_size))
-    state, attended, mlp_out = (torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu")
-                                .to(DEVICE).requires_grad_() for shape in shapes)
+    shapes = (
+        (2, config.num_key_value_heads, length, state_width(config)),
+        (2, config.num_attention_heads, length, state_width(config)),
+        (2, length, config.hidden_size),
+    )
+    state, attended, mlp_out = (
+        torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu").to(DEVICE).requires_grad_()
+        for shape in shapes
+    )
     inputs = (state, attended, mlp_out, *layer.parameters())
 
     def update(tokens: slice) -> torch.Tensor:

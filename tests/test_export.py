@@ -81,8 +81,9 @@ def test_compiled_static_cache_decoding_is_one_graph_compiled_once(pe_type):
     ids = tokens(1, 6)
     compile_config = CompileConfig(backend="eager", fullgraph=True)
     compile_config._compile_all_devices = True  # transformers compiles on accelerators only
-    generation = GenerationConfig(max_new_tokens=5, do_sample=False, cache_implementation="static",
-                                  compile_config=compile_config)
+    generation = GenerationConfig(
+        max_new_tokens=5, do_sample=False, cache_implementation="static", compile_config=compile_config
+    )
     compiled = model.generate(ids, generation_config=generation)
     assert counters["stats"]["unique_graphs"] == (0 if pe_type == "path" else 1)
     assert torch.equal(compiled, model.generate(ids, max_new_tokens=5, do_sample=False, use_cache=False))

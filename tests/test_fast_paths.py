@@ -35,8 +35,12 @@ def masks(batch, length):
     padded[0, 0, :3, :3] = torch.eye(3, dtype=torch.bool, device=DEVICE)  # padding tokens see themselves
     empty = padded.clone()
     empty[1, :, 4, :] = False  # a query that sees no key (the flash kernel gives it output 0)
-    return {"causal flag": AttentionMask(None, True), "no mask": AttentionMask(None, False),
-            "padding": AttentionMask(padded, False), "a query sees nothing": AttentionMask(empty, False)}
+    return {
+        "causal flag": AttentionMask(None, True),
+        "no mask": AttentionMask(None, False),
+        "padding": AttentionMask(padded, False),
+        "a query sees nothing": AttentionMask(empty, False),
+    }
 
 
 def stream_outputs(path, q, k, stream, mask, value_width):
@@ -46,8 +50,9 @@ def stream_outputs(path, q, k, stream, mask, value_width):
             outputs = attend_stream(q, k, stream, value_width, mask, None, 0.3, frozenset({"attention-cpu-flash"}))
         assert ran == {"attention-cpu-flash"}
         return outputs
-    out = {"reference": padded_attention, "unpadded": unpadded_attention}[path](q, k, stream, mask.valid,
-                                                                                   mask.is_causal, 0.3)
+    out = {"reference": padded_attention, "unpadded": unpadded_attention}[path](
+        q, k, stream, mask.valid, mask.is_causal, 0.3
+    )
     return out[..., :value_width], out[..., value_width:]
 
 
@@ -70,10 +75,15 @@ def test_unpadded_attention_takes_cudnn_in_training_passes_over_own_keys_only(qu
     from tapelm.kernels.attention import unpadded
 
     requested = []
-    monkeypatch.setattr(unpadded, "sdpa_kernel", lambda backends, sdpa_kernel=unpadded.sdpa_kernel:
-                        requested.append(list(backends)) or sdpa_kernel(backends))
-    q, k, stream = (random(2, heads, length, width, seed=seed).to(DTYPE)
-                    for heads, length, width, seed in ((4, queries, 8, 1), (2, 7, 8, 2), (2, 7, 24, 3)))
+    monkeypatch.setattr(
+        unpadded,
+        "sdpa_kernel",
+        lambda backends, sdpa_kernel=unpadded.sdpa_kernel: requested.append(list(backends)) or sdpa_kernel(backends),
+    )
+    q, k, stream = (
+        random(2, heads, length, width, seed=seed).to(DTYPE)
+        for heads, length, width, seed in ((4, queries, 8, 1), (2, 7, 8, 2), (2, 7, 24, 3))
+    )
     valid = torch.ones(queries, 7, dtype=torch.bool, device=DEVICE).tril(7 - queries)
     close(unpadded_attention(q, k, stream, valid, False, 0.3), padded_attention(q, k, stream, valid, False, 0.3))
     own = k.repeat(1, 2, 1, 1)
@@ -91,16 +101,20 @@ def blockwise_calls(monkeypatch):
         pytest.skip("CpuFlashAttention runs on the CPU only")
     monkeypatch.setattr(cpu_flash, "STREAM_BACKWARD_BLOCK", 8)
     calls = []
-    monkeypatch.setattr(cpu_flash, "stream_attention_backward",
-                        lambda *args, backward=cpu_flash.stream_attention_backward: calls.append(1) or backward(*args))
+    monkeypatch.setattr(
+        cpu_flash,
+        "stream_attention_backward",
+        lambda *args, backward=cpu_flash.stream_attention_backward: calls.append(1) or backward(*args),
+    )
     return calls
 
 
 @pytest.mark.parametrize("mask_kind", ["causal flag", "no mask", "padding", "a query sees nothing"])
 @pytest.mark.parametrize("kv_heads", [4, 2])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_the_cpu_backward_over_blocks_of_queries_computes_the_reference_gradients(mask_kind, kv_heads, dtype,
-                                                                                   blockwise_calls):
+def test_the_cpu_backward_over_blocks_of_queries_computes_the_reference_gradients(
+    mask_kind, kv_heads, dtype, blockwise_calls
+):
     """`stream_attention_backward` (float32 and float64) over blocks of 8 queries, the last one short, with SDPA's
     causal flag, every key, or a mask tensor (padding; a query that sees no key): in float32 as accurately as the
     reference path in float32."""
@@ -113,16 +127,22 @@ def compare_stream_attention(path, kv_heads, mask_kind, dtype, length=11, d=8):
     (`compare_paths`)."""
     batch, width = 2, 3 * d
     mask = masks(batch, length)[mask_kind]
-    inputs = [random(batch, 4, length, d, seed=1), random(batch, kv_heads, length, d, seed=2),
-              random(batch, kv_heads, length, width, seed=3)]
+    inputs = [
+        random(batch, 4, length, d, seed=1),
+        random(batch, kv_heads, length, d, seed=2),
+        random(batch, kv_heads, length, width, seed=3),
+    ]
     weights = (random(batch, 4, length, d, seed=4), random(batch, 4, length, width - d, seed=5))
 
     def run(setting, dtype):
         leaves = [x.to(dtype, copy=True).requires_grad_() for x in inputs]
         values, extra = stream_outputs(path if setting == "on" else "reference", *leaves, mask, d)
         ((values * weights[0].to(dtype)).sum() + (extra * weights[1].to(dtype)).sum()).backward()
-        return {"values": values.detach(), "extra": extra.detach(),
-                **{f"{name} grad": leaf.grad for name, leaf in zip(("q", "k", "stream"), leaves)}}
+        return {
+            "values": values.detach(),
+            "extra": extra.detach(),
+            **{f"{name} grad": leaf.grad for name, leaf in zip(("q", "k", "stream"), leaves)},
+        }
 
     compare_paths(run, dtype)
 
@@ -136,7 +156,7 @@ def saved_bytes(model, ids) -> int:
         return tensor.detach()  # the tensor itself would keep the graph alive (tapelm.bench.speed._saved_bytes)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(ids, labels=ids).loss
+        model(ids, labels=ids).loss.detach()
     return sum(storages.values())
 
 
@@ -152,8 +172,13 @@ def test_the_cpu_stream_kernel_keeps_less_for_the_backward_pass():
     assert saved["on"] < saved["off"], saved
 
 
-TAPE_VARIANTS = {"heads": {}, "per-head": {"tape_attn_mixing": "per_head"}, "grouped": {"num_key_value_heads": 4},
-                 "blocks 2x4": {"tape_block": (2, 4)}, "attention update only": {"tape_update": "attention"}}
+TAPE_VARIANTS = {
+    "heads": {},
+    "per-head": {"tape_attn_mixing": "per_head"},
+    "grouped": {"num_key_value_heads": 4},
+    "blocks 2x4": {"tape_block": (2, 4)},
+    "attention update only": {"tape_update": "attention"},
+}
 BATCHES = ("plain", "padded", "packed")
 
 
@@ -164,8 +189,11 @@ def batch_inputs(kind, ids):
         return {"attention_mask": mask}
     if kind == "packed":
         half = ids.shape[1] // 2
-        return {"position_ids": torch.cat([torch.arange(half, device=DEVICE),
-                                           torch.arange(ids.shape[1] - half, device=DEVICE)])[None]}
+        return {
+            "position_ids": torch.cat(
+                [torch.arange(half, device=DEVICE), torch.arange(ids.shape[1] - half, device=DEVICE)]
+            )[None]
+        }
     return {}
 
 
@@ -175,8 +203,12 @@ def test_a_model_on_its_fast_paths_computes_the_reference_function(variant, batc
     """TAPE with every fast path the device offers (`fast_paths="on"`) against the reference paths ("off"): logits
     and every parameter's gradient."""
     ids = tokens(2, 16)
-    compare_paths(lambda setting, dtype: trained_pass(tiny_model("tape", dtype=dtype, fast_paths=setting,
-                                                                 **TAPE_VARIANTS[variant]), ids, batch), DTYPE)
+    compare_paths(
+        lambda setting, dtype: trained_pass(
+            tiny_model("tape", dtype=dtype, fast_paths=setting, **TAPE_VARIANTS[variant]), ids, batch
+        ),
+        DTYPE,
+    )
 
 
 def trained_pass(model, ids, batch, seed=7):
@@ -191,8 +223,11 @@ def trained_pass(model, ids, batch, seed=7):
 
 
 ROTATIONS = {  # x's shape and (a, b)'s: TAPE's grouped queries and keys, RoPE's tables over heads, one token
-    "grouped queries": ((2, 3, 2, 5, 8), (2, 3, 1, 5, 4)), "keys": ((2, 3, 5, 8), (2, 3, 5, 4)),
-    "tables": ((2, 4, 5, 8), (2, 1, 5, 4)), "one token": ((1, 2, 1, 1, 8), (1, 2, 1, 1, 4))}
+    "grouped queries": ((2, 3, 2, 5, 8), (2, 3, 1, 5, 4)),
+    "keys": ((2, 3, 5, 8), (2, 3, 5, 4)),
+    "tables": ((2, 4, 5, 8), (2, 1, 5, 4)),
+    "one token": ((1, 2, 1, 1, 8), (1, 2, 1, 1, 4)),
+}
 
 
 @pytest.mark.parametrize("angles_need_grad", [True, False])
@@ -228,7 +263,7 @@ def test_the_rotation_function_keeps_no_more_than_the_reference(angles_need_grad
     for rotation in (rotate_halves, HalvesRotation.apply):
         storages = {}
 
-        def pack(tensor):
+        def pack(tensor, storages=storages):
             storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
             return tensor.detach()
 
@@ -255,8 +290,9 @@ def test_the_rotation_function_keeps_the_input_dtypes():
 def test_rotary_encodings_on_their_fast_paths_compute_the_reference_function(encoding):
     """RoPE and xPos with every fast path the device offers against the reference paths, on a padded batch."""
     ids = tokens(2, 16)
-    compare_paths(lambda setting, dtype: trained_pass(tiny_model(encoding, dtype=dtype, fast_paths=setting), ids,
-                                                      "padded"), DTYPE)
+    compare_paths(
+        lambda setting, dtype: trained_pass(tiny_model(encoding, dtype=dtype, fast_paths=setting), ids, "padded"), DTYPE
+    )
 
 
 @pytest.mark.compiles
@@ -293,8 +329,9 @@ def cancelling_paths(float64_on: bool):
     generator = torch.Generator().manual_seed(2)
     terms = torch.randn(4096, dtype=torch.float64, generator=generator, device="cpu")
     cancelling = torch.cat([terms, -terms])
-    orders = {setting: torch.randperm(cancelling.numel(), generator=generator, device="cpu")
-              for setting in ("off", "on")}
+    orders = {
+        setting: torch.randperm(cancelling.numel(), generator=generator, device="cpu") for setting in ("off", "on")
+    }
 
     def run(setting, dtype, wrong=0.0, shift=0.0):
         taken = setting == "on" and (float64_on or dtype != torch.float64)
@@ -304,6 +341,7 @@ def cancelling_paths(float64_on: bool):
         if setting == "on" and dtype != torch.float64:
             zero, sizeable = zero + wrong, sizeable * (1 + shift)
         return {"zero": zero, "sizeable": sizeable}
+
     return run
 
 
@@ -322,8 +360,11 @@ def test_the_accuracy_rule_takes_a_tensor_made_by_cancellation_at_its_terms_size
     truth, other = run("off", torch.float64)["zero"], run("on", torch.float64)["zero"]
     assert torch.equal(other, truth) != float64_on
     noise = (run("on", torch.bfloat16)["zero"].double() - truth).norm()
-    assert noise > accuracy.FACTOR * (run("off", torch.bfloat16)["zero"].double() - truth).norm() \
+    assert (
+        noise
+        > accuracy.FACTOR * (run("off", torch.bfloat16)["zero"].double() - truth).norm()
         + accuracy.ROUNDING[torch.bfloat16] * truth.norm()
+    )
     probe = (other, torch.float64) if float64_on else (run("off", torch.float32)["zero"].double(), torch.float32)
     assert accuracy.rounding_scale(truth, *probe) > 1e3 * truth.norm()
     compare_paths(run, torch.bfloat16)
@@ -347,7 +388,7 @@ def test_the_accuracy_rule_counts_the_roundings_of_a_sum_over_blocks():
             return {"grad": terms.to(dtype).sum().reshape(1)}
         parts = terms.to(dtype).sum(1)
         total = parts[0]
-        for part in parts[1:blocks if dtype != torch.float64 else 4]:
+        for part in parts[1 : blocks if dtype != torch.float64 else 4]:
             total = total + part  # rounded to the dtype at each block
         return {"grad": total.reshape(1)}
 
@@ -374,15 +415,16 @@ def test_a_checkpoint_gives_the_same_logits_on_either_path(tmp_path):
 
 
 def test_a_setting_resolves_to_the_paths_on_for_a_device_and_an_encoding():
-    """"off" none, "on" all, "auto" those verified for the device type and encoding (one object per setting, so that
+    """ "off" none, "on" all, "auto" those verified for the device type and encoding (one object per setting, so that
     compiled layers' guards on it hold), a list exactly its names; anything else a one-line error."""
     resolve, cpu, cuda = fast_paths.resolve, torch.device("cpu"), torch.device("cuda")
     assert resolve("off", cuda, "tape") == frozenset()
     assert resolve("on", cpu, "tape") == frozenset(fast_paths.NAMES)
     for device in (cpu, cuda):
         for encoding in ("tape", "fire", "t5"):
-            assert resolve("auto", device, encoding) == {path.name for path in fast_paths.PATHS
-                                                          if path.verified_for(device.type, encoding)}
+            assert resolve("auto", device, encoding) == {
+                path.name for path in fast_paths.PATHS if path.verified_for(device.type, encoding)
+            }
     assert "attention-blocks" in resolve("auto", cuda, "t5") and "attention-blocks" not in resolve("auto", cuda, "fire")
     assert resolve(["rotation-triton", "attention-unpadded"], cuda, "rope") == {"rotation-triton", "attention-unpadded"}
     assert resolve("auto", cpu, "tape") is resolve("auto", cpu, "tape")
@@ -399,8 +441,9 @@ def test_a_forward_pass_resolves_its_setting_once(monkeypatch):
     import tapelm.modeling as modeling
 
     calls = []
-    monkeypatch.setattr(modeling, "resolve", lambda *args, resolve=modeling.resolve: calls.append(args) or
-                        resolve(*args))
+    monkeypatch.setattr(
+        modeling, "resolve", lambda *args, resolve=modeling.resolve: calls.append(args) or resolve(*args)
+    )
     model = tiny_model("tape", fast_paths=["rotation-autograd"]).train()
     ids = tokens(2, 9)
     model(ids, labels=ids).loss.backward()
@@ -433,7 +476,8 @@ def test_every_fast_path_is_one_candidate_of_one_dispatcher_beside_its_reference
             parameter = inspect.signature(function).parameters.get("paths")
             assert parameter is None or parameter.default is inspect.Parameter.empty, (folder.name, name)
         assert [candidate.path for candidate in dispatcher.CANDIDATES] == [
-            path.name for path in fast_paths.PATHS if path.operation == operation]  # in the registry's order
+            path.name for path in fast_paths.PATHS if path.operation == operation
+        ]  # in the registry's order
     assert sorted(seen) == sorted(fast_paths.NAMES)
 
 
@@ -447,8 +491,10 @@ def test_the_gpu_page_lists_every_fast_path_where_it_runs_by_default():
     listed = [(cells[0].strip("| `"), cells[-1].strip(" |")) for cells in rows]
 
     def default(path):
-        devices = [device if encodings is None else f"{device} ({', '.join(encodings)})"
-                   for device, encodings in path.verified.items()]
+        devices = [
+            device if encodings is None else f"{device} ({', '.join(encodings)})"
+            for device, encodings in path.verified.items()
+        ]
         return "; ".join(devices) or "no"
 
     assert listed == [(path.name, default(path)) for path in fast_paths.PATHS]
@@ -468,8 +514,16 @@ def test_tapelms_triton_kernels_take_floating_tensors_on_cuda_or_under_the_inter
     assert not kernels.fla_takes(x) and not kernels.fla_takes(x.float())  # fla runs on CUDA only
 
 
-BIASED = {"t5": {}, "t5 shared": {"pe_type": "t5", "t5_shared": True}, "fire": {},
-          "fire shared": {"pe_type": "fire", "fire_shared": True}, "cope": {}, "fox": {}, "path": {}, "grape-ap": {}}
+BIASED = {
+    "t5": {},
+    "t5 shared": {"pe_type": "t5", "t5_shared": True},
+    "fire": {},
+    "fire shared": {"pe_type": "fire", "fire_shared": True},
+    "cope": {},
+    "fox": {},
+    "path": {},
+    "grape-ap": {},
+}
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -488,8 +542,12 @@ def test_attention_over_blocks_of_queries_computes_the_reference_function(encodi
 
     def run(setting, dtype):
         with fast_paths.recording() as ran:
-            outputs = trained_pass(tiny_model(dtype=dtype, fast_paths=["attention-blocks"] if setting == "on" else [],
-                                              **options), ids, batch, seed=8)
+            outputs = trained_pass(
+                tiny_model(dtype=dtype, fast_paths=["attention-blocks"] if setting == "on" else [], **options),
+                ids,
+                batch,
+                seed=8,
+            )
         assert ran == ({"attention-blocks"} if setting == "on" else set())
         return outputs
 
@@ -507,8 +565,12 @@ def test_the_efficient_kernel_call_with_a_learned_bias_computes_the_reference_fu
 
     batch, length, d = 2, 11, 8
     mask = masks(batch, length)[mask_kind]
-    inputs = [random(batch, 4, length, d, seed=1), random(batch, kv_heads, length, d, seed=2),
-              random(batch, kv_heads, length, d, seed=3), random(1, 4, length, length, seed=4)]
+    inputs = [
+        random(batch, 4, length, d, seed=1),
+        random(batch, kv_heads, length, d, seed=2),
+        random(batch, kv_heads, length, d, seed=3),
+        random(1, 4, length, length, seed=4),
+    ]
     weights = random(batch, 4, length, d, seed=5)
 
     def run(setting, dtype):
@@ -520,8 +582,10 @@ def test_the_efficient_kernel_call_with_a_learned_bias_computes_the_reference_fu
             out = padded_attention(q, k, v, float_mask, False, 0.3)
         out = torch.nan_to_num(out)  # the query that sees nothing: NaN on both paths' math kernel
         (out * weights.to(dtype)).sum().backward()
-        return {"out": out.detach(), **{f"{name} grad": torch.nan_to_num(leaf.grad)
-                                        for name, leaf in zip(("q", "k", "v", "bias"), leaves)}}
+        return {
+            "out": out.detach(),
+            **{f"{name} grad": torch.nan_to_num(leaf.grad) for name, leaf in zip(("q", "k", "v", "bias"), leaves)},
+        }
 
     compare_paths(run, DTYPE)
 
@@ -536,8 +600,12 @@ def test_a_model_with_its_bias_on_the_efficient_kernel_computes_the_reference_fu
 
     def run(setting, dtype):
         with fast_paths.recording() as ran:
-            outputs = trained_pass(tiny_model(dtype=dtype, fast_paths=["attention-efficient"] if setting == "on"
-                                              else [], **options), ids, "padded", seed=8)
+            outputs = trained_pass(
+                tiny_model(dtype=dtype, fast_paths=["attention-efficient"] if setting == "on" else [], **options),
+                ids,
+                "padded",
+                seed=8,
+            )
         assert ran == ({"attention-efficient"} if setting == "on" else set())
         return outputs
 

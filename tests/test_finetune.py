@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 import tapelm  # noqa: F401  (registers the Auto classes)
 from tapelm import TapeForCausalLM
 from tapelm.kernels.attention import explicit_attention
-from tapelm.pretrained.finetune import METHODS, FinetuneSettings, build_model, finetune, scale_factor, prepare
+from tapelm.pretrained.finetune import METHODS, FinetuneSettings, build_model, finetune, prepare, scale_factor
 from tapelm.pretrained.longlora import attention_function, s2_attention, s2_reference_mask, shifted_sparse_attention
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB, INTER = 32, 4, 2, 2, 61, 48
@@ -21,15 +21,31 @@ HEAD_DIM = HIDDEN // HEADS
 
 def tiny_llama(tied: bool = True) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
-                         tie_word_embeddings=tied)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+    )
     return LlamaForCausalLM(config).eval()
 
 
 def settings(method: str, **overrides) -> FinetuneSettings:
-    options = dict(method=method, train_length=32, steps=12, lr=1e-2, warmup=0, target_length=256,
-                   pretrained_length=128, checkpoint_every=0, lora=method != "full")
+    options = dict(
+        method=method,
+        train_length=32,
+        steps=12,
+        lr=1e-2,
+        warmup=0,
+        target_length=256,
+        pretrained_length=128,
+        checkpoint_every=0,
+        lora=method != "full",
+    )
     options.update(overrides)
     return FinetuneSettings(**options)
 
@@ -42,17 +58,27 @@ POSITION = 4 * HEADS
 TAPE = (LAYERS - 1) * (KV_HEADS * HEADS + HIDDEN * POSITION + 2 * POSITION * KV_HEADS)  # last layer has none
 
 
-@pytest.mark.parametrize("method,overrides,expected", [
-    ("tape", {}, {"tape": TAPE, "lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
-    ("tape", {"lora": False, "train_embeddings": False, "train_norms": False}, {"tape": TAPE}),
-    ("lora", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
-    ("longlora", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
-    ("theta", {"train_embeddings": False}, {"lora": LORA, "norms": NORMS}),
-    ("pi", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
-    ("yarn", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
-    ("full", {}, {"all": EMBEDDINGS + NORMS + LAYERS * (2 * HIDDEN * HEADS * HEAD_DIM + 2 * HIDDEN * KV_HEADS * HEAD_DIM
-                                                        + 3 * HIDDEN * INTER)}),
-])
+@pytest.mark.parametrize(
+    "method,overrides,expected",
+    [
+        ("tape", {}, {"tape": TAPE, "lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+        ("tape", {"lora": False, "train_embeddings": False, "train_norms": False}, {"tape": TAPE}),
+        ("lora", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+        ("longlora", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+        ("theta", {"train_embeddings": False}, {"lora": LORA, "norms": NORMS}),
+        ("pi", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+        ("yarn", {}, {"lora": LORA, "norms": NORMS, "embeddings": EMBEDDINGS}),
+        (
+            "full",
+            {},
+            {
+                "all": EMBEDDINGS
+                + NORMS
+                + LAYERS * (2 * HIDDEN * HEADS * HEAD_DIM + 2 * HIDDEN * KV_HEADS * HEAD_DIM + 3 * HIDDEN * INTER)
+            },
+        ),
+    ],
+)
 def test_trainable_parameters_per_method(method, overrides, expected):
     config = settings(method, **overrides)
     base = build_model(tiny_llama(), config)
@@ -134,8 +160,7 @@ def cycle_stream(length: int = 32):
 @pytest.mark.parametrize("method", ["tape", "longlora"])
 def test_finetune_lowers_the_loss_and_round_trips_merged(method, tmp_path: Path):
     source = tiny_llama()
-    result = finetune(source, None, settings(method), tmp_path / method, batch_stream=cycle_stream(),
-                      progress=False)
+    result = finetune(source, None, settings(method), tmp_path / method, batch_stream=cycle_stream(), progress=False)
     assert result.losses[-1] < 0.5 * result.losses[0]
     model = result.model
     assert type(model) is TapeForCausalLM  # LoRA merged away
@@ -151,29 +176,35 @@ def test_finetune_lowers_the_loss_and_round_trips_merged(method, tmp_path: Path)
 def test_every_method_trains(tmp_path: Path):
     source = tiny_llama(tied=False)
     for method in METHODS:
-        result = finetune(source, None, settings(method, steps=3), tmp_path / method, batch_stream=cycle_stream(),
-                          progress=False)
+        result = finetune(
+            source, None, settings(method, steps=3), tmp_path / method, batch_stream=cycle_stream(), progress=False
+        )
         assert len(result.losses) == 3 and all(torch.isfinite(torch.tensor(result.losses)))
 
 
 def fake_result(name: str, ppl: float, trained: bool) -> dict:
-    record = {"name": name, "eval_plan": {"lengths": [128, 256], "passkey_lengths": [256], "scored": 256,
-                                          "documents": 1, "trials": 20},
-              "eval": {"perplexity": {c: {"128": {"perplexity": ppl}, "256": {"perplexity": ppl - 1}}
-                                      for c in ("code", "prose")},
-                       "passkey": {"256": {"accuracy": 0.95}}}}
+    record = {
+        "name": name,
+        "eval_plan": {"lengths": [128, 256], "passkey_lengths": [256], "scored": 256, "documents": 1, "trials": 20},
+        "eval": {
+            "perplexity": {c: {"128": {"perplexity": ppl}, "256": {"perplexity": ppl - 1}} for c in ("code", "prose")},
+            "passkey": {"256": {"accuracy": 0.95}},
+        },
+    }
     if trained:
-        record.update(settings=FinetuneSettings(method=name).to_dict() | {"target_length": 512,
-                                                                          "pretrained_length": 128},
-                      trainable={"lora": 10}, train={"seconds_per_step": 2.0, "losses": [3.0, 2.0]})
+        record.update(
+            settings=FinetuneSettings(method=name).to_dict() | {"target_length": 512, "pretrained_length": 128},
+            trainable={"lora": 10},
+            train={"seconds_per_step": 2.0, "losses": [3.0, 2.0]},
+        )
     return record
 
 
 def test_results_section_is_spliced_into_the_report_and_rebuilt_in_place(tmp_path: Path):
     import json
 
-    from tapelm.report import build_report
     from tapelm.pretrained.retrofit import update_markdown
+    from tapelm.report import build_report
 
     results = tmp_path / "docs" / "results" / "pretrained"
     results.mkdir(parents=True)
@@ -184,7 +215,10 @@ def test_results_section_is_spliced_into_the_report_and_rebuilt_in_place(tmp_pat
     update_markdown(markdown, results)
     first = markdown.read_text()
     assert "kept text" in first and "| tape | 4.500 | 3.500 | 4.500 | 3.500 |" in first
-    assert "| original | 0.95 |" in first and "Missing from this run: lora, longlora, theta, pi, yarn, full, converted." in first
+    assert (
+        "| original | 0.95 |" in first
+        and "Missing from this run: lora, longlora, theta, pi, yarn, full, converted." in first
+    )
     assert "identical for every method" in first
     update_markdown(markdown, results)
     assert markdown.read_text() == first
@@ -236,15 +270,26 @@ def llama_folder(folder: Path, seed: int) -> str:
 
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator([PROSE, "def f(x):\n    return x\n"], trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=backend.get_vocab_size(), hidden_size=HIDDEN, intermediate_size=INTER,
-                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                         max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=backend.get_vocab_size(),
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
@@ -257,25 +302,49 @@ def finetune_inputs(tmp_path_factory):
     prose.mkdir()
     for index in range(3):
         (prose / f"page{index}.txt").write_text(PROSE)
-    return {"llama": llama_folder(root / "llama", 0), "mistral": llama_folder(root / "mistral", 1),
-            "prose": str(prose), "root": root}
+    return {
+        "llama": llama_folder(root / "llama", 0),
+        "mistral": llama_folder(root / "mistral", 1),
+        "prose": str(prose),
+        "root": root,
+    }
 
 
 def finetune_cli(inputs, out: Path, *extra: str, model: str = "llama") -> list[str]:
-    return ["finetune", "--model", inputs[model], "--method", "lora", "--out", str(out), "--train-length", "32",
-            "--steps", "1", "--warmup", "0", "--no-eval", "--prose-corpus", inputs["prose"], *extra]
+    return [
+        "finetune",
+        "--model",
+        inputs[model],
+        "--method",
+        "lora",
+        "--out",
+        str(out),
+        "--train-length",
+        "32",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--no-eval",
+        "--prose-corpus",
+        inputs["prose"],
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--lr", "-1"], "lr=-1.0 is not allowed; it must be a positive number"),
-    (["--lr", "50"], "lr=50.0 is not allowed; it must be a number in [0.0, 10.0]"),
-    (["--method", "pi", "--target-length", "64"], "target_length=64 does not exceed the pretrained context 128"),
-    (["--eval-lengths", "0"], "eval lengths [0] are not allowed; give one or more integers >= 2"),
-    (["--eval-lengths", "100"], "eval length 100 is not allowed: its stride min(256, 100 // 2) = 50 must divide"),
-    (["--threads", "-1"], "--threads=-1 is not allowed; it must be a positive integer"),
-    (["--out", "FILE"], "--out 'FILE' is a file; give a folder"),
-    (["--prose-corpus", "/no/such/prose"], "--prose-corpus '/no/such/prose' does not exist"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--lr", "-1"], "lr=-1.0 is not allowed; it must be a positive number"),
+        (["--lr", "50"], "lr=50.0 is not allowed; it must be a number in [0.0, 10.0]"),
+        (["--method", "pi", "--target-length", "64"], "target_length=64 does not exceed the pretrained context 128"),
+        (["--eval-lengths", "0"], "eval lengths [0] are not allowed; give one or more integers >= 2"),
+        (["--eval-lengths", "100"], "eval length 100 is not allowed: its stride min(256, 100 // 2) = 50 must divide"),
+        (["--threads", "-1"], "--threads=-1 is not allowed; it must be a positive integer"),
+        (["--out", "FILE"], "--out 'FILE' is a file; give a folder"),
+        (["--prose-corpus", "/no/such/prose"], "--prose-corpus '/no/such/prose' does not exist"),
+    ],
+)
 def test_finetune_refuses_bad_input_in_one_line_before_any_work(finetune_inputs, tmp_path, capsys, extra, message):
     from tapelm.cli import main
 
@@ -331,8 +400,10 @@ def test_results_and_runs_are_keyed_by_the_source_model(finetune_inputs, tmp_pat
     error = capsys.readouterr().err
     assert "holds results of another configuration (different source model" in error
     assert main(finetune_cli(finetune_inputs, out, "--results", str(tmp_path / "other"), model="mistral")) == 2
-    assert f"holds a fine-tuning of {finetune_inputs['llama']}, not of {finetune_inputs['mistral']}" in \
-        capsys.readouterr().err
+    assert (
+        f"holds a fine-tuning of {finetune_inputs['llama']}, not of {finetune_inputs['mistral']}"
+        in capsys.readouterr().err
+    )
     assert main(finetune_cli(finetune_inputs, out, "--steps", "2")) == 2  # other settings: refused too
     assert "different fine-tuning settings" in capsys.readouterr().err
     assert (out / "lora" / "merged" / "model.safetensors").read_bytes() == before

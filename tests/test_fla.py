@@ -16,10 +16,10 @@ import importlib
 import pytest
 import torch
 
-from accuracy import compare_paths, outputs
 import conftest
-from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
 import tapelm.kernels
+from accuracy import compare_paths, outputs
+from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
 from tapelm import fast_paths
 from tapelm.kernels.attention import AttentionMask
 from tapelm.kernels.fla_layout import segments
@@ -35,8 +35,10 @@ NAIVE_TOLERANCE = 1e-4
 """Largest error allowed on the CPU, as a fraction of the reference tensor's largest entry (fla's naive ops round
 to float32, amplified through two layers)."""
 PATHS = {"fox": "forgetting-attention-fla", "path": "path-attention-fla"}
-FLA_FUNCTIONS = {"fox": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
-                 "path": ("fla.ops.path_attn", "parallel_path_attn")}
+FLA_FUNCTIONS = {
+    "fox": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
+    "path": ("fla.ops.path_attn", "parallel_path_attn"),
+}
 """Where tapelm's adapters find fla's function (kernels/forgetting_attention/fla.py, kernels/path_attention/fla.py)."""
 LENGTH = 256
 """Tokens per row: two rows make the 512 tokens fla's PaTH tests run at least."""
@@ -45,12 +47,15 @@ LENGTH = 256
 def per_segment(op):
     """fla's `cu_seqlens` semantics for a naive op that takes whole sequences: each segment of the one row alone.
     Called as fla's kernels are: (*tensors, scale=..., cu_seqlens=...); the output in the inputs' dtype."""
+
     def run(*tensors, scale, cu_seqlens=None):
         if cu_seqlens is None:
             return op(*tensors, scale).to(tensors[0].dtype)
         bounds = cu_seqlens.tolist()
-        return torch.cat([op(*(x[:, a:b] for x in tensors), scale) for a, b in zip(bounds[:-1], bounds[1:])],
-                         dim=1).to(tensors[0].dtype)
+        return torch.cat([op(*(x[:, a:b] for x in tensors), scale) for a, b in zip(bounds[:-1], bounds[1:])], dim=1).to(
+            tensors[0].dtype
+        )
+
     return run
 
 
@@ -78,10 +83,16 @@ def routed(monkeypatch):
     for encoding, (module, name) in FLA_FUNCTIONS.items():
         library = importlib.import_module(module)
 
-        def recorded(*tensors, scale, cu_seqlens=None, encoding=encoding,
-                     function=getattr(library, name) if ON_GPU else NAIVE[encoding]):
+        def recorded(
+            *tensors,
+            scale,
+            cu_seqlens=None,
+            encoding=encoding,
+            function=getattr(library, name) if ON_GPU else NAIVE[encoding],  # noqa: B008 (bound per encoding)
+        ):
             calls.append((encoding, cu_seqlens))
             return function(*tensors, scale=scale, cu_seqlens=cu_seqlens)
+
         monkeypatch.setattr(library, name, recorded)
     return calls
 
@@ -89,8 +100,13 @@ def routed(monkeypatch):
 def model(pe_type, on: bool, dtype=None, **overrides):
     """Heads of 64 (a size fla's PaTH tests run), fla's path alone or no fast path; weights half the tiny models'
     scale, the model being four times as wide."""
-    return tiny_model(pe_type, dtype=dtype or DTYPE, fast_paths=[PATHS[pe_type]] if on else [],
-                      std=conftest.WEIGHT_STD / 2, **{"hidden_size": 256, **overrides}).train()
+    return tiny_model(
+        pe_type,
+        dtype=dtype or DTYPE,
+        fast_paths=[PATHS[pe_type]] if on else [],
+        std=conftest.WEIGHT_STD / 2,
+        **{"hidden_size": 256, **overrides},
+    ).train()
 
 
 def batch_inputs(kind, ids):
@@ -100,8 +116,11 @@ def batch_inputs(kind, ids):
         mask[0, :5] = 0
         return {"attention_mask": mask}
     if kind == "packed":
-        return {"position_ids": torch.cat([torch.arange(100, device=DEVICE),
-                                           torch.arange(ids.shape[1] - 100, device=DEVICE)])[None]}
+        return {
+            "position_ids": torch.cat(
+                [torch.arange(100, device=DEVICE), torch.arange(ids.shape[1] - 100, device=DEVICE)]
+            )[None]
+        }
     return {}
 
 
@@ -118,8 +137,9 @@ def test_fla_computes_the_reference_function(pe_type, batch, routed):
     def run(setting, dtype):
         net = model(pe_type, setting == "on", dtype)
         logits = net(ids, **inputs).logits
-        weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64,
-                              device="cpu")
+        weights = torch.randn(
+            logits.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64, device="cpu"
+        )
         (logits * weights.to(DEVICE, dtype)).sum().backward()
         return outputs(net, logits=logits)
 
@@ -145,8 +165,9 @@ def test_fla_prefill_then_cached_decoding_equals_the_reference(pe_type, routed):
 
     def run(setting, dtype):
         with torch.no_grad():
-            return {"logits": decode_in_chunks(model(pe_type, setting == "on", dtype).eval(), ids,
-                                               [LENGTH, 16] + [1] * 4)}
+            return {
+                "logits": decode_in_chunks(model(pe_type, setting == "on", dtype).eval(), ids, [LENGTH, 16] + [1] * 4)
+            }
 
     compare_paths(run, DTYPE, exact=NAIVE_TOLERANCE)
     assert [name for name, _ in routed] == [pe_type] * 2  # the prompt only
@@ -192,8 +213,14 @@ def test_segments_read_the_mask():
     assert segments(AttentionMask(None, False), 1, 6, 6) is False
 
 
-FLA_MODULES = ("fla.modules.fused_linear_cross_entropy", "fla.modules.activations", "fla.modules.norm.layernorm",
-               "fla.modules.rotary", "fla.ops.forgetting_attn", "fla.ops.path_attn")
+FLA_MODULES = (
+    "fla.modules.fused_linear_cross_entropy",
+    "fla.modules.activations",
+    "fla.modules.norm.layernorm",
+    "fla.modules.rotary",
+    "fla.ops.forgetting_attn",
+    "fla.ops.path_attn",
+)
 """The fla modules tapelm's fla paths call (kernels/*/fla.py)."""
 REACHED = ("fla.modules.", "fla.ops.forgetting_attn", "fla.ops.path_attn", "fla.ops.attn", "fla.ops.utils")
 """Where the kernels those calls reach are defined (fla's modules, its attention ops and their shared utilities;

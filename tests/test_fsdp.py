@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_model, tokens
-from test_hf_conventions import deterministic
 
+from conftest import tiny_config, tiny_model, tokens
 from tapelm import PE_TYPES
+from test_hf_conventions import deterministic
 
 WORKER = textwrap.dedent("""
     import sys
@@ -61,10 +61,21 @@ def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("fsdp")
     script = out / "worker.py"
     script.write_text(WORKER)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
-               str(script), str(out), str(Path(__file__).parent)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29547",
+        str(script),
+        str(out),
+        str(Path(__file__).parent),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt") for r in (0, 1)]
 

@@ -72,20 +72,32 @@ def _compare(device, dtype, tolerance, pe_type):
         results = {}
         for setting in ("off", "on"):
             torch.manual_seed(0)
-            config = TapeConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, pe_type=pe_type,
-                                xpos_scale_base=16, fast_paths=list(PATHS) if setting == "on" else [])
+            config = TapeConfig(
+                vocab_size=64,
+                hidden_size=32,
+                intermediate_size=48,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                pe_type=pe_type,
+                xpos_scale_base=16,
+                fast_paths=list(PATHS) if setting == "on" else [],
+            )
             model = TapeForCausalLM(config).to(device, dtype).train()
             out = model(ids, **loss_inputs(case, ids))
             out.loss.backward()
-            results[setting] = (out.loss.detach().double(), out.logits,
-                                {name: p.grad.double() for name, p in model.named_parameters()})
+            results[setting] = (
+                out.loss.detach().double(),
+                out.logits,
+                {name: p.grad.double() for name, p in model.named_parameters()},
+            )
         assert results["on"][1] is None and results["off"][1] is not None
         for name, reference in [("loss", results["off"][0]), *results["off"][2].items()]:
             actual = results["on"][0] if name == "loss" else results["on"][2][name]
             error = (actual - reference).abs().max().item()
-            assert error <= tolerance * max(reference.abs().max().item(), 1e-3), \
+            assert error <= tolerance * max(reference.abs().max().item(), 1e-3), (
                 f"{pe_type}, {case}, {name}: {error:.3g}"
+            )
 
 
 def plain_rms_norm(x, weight, bias, eps):
@@ -101,12 +113,14 @@ def test_fused_parts_compute_the_reference_function():
     if DEVICE.type == "cuda":
         compare(DEVICE, torch.bfloat16, 3e-2)
         return
-    script = ("import sys, torch; sys.path.insert(0, 'tests'); import test_fused as t; "
-              "from fla.modules.rotary import ops, rotary_embedding; "
-              "from fla.modules.fused_linear_cross_entropy import fused_linear_cross_entropy_loss as loss; "
-              "ops.rotary_embedding_kernel.configs = ops.rotary_embedding_kernel.configs[:1]; "
-              "t.compare(torch.device('cpu'), torch.float32, 1e-4, "
-              "(t.plain_rms_norm, t.plain_swiglu, loss, rotary_embedding))")
+    script = (
+        "import sys, torch; sys.path.insert(0, 'tests'); import test_fused as t; "
+        "from fla.modules.rotary import ops, rotary_embedding; "
+        "from fla.modules.fused_linear_cross_entropy import fused_linear_cross_entropy_loss as loss; "
+        "ops.rotary_embedding_kernel.configs = ops.rotary_embedding_kernel.configs[:1]; "
+        "t.compare(torch.device('cpu'), torch.float32, 1e-4, "
+        "(t.plain_rms_norm, t.plain_swiglu, loss, rotary_embedding))"
+    )
     run_under_triton_interpreter(script)
 
 
@@ -123,6 +137,10 @@ def test_the_fused_parts_run_in_passes_with_gradients_only():
     calls = {(torch.no_grad, False), (torch.enable_grad, DEVICE.type == "cuda")}
     for context, runs in calls:
         with context():
-            results = (rms_norm_fla(x, x[0, 0, 0], 1e-6), swiglu_fla(x, x), rotate_halves_fla(x, table, table),
-                       causal_lm_loss_fla(x[0], x[0, 0], torch.zeros(1, 2, dtype=torch.long, device=DEVICE)))
+            results = (
+                rms_norm_fla(x, x[0, 0, 0], 1e-6),
+                swiglu_fla(x, x),
+                rotate_halves_fla(x, table, table),
+                causal_lm_loss_fla(x[0], x[0, 0], torch.zeros(1, 2, dtype=torch.long, device=DEVICE)),
+            )
         assert all((result is not None) == runs for result in results), (context, results)

@@ -41,8 +41,10 @@ def tapelm_logits(model, x: torch.Tensor, layer_idx: int = 0) -> torch.Tensor:
     layer = model.model.layers[layer_idx]
     attention, positional = layer.self_attn, layer.positional
     batch, length, _ = x.shape
-    q, k, v = (proj(x).view(batch, length, -1, DIM).transpose(1, 2)
-               for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
+    q, k, v = (
+        proj(x).view(batch, length, -1, DIM).transpose(1, 2)
+        for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
+    )
     ctx = PositionContext(query_positions=torch.arange(length, device=x.device).expand(batch, -1), paths=NONE)
     model.model.positional.prepare(ctx, x.dtype)
     valid = torch.ones(1, 1, length, length, dtype=torch.bool, device=x.device).tril()
@@ -57,7 +59,7 @@ def tapelm_logits(model, x: torch.Tensor, layer_idx: int = 0) -> torch.Tensor:
 def flip(weight: torch.Tensor, width: int) -> torch.Tensor:
     """An (heads * width, C) projection with the second half of every head's rows negated."""
     sign = torch.ones(width, dtype=weight.dtype, device=weight.device)
-    sign[width // 2:] = -1
+    sign[width // 2 :] = -1
     return weight * sign.repeat(weight.shape[0] // width)[:, None]
 
 
@@ -74,8 +76,15 @@ def authors_logits(model, pe_type: str, x: torch.Tensor, tie: str = "none", widt
     if pe_type == "grape-m-fixed":
         return ref.grape_m_fixed(x, wq, wk, rope_log_freq(positional.spectrum, 16.0), HEADS)
     if pe_type == "grape-m":
-        return ref.grape_m_contextual(x, wq, wk, positional.increment.weight, positional.increment.bias,
-                                      rope_log_freq(positional.spectrum, 1.0), HEADS)
+        return ref.grape_m_contextual(
+            x,
+            wq,
+            wk,
+            positional.increment.weight,
+            positional.increment.bias,
+            rope_log_freq(positional.spectrum, 1.0),
+            HEADS,
+        )
     wp = flip(positional.projection.weight, width) if tie == "none" else None
     return ref.grape_ap(x, wq, wk, flip(attention.v_proj.weight, DIM), wp, HEADS, tie, width)
 
@@ -93,26 +102,30 @@ CASES = [
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("pe_type, options", CASES, ids=[f"{pe}-{'-'.join(map(str, o.values())) or 'default'}"
-                                                         for pe, o in CASES])
+@pytest.mark.parametrize(
+    "pe_type, options", CASES, ids=[f"{pe}-{'-'.join(map(str, o.values())) or 'default'}" for pe, o in CASES]
+)
 def test_the_attention_logits_and_every_gradient_equal_the_authors(pe_type, options):
     """Same weights (up to `flip`), float64: the logits and the gradients of every parameter and of the input."""
     model = grape_model(pe_type, **options)
     x = attention_input()
     ours = tapelm_logits(model, x)
-    theirs = authors_logits(model, pe_type, x, options.get("grape_ap_tie", "none"),
-                            options.get("grape_ap_head_dim", DIM))
+    theirs = authors_logits(
+        model, pe_type, x, options.get("grape_ap_tie", "none"), options.get("grape_ap_head_dim", DIM)
+    )
     seen = torch.isfinite(theirs)
     assert torch.equal(torch.isfinite(ours), seen) and seen.sum() == 2 * HEADS * LENGTH * (LENGTH + 1) // 2
     torch.testing.assert_close(ours[seen], theirs[seen], atol=1e-12, rtol=0)
-    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64,
-                          device="cpu").to(DEVICE)
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64, device="cpu").to(
+        DEVICE
+    )
     leaves = [x, *(p for p in model.model.layers[0].parameters() if p.requires_grad)]
     expected = torch.autograd.grad((theirs.where(seen, 0) * weights).sum(), leaves, allow_unused=True)
     got = torch.autograd.grad((ours.where(seen, 0) * weights).sum(), leaves, allow_unused=True)
     compared = 0
-    for name, g, e in zip(["x", *(n for n, p in model.model.layers[0].named_parameters() if p.requires_grad)], got,
-                          expected):
+    for name, g, e in zip(
+        ["x", *(n for n, p in model.model.layers[0].named_parameters() if p.requires_grad)], got, expected
+    ):
         assert (g is None) == (e is None), name
         if g is not None:
             torch.testing.assert_close(g, e, atol=1e-11, rtol=0, msg=name)
@@ -179,8 +192,7 @@ def test_grape_ap_with_a_constant_term_is_alibi():
     slopes = ref.alibi_slopes(HEADS)
     alibi = -torch.tensor(slopes, dtype=torch.float64, device=DEVICE)[:, None, None] * distance
     seen = distance >= 0
-    torch.testing.assert_close(bias[:, :, seen], (math.log(2) * alibi[:, seen]).expand(2, -1, -1), atol=1e-12,
-                               rtol=0)
+    torch.testing.assert_close(bias[:, :, seen], (math.log(2) * alibi[:, seen]).expand(2, -1, -1), atol=1e-12, rtol=0)
 
 
 def test_a_path_integral_whose_terms_depend_on_the_key_alone_is_fox():
@@ -205,8 +217,9 @@ def test_the_logits_depend_only_on_the_phase_difference(pe_type):
     amount: the logits among the later tokens do not change."""
     model = grape_model(pe_type)
     x = attention_input(length=LENGTH + 1)
-    torch.testing.assert_close(tapelm_logits(model, x)[:, :, 1:, 1:], tapelm_logits(model, x[:, 1:]), atol=1e-12,
-                               rtol=0)
+    torch.testing.assert_close(
+        tapelm_logits(model, x)[:, :, 1:, 1:], tapelm_logits(model, x[:, 1:]), atol=1e-12, rtol=0
+    )
 
 
 @pytest.mark.device
@@ -221,8 +234,9 @@ def test_contextual_logits_are_the_keys_turned_by_the_phase_difference():
     difference = (phi[:, None, :] - phi[:, :, None])[..., None] * theta  # (B, i, j, d/2)
     q = layer.self_attn.q_proj(x).view(2, LENGTH, HEADS, DIM)
     k = layer.self_attn.k_proj(x).view(2, LENGTH, HEADS, DIM)
-    turned = rotate_halves(k[:, None].expand(-1, LENGTH, -1, -1, -1), difference.cos()[:, :, :, None],
-                           difference.sin()[:, :, :, None])
+    turned = rotate_halves(
+        k[:, None].expand(-1, LENGTH, -1, -1, -1), difference.cos()[:, :, :, None], difference.sin()[:, :, :, None]
+    )
     expected = torch.einsum("bihd,bijhd->bhij", q, turned) / math.sqrt(DIM)
     ours = tapelm_logits(model, x)
     seen = torch.isfinite(ours)
@@ -239,21 +253,26 @@ def test_grape_ap_sees_absolute_key_positions_as_the_released_code_does():
     assert not torch.allclose(model(ids, position_ids=positions + 5).logits, model(ids, position_ids=positions).logits)
 
 
-@pytest.mark.parametrize("overrides, field", [
-    (dict(pe_type="grape-m", causal=False), "causal"),
-    (dict(pe_type="grape-ap", causal=False), "causal"),
-    (dict(grape_ap_tie="pq"), "grape_ap_tie"),
-    (dict(pe_type="grape-ap", grape_ap_head_dim=3), "grape_ap_head_dim"),
-    (dict(grape_ap_head_dim=0), "grape_ap_head_dim"),
-    (dict(grape_ctx_omega_scale=0), "grape_ctx_omega_scale"),
-    (dict(grape_ctx_init_omega=-1e-3), "grape_ctx_init_omega"),
-    (dict(grape_log_freq_scale=float("inf")), "grape_log_freq_scale"),
-    (dict(grape_ap_base=0.0), "grape_ap_base"),
-    (dict(grape_share_across_heads=1), "grape_share_across_heads"),
-    (dict(pe_type="grape-m-fixed", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
-     "rope_type='linear' is not allowed with pe_type='grape-m-fixed'"),
-    (dict(pe_type="grape-m", hidden_size=28, head_dim=7), "head_dim=7 must be even"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(pe_type="grape-m", causal=False), "causal"),
+        (dict(pe_type="grape-ap", causal=False), "causal"),
+        (dict(grape_ap_tie="pq"), "grape_ap_tie"),
+        (dict(pe_type="grape-ap", grape_ap_head_dim=3), "grape_ap_head_dim"),
+        (dict(grape_ap_head_dim=0), "grape_ap_head_dim"),
+        (dict(grape_ctx_omega_scale=0), "grape_ctx_omega_scale"),
+        (dict(grape_ctx_init_omega=-1e-3), "grape_ctx_init_omega"),
+        (dict(grape_log_freq_scale=float("inf")), "grape_log_freq_scale"),
+        (dict(grape_ap_base=0.0), "grape_ap_base"),
+        (dict(grape_share_across_heads=1), "grape_share_across_heads"),
+        (
+            dict(pe_type="grape-m-fixed", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+            "rope_type='linear' is not allowed with pe_type='grape-m-fixed'",
+        ),
+        (dict(pe_type="grape-m", hidden_size=28, head_dim=7), "head_dim=7 must be even"),
+    ],
+)
 def test_invalid_grape_options_are_named_in_one_line(overrides, field):
     with pytest.raises(ValueError, match=field) as error:
         tiny_config(**{"pe_type": "grape-m", **overrides})
@@ -261,10 +280,16 @@ def test_invalid_grape_options_are_named_in_one_line(overrides, field):
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("pe_type, options", [
-    ("grape-m-fixed", {"grape_share_across_heads": False}),
-    ("grape-m", {"grape_ctx_per_head": True, "grape_share_across_heads": False}),
-    ("grape-ap", {"grape_ap_tie": "q"}), ("grape-ap", {"grape_ap_tie": "k"}), ("grape-ap", {"grape_ap_tie": "v"})])
+@pytest.mark.parametrize(
+    "pe_type, options",
+    [
+        ("grape-m-fixed", {"grape_share_across_heads": False}),
+        ("grape-m", {"grape_ctx_per_head": True, "grape_share_across_heads": False}),
+        ("grape-ap", {"grape_ap_tie": "q"}),
+        ("grape-ap", {"grape_ap_tie": "k"}),
+        ("grape-ap", {"grape_ap_tie": "v"}),
+    ],
+)
 def test_every_option_decodes_through_the_cache_as_a_full_pass(pe_type, options):
     """The options the shared law tests do not reach, with grouped KV heads (per-KV-head spectra and increments, a
     tied vector shared by a query group): chunked and token-by-token decoding equal one pass."""

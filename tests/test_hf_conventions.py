@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_model, tokens
 from safetensors.torch import load_file, save_file
 
+from conftest import tiny_config, tiny_model, tokens
 from tapelm import PE_TYPES, TapeForCausalLM
 
 # Encodings whose parameters live in a child module of the positional module, or whose initial value is an option.
-VARIANTS = [(pe, {}) for pe in PE_TYPES] + [("fire", {"fire_shared": True}), ("t5", {"t5_shared": True}),
-                                            ("fox", {"fox_gate_bias_init": 2.0})]
+VARIANTS = [(pe, {}) for pe in PE_TYPES] + [
+    ("fire", {"fire_shared": True}),
+    ("t5", {"t5_shared": True}),
+    ("fox", {"fox_gate_bias_init": 2.0}),
+]
 VARIANT_IDS = [pe + "".join(f"-{k}={v}" for k, v in options.items()) for pe, options in VARIANTS]
 
 
@@ -116,7 +119,9 @@ def test_meta_device_initialisation_equals_a_normal_one(pe, options):
     model = meta_initialised(config, fill=float("nan"))
     expected = deterministic(config)
     values = model.state_dict() | dict(model.named_buffers())
-    assert values.keys() == (TapeForCausalLM(config).state_dict() | dict(TapeForCausalLM(config).named_buffers())).keys()
+    assert (
+        values.keys() == (TapeForCausalLM(config).state_dict() | dict(TapeForCausalLM(config).named_buffers())).keys()
+    )
     for name, value in values.items():
         assert torch.isfinite(value).all(), f"{name} was not initialised"
         if name in expected:
@@ -125,8 +130,9 @@ def test_meta_device_initialisation_equals_a_normal_one(pe, options):
     reference = tiny_model(pe, **options)
     model.load_state_dict(reference.state_dict())
     ids, mask = padded_batch()
-    torch.testing.assert_close(model.eval()(ids, attention_mask=mask).logits,
-                               reference(ids, attention_mask=mask).logits, rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.eval()(ids, attention_mask=mask).logits, reference(ids, attention_mask=mask).logits, rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize(("pe", "options"), VARIANTS, ids=VARIANT_IDS)

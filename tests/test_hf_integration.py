@@ -4,9 +4,8 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import tapelm
-from tapelm import TapeForCausalLM, TapeModel
-
 from conftest import tiny_config, tiny_model, tokens
+from tapelm import TapeForCausalLM, TapeModel
 
 
 def test_save_load_round_trip_through_auto_classes(pe_type, tmp_path):
@@ -33,8 +32,12 @@ def test_tied_embeddings_round_trip(tmp_path):
 def test_tape_parameters_are_exactly_what_tape_adds():
     config = tiny_config("tape", num_hidden_layers=3)
     tape, rope = TapeForCausalLM(config), TapeForCausalLM(tiny_config("rope", num_hidden_layers=3))
-    heads, kv, hidden, size = (config.num_attention_heads, config.num_key_value_heads, config.hidden_size,
-                               config.tape_position_size)
+    heads, kv, hidden, size = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.hidden_size,
+        config.tape_position_size,
+    )
     per_layer = kv * heads + hidden * size + size * kv + kv * size  # W_att, W_x, W_up, W_down
     added = sum(p.numel() for p in tape.tape_parameters())
     assert added == per_layer * (config.num_hidden_layers - 1)  # the last layer's E is discarded
@@ -53,8 +56,9 @@ def test_fresh_tape_zero_inits_survive_post_init():
 
 
 def test_package_registers_auto_classes():
-    config = AutoConfig.for_model("tape", vocab_size=32, hidden_size=16, intermediate_size=32,
-                                  num_hidden_layers=1, num_attention_heads=2)
+    config = AutoConfig.for_model(
+        "tape", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
     assert isinstance(AutoModelForCausalLM.from_config(config), TapeForCausalLM)
     assert tapelm.__version__
 

@@ -28,12 +28,27 @@ from tapelm.experiments.train import list_checkpoints
 
 PES = ["tape", "rope"]
 # Long enough (300 steps, a checkpoint every 50) for a job to be killed between its first checkpoint and its end.
-BASE = RunSpec(task="addition", pe="tape", task_options={"max_train_digits": 2, "eval_max_digits": 3},
-               model_options={"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
-                              "num_attention_heads": 4, "num_key_value_heads": 4},
-               train_options={"steps": 300, "batch_size": 8, "warmup": 1, "checkpoint_every": 50, "log_every": 10,
-                              "eval_every": 100},
-               eval_n=2)
+BASE = RunSpec(
+    task="addition",
+    pe="tape",
+    task_options={"max_train_digits": 2, "eval_max_digits": 3},
+    model_options={
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+    },
+    train_options={
+        "steps": 300,
+        "batch_size": 8,
+        "warmup": 1,
+        "checkpoint_every": 50,
+        "log_every": 10,
+        "eval_every": 100,
+    },
+    eval_n=2,
+)
 
 
 def training(run_dir: Path) -> dict:
@@ -41,8 +56,11 @@ def training(run_dir: Path) -> dict:
     result = json.loads((run_dir / RESULT_FILE).read_text())
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timings = ("tokens_per_s", "elapsed_s")
-    return {"summary": result["summary"], "final_loss": result["final_loss"],
-            "metrics": [{k: v for k, v in line.items() if k not in timings} for line in lines]}
+    return {
+        "summary": result["summary"],
+        "final_loss": result["final_loss"],
+        "metrics": [{k: v for k, v in line.items() if k not in timings} for line in lines],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +107,11 @@ def test_a_missing_or_unknown_tracker_is_refused_with_the_command_that_installs_
     missing = [name for name, (_, package) in TRACKERS.items() if importlib.util.find_spec(package) is None]
     if not missing:
         pytest.skip("every tracker package is installed here")
-    with pytest.raises(ValueError, match=f"--report-to {missing[0]} needs the {TRACKERS[missing[0]][1]} package, "
-                                         f"which is not installed: pip install {TRACKERS[missing[0]][1]}"):
+    with pytest.raises(
+        ValueError,
+        match=f"--report-to {missing[0]} needs the {TRACKERS[missing[0]][1]} package, "
+        f"which is not installed: pip install {TRACKERS[missing[0]][1]}",
+    ):
         check_report_to(["tensorboard", missing[0]])
     assert main(["compare", "addition", "--report-to", missing[0], "--root", str(tmp_path / "runs")]) == 2
     assert "pip install" in capsys.readouterr().err and not (tmp_path / "runs").exists()
@@ -101,19 +122,27 @@ def test_a_run_reporting_to_tensorboard_trains_the_same_model_and_logs_its_metri
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "watched"
-    run_task(open_comparison(BASE, PES, [0], tmp_path / "runs").runs["rope", 0], run_dir, progress=False,
-             report_to=("tensorboard",))
+    run_task(
+        open_comparison(BASE, PES, [0], tmp_path / "runs").runs["rope", 0],
+        run_dir,
+        progress=False,
+        report_to=("tensorboard",),
+    )
     assert training(run_dir) == training(local / "rope" / "seed0")
-    (events,) = {path.parent for path in (run_dir / "tensorboard").rglob("events.out.tfevents.*")
-                 if path.parent.name == "tapelm"}
+    (events,) = {
+        path.parent for path in (run_dir / "tensorboard").rglob("events.out.tfevents.*") if path.parent.name == "tapelm"
+    }
     logged = EventAccumulator(str(events))
     logged.Reload()
     lines = [line for line in training(run_dir)["metrics"] if "loss" in line]
     scalars = logged.Scalars("train/loss")
     assert [e.step for e in scalars] == [line["step"] for line in lines]
     assert [e.value for e in scalars] == pytest.approx([line["loss"] for line in lines], rel=1e-6)  # kept as float32
-    evaluations = [(line["step"], line["eval"]["in_distribution_exact_match"]) for line in training(run_dir)["metrics"]
-                   if "eval" in line]
+    evaluations = [
+        (line["step"], line["eval"]["in_distribution_exact_match"])
+        for line in training(run_dir)["metrics"]
+        if "eval" in line
+    ]
     assert [(e.step, e.value) for e in logged.Scalars("eval/in_distribution_exact_match")] == evaluations
 
 
@@ -153,9 +182,9 @@ def test_on_cuda_every_visible_gpu_trains_runs_pinned_to_it(tmp_path) -> None:
     """`pytest --device cuda`: two runs at once per visible GPU, each in a worker that sees only its GPU; every GPU
     gets runs, each result names the GPU it ran on, and a run's first loss (the initial model, the same batch) is
     the in-process one's."""
-    import conftest
     import torch
 
+    import conftest
     from tapelm.experiments.launchers import visible_devices
 
     if conftest.DEVICE.type != "cuda":
@@ -164,14 +193,18 @@ def test_on_cuda_every_visible_gpu_trains_runs_pinned_to_it(tmp_path) -> None:
     short = RunSpec(**{**vars(BASE), "train_options": {**BASE.train_options, "steps": 20, "checkpoint_every": 0}})
     seeds = list(range(len(devices) * 2))
     compare(short, ["rope"], seeds, root=tmp_path / "pinned", progress=False, launcher=LocalLauncher(2))
-    compare(short, ["rope"], [0], root=tmp_path / "alone", progress=False,
-            launcher=LocalLauncher(1, devices=devices[:1]))
+    compare(
+        short, ["rope"], [0], root=tmp_path / "alone", progress=False, launcher=LocalLauncher(1, devices=devices[:1])
+    )
     pinned = comparison_dir(tmp_path / "pinned", short.task, settings_hash(short))
     records = [json.loads((pinned / "rope" / f"seed{seed}" / RESULT_FILE).read_text()) for seed in seeds]
     assert sorted(r["device"]["cuda_visible_devices"] for r in records) == sorted(devices * 2)
     for record in records:
         assert record["device"]["device"].startswith("cuda") and record["launch"]["runs_per_device"] == 2
         assert record["device"]["name"] == torch.cuda.get_device_name(devices.index(record["launch"]["device_slot"]))
-    alone = json.loads((comparison_dir(tmp_path / "alone", short.task, settings_hash(short)) / "rope" / "seed0" /
-                        RESULT_FILE).read_text())
+    alone = json.loads(
+        (
+            comparison_dir(tmp_path / "alone", short.task, settings_hash(short)) / "rope" / "seed0" / RESULT_FILE
+        ).read_text()
+    )
     assert records[0]["first_loss"] == pytest.approx(alone["first_loss"], rel=1e-5)

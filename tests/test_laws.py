@@ -7,11 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import DEVICE, tiny_model, tokens
 from tapelm import PE_TYPES
 from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
-
-from conftest import DEVICE, tiny_model, tokens
 from test_equivalence import use_general_path
 
 pytestmark = pytest.mark.device
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.device
 LAYERS = 3
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shared_model(pe_type: str, **overrides):
     """A float64 model reused across hypothesis examples (tests must not modify it)."""
     return tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=LAYERS, **overrides)
@@ -28,8 +27,7 @@ def shared_model(pe_type: str, **overrides):
 def run_with_states(model, ids, position_ids=None, transform_initial=None):
     """Logits and the positional state leaving every layer (the last layer's is returned unchanged)."""
     states = []
-    hooks = [layer.register_forward_hook(lambda mod, args, out: states.append(out[1]))
-             for layer in model.model.layers]
+    hooks = [layer.register_forward_hook(lambda mod, args, out: states.append(out[1])) for layer in model.model.layers]
     encoding = model.model.positional
     original = encoding.initial_state
     if transform_initial is not None:
@@ -58,10 +56,15 @@ def right_multiply(state: torch.Tensor, q: torch.Tensor, block_l: int, block_r: 
     return (e @ q).flatten(-3)
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(tape_block=(2, 2)), dict(tape_block=(2, 4)), dict(tape_block=(4, 4)),
-    dict(tape_block=(2, 2), num_key_value_heads=4, tape_attn_mixing="per_head"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(tape_block=(2, 2)),
+        dict(tape_block=(2, 4)),
+        dict(tape_block=(4, 4)),
+        dict(tape_block=(2, 2), num_key_value_heads=4, tape_attn_mixing="per_head"),
+    ],
+)
 def test_orthogonal_invariance_and_equivariance(overrides):
     """E -> EQ leaves token outputs unchanged and every layer's E update maps to (update) Q."""
     model = use_general_path(tiny_model("tape", dtype=torch.float64, num_hidden_layers=LAYERS, **overrides))
@@ -69,8 +72,7 @@ def test_orthogonal_invariance_and_equivariance(overrides):
     q = random_orthogonal(model.config.head_dim // block_l, block_r, seed=3)
     ids = tokens(2, 20)
     logits, states = run_with_states(model, ids)
-    logits_q, states_q = run_with_states(model, ids, transform_initial=lambda e: right_multiply(e, q, block_l,
-                                                                                                 block_r))
+    logits_q, states_q = run_with_states(model, ids, transform_initial=lambda e: right_multiply(e, q, block_l, block_r))
     torch.testing.assert_close(logits_q, logits, atol=1e-10, rtol=0)
     for state, state_q in zip(states[:-1], states_q[:-1]):
         torch.testing.assert_close(state_q, right_multiply(state, q, block_l, block_r), atol=1e-10, rtol=0)
@@ -94,10 +96,22 @@ def test_rotation_invariance_of_compact_state():
     torch.testing.assert_close(logits_q, logits, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("pe_type, overrides", [
-    ("tape", {}), ("tape", dict(tape_block=(2, 4))), ("tape", dict(tape_equivariant=False)), ("rope", {}),
-    ("alibi", {}), ("t5", {}), ("fire", {}), ("xpos", {}), ("learned", {}), ("sinusoidal", {}), ("nope", {}),
-])
+@pytest.mark.parametrize(
+    "pe_type, overrides",
+    [
+        ("tape", {}),
+        ("tape", dict(tape_block=(2, 4))),
+        ("tape", dict(tape_equivariant=False)),
+        ("rope", {}),
+        ("alibi", {}),
+        ("t5", {}),
+        ("fire", {}),
+        ("xpos", {}),
+        ("learned", {}),
+        ("sinusoidal", {}),
+        ("nope", {}),
+    ],
+)
 def test_permutation_equivariance_in_encoder_mode(pe_type, overrides):
     """Permuting tokens together with their positions permutes the outputs (bidirectional attention)."""
     model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=LAYERS, causal=False, **overrides)
@@ -109,7 +123,20 @@ def test_permutation_equivariance_in_encoder_mode(pe_type, overrides):
     torch.testing.assert_close(logits_p, logits[:, perm], atol=1e-10, rtol=0)
 
 
-SHIFT_INVARIANT = ["tape", "rope", "randpe", "xpos", "alibi", "t5", "nope", "cope", "fox", "path", "grape-m-fixed", "grape-m"]
+SHIFT_INVARIANT = [
+    "tape",
+    "rope",
+    "randpe",
+    "xpos",
+    "alibi",
+    "t5",
+    "nope",
+    "cope",
+    "fox",
+    "path",
+    "grape-m-fixed",
+    "grape-m",
+]
 
 
 @pytest.mark.parametrize("pe_type", SHIFT_INVARIANT)
@@ -120,8 +147,9 @@ def test_global_shift_invariance(pe_type, shift):
     model = shared_model(pe_type, max_position_embeddings=4096)
     ids = tokens(2, 16)
     positions = torch.arange(16, device=DEVICE).expand(2, -1)
-    torch.testing.assert_close(model(ids, position_ids=positions + shift).logits,
-                               model(ids, position_ids=positions).logits, atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        model(ids, position_ids=positions + shift).logits, model(ids, position_ids=positions).logits, atol=1e-9, rtol=0
+    )
 
 
 def test_shift_changes_absolute_encodings():
@@ -154,5 +182,9 @@ def test_initial_state_is_relative(block):
     e = ctx.tables["e0"][0].double().unflatten(-1, (blocks, *block))  # (N, M, L, R)
     gram = torch.einsum("imlr,jmkr->mijlk", e, e)  # per block: E_i E_j^T
     torch.testing.assert_close(gram[:, 5:30, 7:32], gram[:, 0:25, 2:27], atol=2e-5, rtol=0)
-    torch.testing.assert_close(gram[:, 10, 10], torch.eye(block[0], dtype=torch.float64, device=DEVICE).expand(blocks, -1, -1),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        gram[:, 10, 10],
+        torch.eye(block[0], dtype=torch.float64, device=DEVICE).expand(blocks, -1, -1),
+        atol=1e-6,
+        rtol=0,
+    )

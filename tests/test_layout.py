@@ -22,8 +22,11 @@ def test_pack_and_unpack_are_inverse_on_real_tokens(rows):
 
 def test_a_layout_without_padding_changes_nothing():
     grid = torch.randn(2, 5, 3)
-    for layout in (TokenLayout.of(None, 2, 5), TokenLayout.of(torch.ones(2, 5, dtype=torch.bool), 2, 5),
-                   TokenLayout.of(torch.tensor([[True], [False]]), 2, 1)):
+    for layout in (
+        TokenLayout.of(None, 2, 5),
+        TokenLayout.of(torch.ones(2, 5, dtype=torch.bool), 2, 5),
+        TokenLayout.of(torch.tensor([[True], [False]]), 2, 1),
+    ):
         assert not layout.packed and layout.pack(grid) is grid and layout.unpack(grid) is grid
 
 

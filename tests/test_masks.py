@@ -68,8 +68,12 @@ def test_4d_masks_that_mean_something_else_are_refused():
     model = tiny_model("rope")
     ids = tokens(1, 5)
     ones = torch.ones(1, 1, 5, 5, dtype=torch.bool, device=DEVICE)
-    for mask, message in ((ones[:, :, :4], "must have shape"), (ones.long(), "must be bool"),
-                          (ones.float() * 0.5, "only 0"), (ones, "later key")):
+    for mask, message in (
+        (ones[:, :, :4], "must have shape"),
+        (ones.long(), "must be bool"),
+        (ones.float() * 0.5, "only 0"),
+        (ones, "later key"),
+    ):
         with pytest.raises(ValueError, match=message):
             model(ids, attention_mask=mask)
     bidirectional = tiny_model("rope", causal=False)

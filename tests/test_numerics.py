@@ -7,15 +7,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
+from conftest import DEVICE, randomize, tiny_model, tokens
+from tapelm.fast_paths import NONE
 from tapelm.kernels.attention import naive as reference_attention
 from tapelm.kernels.state_update import add_attended
-from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 
-from conftest import DEVICE, randomize, tiny_model, tokens
-
 pytestmark = pytest.mark.device
-
 
 
 def positions() -> torch.Tensor:
@@ -66,8 +64,11 @@ def test_e0_matches_float64_rope_for_general_blocks():
     for block in range(4):
         for pair in range(2):
             angle = 65535 / theta ** (2 * (block + 4 * pair) / 16)
-            rot = torch.tensor([[math.cos(angle), math.sin(angle)], [-math.sin(angle), math.cos(angle)]],
-                               dtype=torch.float64, device=DEVICE)
+            rot = torch.tensor(
+                [[math.cos(angle), math.sin(angle)], [-math.sin(angle), math.cos(angle)]],
+                dtype=torch.float64,
+                device=DEVICE,
+            )
             idx = torch.tensor([pair, pair + 2], device=DEVICE)
             torch.testing.assert_close(e[block][idx][:, idx], rot, atol=65536 * 2**-23, rtol=0)
 
@@ -79,8 +80,9 @@ FAR = 4100  # beyond 4,096: bf16 holds integers exactly only up to 256, so posit
 
 def deep_model(pe_type: str) -> torch.nn.Module:
     """12 layers, random weights small enough that logits stay in a realistic range, in float64 (the reference)."""
-    return randomize(tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=12, max_position_embeddings=8192),
-                     std=0.15)
+    return randomize(
+        tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=12, max_position_embeddings=8192), std=0.15
+    )
 
 
 def bf16_logits(model, ids, positions, **inputs):
@@ -166,8 +168,10 @@ def test_tape_state_updates_keep_the_state_in_float32_under_bf16_autocast(tokens
     expected = (add_attended(state, attended, layer.attn_mix), layer.after_mlp(state, mlp_out, ctx))
     layer.float()
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-        actual = (add_attended(state.float(), attended.bfloat16(), layer.attn_mix),
-                  layer.after_mlp(state.float(), mlp_out.float(), ctx))
+        actual = (
+            add_attended(state.float(), attended.bfloat16(), layer.attn_mix),
+            layer.after_mlp(state.float(), mlp_out.float(), ctx),
+        )
     for name, got, want in zip(("attention update", "MLP update"), actual, expected):
         assert got.dtype == torch.float32, name
         assert (got.double() - want).abs().max() < 0.05, name

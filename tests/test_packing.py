@@ -37,8 +37,13 @@ def test_a_packed_row_is_each_document_alone(pe_type):
     model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3)
     docs = documents()
     ids, positions = packed(docs)
-    weights = torch.randn(*ids.shape, model.config.vocab_size, dtype=torch.float64,
-                          generator=torch.Generator().manual_seed(1), device="cpu").to(DEVICE)
+    weights = torch.randn(
+        *ids.shape,
+        model.config.vocab_size,
+        dtype=torch.float64,
+        generator=torch.Generator().manual_seed(1),
+        device="cpu",
+    ).to(DEVICE)
     logits, grads = forward_and_gradients(model, ids, weights, position_ids=positions)
     alone, alone_grads, start = [], {}, 0
     for doc in docs:
@@ -101,9 +106,10 @@ def test_cu_seq_lens_that_do_not_describe_one_row_are_refused():
     ids = tokens(2, 6)
     cu = torch.tensor([0, 2, 6], dtype=torch.int32, device=DEVICE)
     for inputs, message in (
-            (dict(input_ids=ids, cu_seq_lens_q=cu), "batch size 1"),
-            (dict(input_ids=ids[:1], cu_seq_lens_q=cu, cu_seq_lens_k=torch.tensor([0, 3, 6], device=DEVICE)), "must equal"),
-            (dict(input_ids=ids[:1], cu_seq_lens_q=torch.tensor([0, 2, 5], device=DEVICE)), "cumulative document lengths")):
+        (dict(input_ids=ids, cu_seq_lens_q=cu), "batch size 1"),
+        (dict(input_ids=ids[:1], cu_seq_lens_q=cu, cu_seq_lens_k=torch.tensor([0, 3, 6], device=DEVICE)), "must equal"),
+        (dict(input_ids=ids[:1], cu_seq_lens_q=torch.tensor([0, 2, 5], device=DEVICE)), "cumulative document lengths"),
+    ):
         with pytest.raises(ValueError, match=message):
             model(**inputs)
 
@@ -113,7 +119,9 @@ def test_randpe_draws_each_packed_document_its_own_positions():
     r-th smallest of k draws from M is (r + 1)(M + 1)/(k + 1) - 1, whatever documents come before it."""
     config = tiny_model("randpe", randpe_max_position=128).config
     encoding = RandPE(config).train()
-    ids, positions = packed([torch.zeros(1, 9, dtype=torch.long, device=DEVICE), torch.zeros(1, 3, dtype=torch.long, device=DEVICE)])
+    ids, positions = packed(
+        [torch.zeros(1, 9, dtype=torch.long, device=DEVICE), torch.zeros(1, 3, dtype=torch.long, device=DEVICE)]
+    )
     docs, _ = packed_documents(positions, None, 0, True, *positions.shape)
     torch.manual_seed(0)
     draws = torch.stack([encoding.positions(positions, 0, docs)[0] for _ in range(3000)]).double()

@@ -2,14 +2,14 @@
 
 import pytest
 import torch
-from conftest import DEVICE, tiny_model, tokens
-from test_cache import decode_in_chunks
 from transformers import DynamicCache
 
+from conftest import DEVICE, tiny_model, tokens
 from tapelm import TapeConfig
 from tapelm.fast_paths import NONE
-from tapelm.positional import PositionContext
 from tapelm.kernels.path_attention import path_logits
+from tapelm.positional import PositionContext
+from test_cache import decode_in_chunks
 
 pytestmark = pytest.mark.device
 
@@ -22,20 +22,24 @@ def copy_into(source, target) -> None:
     assert all(".positional." in name for name in missing + unexpected)
 
 
-@pytest.mark.parametrize("overrides, field", [
-    (dict(pe_type="fox", causal=False), "causal"),
-    (dict(pe_type="path", causal=False), "causal"),
-    (dict(path_low_rank=-1), "path_low_rank"),
-    (dict(path_low_rank=2.5), "path_low_rank"),
-    (dict(path_conv_size=0), "path_conv_size"),
-    (dict(fox_gate_bias_init=float("nan")), "fox_gate_bias_init"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(pe_type="fox", causal=False), "causal"),
+        (dict(pe_type="path", causal=False), "causal"),
+        (dict(path_low_rank=-1), "path_low_rank"),
+        (dict(path_low_rank=2.5), "path_low_rank"),
+        (dict(path_conv_size=0), "path_conv_size"),
+        (dict(fox_gate_bias_init=float("nan")), "fox_gate_bias_init"),
+    ],
+)
 def test_invalid_peer_options_are_named(overrides, field):
     with pytest.raises(ValueError, match=field):
         TapeConfig(**{**VALID, **overrides})
 
 
 # --- FoX ---------------------------------------------------------------------------------------------------------
+
 
 def saturate_gates(model, value: float) -> None:
     with torch.no_grad():
@@ -66,8 +70,10 @@ def test_fox_bias_is_the_double_sum_of_log_gates():
     f = torch.sigmoid(x @ layer.gate.weight.T + layer.gate.bias)  # (B, N, H)
     for i in range(length):
         for j in range(i + 1):
-            expected = sum((torch.log(f[:, s]) for s in range(j + 1, i + 1)), torch.zeros(batch, heads, dtype=torch.float64,
-                                                                                          device=DEVICE))
+            expected = sum(
+                (torch.log(f[:, s]) for s in range(j + 1, i + 1)),
+                torch.zeros(batch, heads, dtype=torch.float64, device=DEVICE),
+            )
             torch.testing.assert_close(bias[:, :, i, j], expected, atol=1e-12, rtol=0)
     assert (bias[:, :, 5, 2] < 0).all()
 
@@ -81,6 +87,7 @@ def test_fox_keeps_cumulative_gates_in_float32_in_a_bf16_cache():
 
 
 # --- PaTH --------------------------------------------------------------------------------------------------------
+
 
 def naive_transform(w, beta, k, i, j):
     """H_i ... H_{j+1} k, with H_s = I - beta_s w_s w_s^T, as explicit matrices (one head)."""
@@ -116,9 +123,19 @@ def test_path_logits_equal_explicit_householder_products(chunk, past):
     q, k, w, beta = random_inputs(batch, kv_heads, groups, past + length, dim, seed=chunk + past)
     cached = None
     if past:
-        cached = torch.stack([torch.stack([torch.stack([naive_transform(w[b, h], beta[b, h], k[b, h, j], past - 1, j)
-                                                        for j in range(past)]) for h in range(kv_heads)])
-                              for b in range(batch)])
+        cached = torch.stack(
+            [
+                torch.stack(
+                    [
+                        torch.stack(
+                            [naive_transform(w[b, h], beta[b, h], k[b, h, j], past - 1, j) for j in range(past)]
+                        )
+                        for h in range(kv_heads)
+                    ]
+                )
+                for b in range(batch)
+            ]
+        )
     new = slice(past, past + length)
     logits, keys = path_logits(q[..., new, :], k[:, :, new], w[:, :, new], beta[:, :, new], cached, chunk=chunk)
     assert logits.shape == (batch, kv_heads, groups, length, past + length)
@@ -129,12 +146,17 @@ def test_path_logits_equal_explicit_householder_products(chunk, past):
                     expected = 0.0
                     if j <= i:
                         expected = q[b, h, :, i] @ naive_transform(w[b, h], beta[b, h], k[b, h, j], i, j)
-                    torch.testing.assert_close(logits[b, h, :, i - past, j], torch.as_tensor(expected,
-                                               dtype=torch.float64, device=DEVICE).expand(groups), atol=1e-12, rtol=0)
+                    torch.testing.assert_close(
+                        logits[b, h, :, i - past, j],
+                        torch.as_tensor(expected, dtype=torch.float64, device=DEVICE).expand(groups),
+                        atol=1e-12,
+                        rtol=0,
+                    )
             for j in range(past + length):
                 last = past + length - 1
-                torch.testing.assert_close(keys[b, h, j], naive_transform(w[b, h], beta[b, h], k[b, h, j], last, j),
-                                           atol=1e-12, rtol=0)
+                torch.testing.assert_close(
+                    keys[b, h, j], naive_transform(w[b, h], beta[b, h], k[b, h, j], last, j), atol=1e-12, rtol=0
+                )
 
 
 def test_path_with_beta_two_is_orthogonal():
@@ -182,12 +204,17 @@ def test_path_cache_holds_keys_transformed_up_to_the_last_token():
     k = raw["k"].view(1, 7, 2, 8).transpose(1, 2)
     for h in range(2):
         for j in range(7):
-            torch.testing.assert_close(cache.layers[0].keys[0, h, j], naive_transform(w[0, h], beta[0, h], k[0, h, j],
-                                                                                      6, j), atol=1e-12, rtol=0)
+            torch.testing.assert_close(
+                cache.layers[0].keys[0, h, j],
+                naive_transform(w[0, h], beta[0, h], k[0, h, j], 6, j),
+                atol=1e-12,
+                rtol=0,
+            )
 
 
-@pytest.mark.parametrize("overrides", [dict(path_low_rank=0), dict(path_conv_size=1), dict(path_conv_size=4),
-                                       dict(num_key_value_heads=4)])
+@pytest.mark.parametrize(
+    "overrides", [dict(path_low_rank=0), dict(path_conv_size=1), dict(path_conv_size=4), dict(num_key_value_heads=4)]
+)
 def test_path_options_keep_cache_parity(overrides):
     model = tiny_model("path", dtype=torch.float64, num_hidden_layers=2, **overrides)
     ids = tokens(2, 12)
@@ -206,6 +233,7 @@ def test_path_chunks_longer_than_one_block_keep_cache_parity():
 
 # --- both --------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("pe_type", ["fox", "path"])
 def test_output_attentions(pe_type):
     model = tiny_model(pe_type, dtype=torch.float64)
@@ -215,7 +243,9 @@ def test_output_attentions(pe_type):
     assert len(out.attentions) == model.config.num_hidden_layers
     for probs in out.attentions:
         assert probs.shape == (2, 4, 10, 10)
-        torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 10, dtype=torch.float64, device=DEVICE), atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            probs.sum(-1), torch.ones(2, 4, 10, dtype=torch.float64, device=DEVICE), atol=1e-12, rtol=0
+        )
         assert (probs.triu(1) == 0).all()
 
 
@@ -232,14 +262,16 @@ def test_padding_tokens_do_not_leak_into_state(pe_type):
     """Whatever the padding tokens are, the real tokens' outputs and the continuation stay the same."""
     model = tiny_model(pe_type, dtype=torch.float64)
     short = tokens(1, 7, seed=2)
-    mask = torch.cat([torch.zeros(1, 4, dtype=torch.long, device=DEVICE), torch.ones(1, 7, dtype=torch.long,
-                                                                                   device=DEVICE)], dim=1)
+    mask = torch.cat(
+        [torch.zeros(1, 4, dtype=torch.long, device=DEVICE), torch.ones(1, 7, dtype=torch.long, device=DEVICE)], dim=1
+    )
     results = []
     for pad in (0, 17):
         batch = torch.cat([torch.full((1, 4), pad, device=DEVICE), short], dim=1)
         cache = DynamicCache(config=model.config)
         first = model(batch, attention_mask=mask, cache=cache, use_cache=True).logits[:, 4:]
-        nxt = model(tokens(1, 1, seed=5), attention_mask=torch.cat([mask, mask[:, -1:]], 1), cache=cache,
-                    use_cache=True).logits
+        nxt = model(
+            tokens(1, 1, seed=5), attention_mask=torch.cat([mask, mask[:, -1:]], 1), cache=cache, use_cache=True
+        ).logits
         results.append(torch.cat([first, nxt], dim=1))
     torch.testing.assert_close(results[0], results[1], atol=1e-12, rtol=0)

@@ -41,8 +41,11 @@ def check_kernels(device, dtype, tolerance: float) -> None:
             q, k = (draw(2, 19, count, 10).transpose(1, 2) for count in (heads, kv_heads))
             angles, key_angles = draw(*angle_shape), draw(*angle_shape)
             weights = draw(2, heads, 19, 10), draw(2, kv_heads, 19, 10)
-            leaves = [q.to(dtype).requires_grad_(), k.to(dtype).requires_grad_(),
-                      angles.to(dtype).requires_grad_(angles_need_grad)]
+            leaves = [
+                q.to(dtype).requires_grad_(),
+                k.to(dtype).requires_grad_(),
+                angles.to(dtype).requires_grad_(angles_need_grad),
+            ]
             keys_own = key_angles.to(dtype) if own_key_angles else leaves[2]
             assert takes(*leaves, keys_own), layout
             outs = rotate_triton(*leaves, keys_own)
@@ -52,12 +55,19 @@ def check_kernels(device, dtype, tolerance: float) -> None:
             fused = (*outs, *torch.autograd.grad(outs, given, [w.to(dtype) for w in weights]))
             wide = [leaf.detach().double().requires_grad_(leaf.requires_grad) for leaf in leaves]
             reference_outs = rotate_reference(*wide, key_angles.double() if own_key_angles else None)
-            reference = (*reference_outs, *torch.autograd.grad(reference_outs, [t for t in wide if t.requires_grad],
-                                                               weights))
+            reference = (
+                *reference_outs,
+                *torch.autograd.grad(reference_outs, [t for t in wide if t.requires_grad], weights),
+            )
             for name, actual, expected in zip(("q", "k", "grad q", "grad k", "grad angles"), fused, reference):
                 assert actual.dtype == dtype, f"{layout}: {name}"
-                torch.testing.assert_close(actual.double(), expected, atol=tolerance, rtol=tolerance,
-                                           msg=f"{layout}, angles_need_grad={angles_need_grad}: {name}")
+                torch.testing.assert_close(
+                    actual.double(),
+                    expected,
+                    atol=tolerance,
+                    rtol=tolerance,
+                    msg=f"{layout}, angles_need_grad={angles_need_grad}: {name}",
+                )
 
 
 def check_autocast(device) -> None:
@@ -69,7 +79,8 @@ def check_autocast(device) -> None:
     generator = torch.Generator().manual_seed(0)
     q, k, angles, q_weights, k_weights = (
         torch.randn(*shape, generator=generator, device="cpu").to(device)
-        for shape in ((2, 6, 19, 10), (2, 3, 19, 10), (2, 3, 19, 10), (2, 6, 19, 10), (2, 3, 19, 10)))
+        for shape in ((2, 6, 19, 10), (2, 3, 19, 10), (2, 3, 19, 10), (2, 6, 19, 10), (2, 3, 19, 10))
+    )
     results = []
     for paths in ({"rotation-triton"}, set()):
         inputs = [t.clone().requires_grad_() for t in (q, k, angles)]
@@ -80,8 +91,9 @@ def check_autocast(device) -> None:
         results.append(([out.float() for out in outs], [t.grad for t in inputs]))
     (kernel, kernel_grads), (reference, reference_grads) = results
     for actual, expected in zip(kernel, reference):
-        torch.testing.assert_close(actual, expected.bfloat16().float(), rtol=0,
-                                   atol=2 * 2**-8 * expected.abs().max().item())
+        torch.testing.assert_close(
+            actual, expected.bfloat16().float(), rtol=0, atol=2 * 2**-8 * expected.abs().max().item()
+        )
     for name, actual, expected in zip(("q", "k", "angles"), kernel_grads, reference_grads):
         torch.testing.assert_close(actual, expected, rtol=2**-7, atol=2**-7 * expected.abs().max().item(), msg=name)
 

@@ -20,14 +20,26 @@ from tapelm.experiments.tasks import text as text_task
 from tapelm.experiments.train import CheckpointError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "num_key_value_heads": 2}
+TINY_MODEL = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+}
 TINY_TRAIN = {"steps": 3, "batch_size": 4, "warmup": 1, "log_every": 1}
 
 
 def tiny_run(tmp_path: Path, task: str, name: str = "run", **task_options) -> Path:
-    spec = RunSpec(task=task, pe="tape", task_options=task_options, model_options=TINY_MODEL,
-                   train_options=TINY_TRAIN, eval_n=4, eval_batch_size=4)
+    spec = RunSpec(
+        task=task,
+        pe="tape",
+        task_options=task_options,
+        model_options=TINY_MODEL,
+        train_options=TINY_TRAIN,
+        eval_n=4,
+        eval_batch_size=4,
+    )
     run_task(spec, tmp_path / name, progress=False)
     return tmp_path / name
 
@@ -35,10 +47,21 @@ def tiny_run(tmp_path: Path, task: str, name: str = "run", **task_options) -> Pa
 def client(script: str, cwd: Path) -> str:
     """Run `script` in a fresh interpreter that can import tapelm but has not: the way a client loads a folder."""
     prelude = "import sys\nassert 'tapelm' not in sys.modules\n"
-    environment = {**os.environ, "PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(cwd / "hf"),
-                   "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script)], cwd=cwd, env=environment,
-                          capture_output=True, text=True, timeout=300)
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(SRC),
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(cwd / "hf"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script)],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -52,13 +75,14 @@ def test_a_run_folder_loads_with_the_auto_classes_without_importing_tapelm(tmp_p
         expected = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     torch.save({"batch": batch.input_ids, "mask": batch.attention_mask, "logits": expected}, tmp_path / "ref.pt")
     text = run.task.tokenizer.decode(batch.input_ids[0].tolist())  # a copy example: symbols of the vocabulary
-    out = client(f"""
+    out = client(
+        f"""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-        folder = "{run_dir / 'model'}"
+        folder = "{run_dir / "model"}"
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
         model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
-        ref = torch.load("{tmp_path / 'ref.pt'}")
+        ref = torch.load("{tmp_path / "ref.pt"}")
         with torch.no_grad():
             logits = model(input_ids=ref["batch"], attention_mask=ref["mask"]).logits
         assert torch.equal(logits, ref["logits"]), (logits - ref["logits"]).abs().max()
@@ -68,11 +92,15 @@ def test_a_run_folder_loads_with_the_auto_classes_without_importing_tapelm(tmp_p
             assert ids == {run.task.tokenizer.encode(text)!r}, ids
         model.save_pretrained("again")  # a client's own save keeps the modules, not a copy of tapelm's code
         print(type(config).__module__, type(model).__module__, sorted(__import__("os").listdir("again")))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert out.startswith("tapelm.config tapelm.modeling")
     assert "configuration_tape.py" in out and "config.py" not in out.replace("configuration_tape.py", "")
-    assert json.loads((tmp_path / "again" / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == \
-        "modeling_tape.TapeForCausalLM"
+    assert (
+        json.loads((tmp_path / "again" / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"]
+        == "modeling_tape.TapeForCausalLM"
+    )
 
 
 @given(st.text(alphabet="k12v<bos>eo#( ", max_size=30))
@@ -109,8 +137,13 @@ def _write_corpus(root: Path, word: str) -> str:
 
 def test_a_text_run_saves_its_bpe_and_every_later_use_reuses_it(tmp_path: Path) -> None:
     corpus = _write_corpus(tmp_path / "corpus", "alpha")
-    options = {"corpus": corpus, "train_length": 16, "tokenizer": "bpe", "bpe_vocab_size": 300,
-               "eval_multipliers": (1, 2)}
+    options = {
+        "corpus": corpus,
+        "train_length": 16,
+        "tokenizer": "bpe",
+        "bpe_vocab_size": 300,
+        "eval_multipliers": (1, 2),
+    }
     run_dir = tiny_run(tmp_path, "text", **options)
     trained = get_task("text", **options).tokenizer  # the one training used (cached in this process)
     saved = load_tokenizer(run_dir / "model")
@@ -134,10 +167,22 @@ def test_a_text_run_saves_its_bpe_and_every_later_use_reuses_it(tmp_path: Path) 
 
 def test_a_text_run_without_a_saved_bpe_is_refused(tmp_path: Path) -> None:
     corpus = _write_corpus(tmp_path / "corpus", "gamma")
-    options = {"corpus": corpus, "train_length": 16, "tokenizer": "bpe", "bpe_vocab_size": 280,
-               "eval_multipliers": (1, 2)}
-    spec = RunSpec(task="text", pe="rope", task_options=options, model_options=TINY_MODEL,
-                   train_options={**TINY_TRAIN, "checkpoint_every": 1}, eval_n=4, eval_batch_size=4)
+    options = {
+        "corpus": corpus,
+        "train_length": 16,
+        "tokenizer": "bpe",
+        "bpe_vocab_size": 280,
+        "eval_multipliers": (1, 2),
+    }
+    spec = RunSpec(
+        task="text",
+        pe="rope",
+        task_options=options,
+        model_options=TINY_MODEL,
+        train_options={**TINY_TRAIN, "checkpoint_every": 1},
+        eval_n=4,
+        eval_batch_size=4,
+    )
     run_dir = tmp_path / "old"
     assert run_task(spec, run_dir, progress=False, stop_after=1) is None
     (run_dir / "tokenizer.json").unlink()  # as a run written before runs saved their tokenizer

@@ -101,8 +101,9 @@ def test_too_short_a_context_is_refused():
 def test_loss_mask_covers_only_target_tokens():
     task = get_task("qasper")
     settings = PromptSettings(context=48, target_cap=6)
-    examples = [training_example(task, CODEC, f"Question {i}? " + "doc " * (i + 1), f"ans{i}", settings)
-                for i in range(5)]
+    examples = [
+        training_example(task, CODEC, f"Question {i}? " + "doc " * (i + 1), f"ans{i}", settings) for i in range(5)
+    ]
     stream = TrainingStream(examples, CODEC.pad_id, batch_size=3, seed=0)
     batch = stream(4)
     assert batch["input_ids"].shape[0] == 3

@@ -14,8 +14,8 @@ from tapelm.scrolls.laptop import CAPS, QA_TASK, QUESTION, SUMMARY_TASK, LaptopP
 def test_toy_data_from_the_standard_library(tmp_path):
     every = list(corpus_files(None))
     # 60 consecutive files whose held-out ones (every 20th) hold at least 5 functions with a short docstring line
-    start = next(i for i in range(0, len(every) - 60, 20) if len(_candidates(every[i:i + 60:VAL_EVERY])) >= 5)
-    files = every[start:start + 60]
+    start = next(i for i in range(0, len(every) - 60, 20) if len(_candidates(every[i : i + 60 : VAL_EVERY])) >= 5)
+    files = every[start : start + 60]
     plan = LaptopPlan(train_examples=30, validation_examples=5)
     record = build_data(tmp_path, plan, pretrained_length=64, files=files)
     assert record["context"] == 256
@@ -31,11 +31,14 @@ def test_toy_data_from_the_standard_library(tmp_path):
                 if task == QA_TASK:
                     name = row["id"].split(":")[1]
                     assert row["input"].startswith(QUESTION.format(name=name))
-                    assert row["output"] in row["input"][len(QUESTION.format(name=name)):]  # a span of the document
+                    assert row["output"] in row["input"][len(QUESTION.format(name=name)) :]  # a span of the document
                     assert len(row["input"]) <= record["context"] - CAPS[task] - 1  # fits with room for the answer
                 else:
-                    assert row["input"].lstrip().startswith(("def ", "async def ")) and '"""' + row["output"] \
-                        not in row["input"] and "'''" + row["output"] not in row["input"]
+                    assert (
+                        row["input"].lstrip().startswith(("def ", "async def "))
+                        and '"""' + row["output"] not in row["input"]
+                        and "'''" + row["output"] not in row["input"]
+                    )
         examples = load_examples(task, "validation", tmp_path / task)
         assert len(examples) == 5 and all(len(e.outputs) == 1 for e in examples)
     # unchanged request: the files are kept, not rebuilt

@@ -10,15 +10,18 @@ import tapelm.scrolls
 from tapelm.scrolls.metrics import exact_match_score, f1_score, normalize_answer, rouge_scores, score
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The  Cat's hat!", "cats hat"),
-    ("an apple a day", "apple day"),
-    ("Theater, then theme", "theater then theme"),  # articles only as whole words
-    ("A.B", "ab"),  # punctuation removed, not replaced: the letters join
-    ("  \n\tYes.\n", "yes"),
-    ("the", ""),
-    ("Ünïcode – dash", "ünïcode – dash"),  # non-ASCII punctuation is not in string.punctuation
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The  Cat's hat!", "cats hat"),
+        ("an apple a day", "apple day"),
+        ("Theater, then theme", "theater then theme"),  # articles only as whole words
+        ("A.B", "ab"),  # punctuation removed, not replaced: the letters join
+        ("  \n\tYes.\n", "yes"),
+        ("the", ""),
+        ("Ünïcode – dash", "ünïcode – dash"),  # non-ASCII punctuation is not in string.punctuation
+    ],
+)
 def test_normalisation_as_squad(text, expected):
     assert normalize_answer(text) == expected
 

@@ -14,21 +14,56 @@ from pathlib import Path
 import pytest
 
 from tapelm.cli import main
-from tapelm.experiments.budget import (OVERHEAD_SECONDS, Rate, archived_rates, current_rate, predicted_seconds,
-                                       step_cost, training_flops)
+from tapelm.experiments.budget import (
+    OVERHEAD_SECONDS,
+    Rate,
+    archived_rates,
+    current_rate,
+    predicted_seconds,
+    step_cost,
+    training_flops,
+)
 from tapelm.experiments.claims import CLAIMS
 from tapelm.experiments.plan import AT_GPU_SCALE, GPU, at_laptop_scale
 from tapelm.experiments.runs import resolve, run_task
+from tapelm.experiments.stage import (
+    BUDGET_MINUTES,
+    MARGIN,
+    PlannedRun,
+    Schedule,
+    claims_of,
+    ordered_runs,
+    owed_spec,
+    run_stage,
+)
 from tapelm.report.claims_section import current_hash
-from tapelm.experiments.stage import (BUDGET_MINUTES, MARGIN, PlannedRun, Schedule, claims_of, ordered_runs, owed_spec,
-                                      run_stage)
 
-TINY = {"model_options": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-                          "num_attention_heads": 2, "num_key_value_heads": 2},
-        "train_options": {"steps": 1, "batch_size": 2, "warmup": 0, "eval_every": 1}, "eval_n": 8,
-        "eval_batch_size": 16}
-TINY_FLAGS = ["--steps", "1", "--batch-size", "2", "--warmup", "0", "--eval-every", "1", "--eval-n", "8",
-              "--no-progress", *(f"--model-option={k}={v}" for k, v in TINY["model_options"].items())]
+TINY = {
+    "model_options": {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+    },
+    "train_options": {"steps": 1, "batch_size": 2, "warmup": 0, "eval_every": 1},
+    "eval_n": 8,
+    "eval_batch_size": 16,
+}
+TINY_FLAGS = [
+    "--steps",
+    "1",
+    "--batch-size",
+    "2",
+    "--warmup",
+    "0",
+    "--eval-every",
+    "1",
+    "--eval-n",
+    "8",
+    "--no-progress",
+    *(f"--model-option={k}={v}" for k, v in TINY["model_options"].items()),
+]
 TEXT = next(owed for owed in AT_GPU_SCALE if owed.task == "text")
 ARCHIVE = Path(__file__).resolve().parents[1] / "docs" / "results" / "compare"
 
@@ -53,8 +88,9 @@ def test_each_gpu_recipe_has_three_hundred_times_the_laptop_flops_on_the_laptop_
         assert laptop.preset == "cpu-small" and laptop.task == owed.task and not laptop.ablation
         gpu_run, laptop_run = resolve(replace(owed.spec(), pe="rope")), resolve(replace(laptop.spec(), pe="rope"))
         assert training_flops(gpu_run) >= 300 * training_flops(laptop_run), owed.label
-        assert gpu_run.task_options == laptop_run.task_options and gpu_run.identity["eval"] == laptop_run.identity[
-            "eval"]
+        assert (
+            gpu_run.task_options == laptop_run.task_options and gpu_run.identity["eval"] == laptop_run.identity["eval"]
+        )
         assert gpu_run.settings.mixed_precision == "bf16" and laptop_run.settings.mixed_precision == "no"
         seconds = predicted_seconds(replace(gpu_run, spec=replace(gpu_run.spec, pe="tape")), rate)
         assert OVERHEAD_SECONDS + MARGIN * seconds < 600, owed.label
@@ -81,10 +117,23 @@ def test_every_claims_pair_runs_first_each_comparison_starting_with_its_check() 
     which wait until every claim has its pair; a comparison whose check did not learn stops, the others go on."""
     plan = schedule()
     assert [(r.comparison, r.pe, r.seed) for r in plan.runs] == [
-        (0, "rope", 0), (0, "tape", 0), (0, "rope", 1), (0, "tape", 1),
-        (1, "rope", 0), (1, "tape", 0), (1, "rope", 1), (1, "tape", 1),
-        (0, "fire", 0), (0, "nope", 0), (0, "fire", 1), (0, "nope", 1),
-        (1, "fire", 0), (1, "nope", 0), (1, "fire", 1), (1, "nope", 1)]
+        (0, "rope", 0),
+        (0, "tape", 0),
+        (0, "rope", 1),
+        (0, "tape", 1),
+        (1, "rope", 0),
+        (1, "tape", 0),
+        (1, "rope", 1),
+        (1, "tape", 1),
+        (0, "fire", 0),
+        (0, "nope", 0),
+        (0, "fire", 1),
+        (0, "nope", 1),
+        (1, "fire", 0),
+        (1, "nope", 0),
+        (1, "fire", 1),
+        (1, "nope", 1),
+    ]
     assert plan.next_run(1e9)[0] == plan.runs[0]
     assert "waits for RoPE's and TAPE's seed 0" in plan.waiting(by_key(plan, 0, "rope", 1))
     plan = schedule((0, "rope", 0, 50.0, True), (0, "tape", 0, 60.0, True))
@@ -109,8 +158,14 @@ def test_every_claims_pair_runs_first_each_comparison_starting_with_its_check() 
 def test_no_run_starts_that_its_estimate_says_cannot_finish() -> None:
     """The first run in order whose estimate fits the time left; a cheaper later one when the next does not fit;
     none when nothing fits."""
-    plan = schedule(*((c, pe, seed, 100.0 if pe == "rope" else 150.0, True) for c in (0, 1) for pe in ("rope", "tape")
-                      for seed in (0, 1)))
+    plan = schedule(
+        *(
+            (c, pe, seed, 100.0 if pe == "rope" else 150.0, True)
+            for c in (0, 1)
+            for pe in ("rope", "tape")
+            for seed in (0, 1)
+        )
+    )
     fire, nope = (OVERHEAD_SECONDS + MARGIN * 100.0 * step_cost(pe) for pe in ("fire", "nope"))
     assert nope < fire
     assert plan.next_run(fire)[0].pe == "fire"
@@ -126,10 +181,15 @@ def test_estimates_come_from_finished_runs_when_there_are_any() -> None:
     assert plan.estimate(plan.runs[1])[0] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 200.0 * step_cost("tape"))
     assert plan.estimate(by_key(plan, 1, "rope", 0))[0] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 200.0)
     # a run's own encoding's finished runs; an encoding's ratio to RoPE measured in one comparison serves the next
-    plan = schedule((0, "rope", 0, 100.0, True), (0, "tape", 0, 120.0, True), (0, "tape", 1, 130.0, True),
-                    (1, "rope", 0, 300.0, True))
-    assert plan.estimate(next(r for r in plan.runs if (r.comparison, r.pe, r.seed) == (0, "tape", 1)))[0] == \
-        pytest.approx(OVERHEAD_SECONDS + MARGIN * 130.0)
+    plan = schedule(
+        (0, "rope", 0, 100.0, True),
+        (0, "tape", 0, 120.0, True),
+        (0, "tape", 1, 130.0, True),
+        (1, "rope", 0, 300.0, True),
+    )
+    assert plan.estimate(next(r for r in plan.runs if (r.comparison, r.pe, r.seed) == (0, "tape", 1)))[
+        0
+    ] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 130.0)
     assert plan.cost("tape") == (pytest.approx(1.25), "measured") and plan.cost("fire") == (step_cost("fire"), "bench")
     tape = next(r for r in plan.runs if (r.comparison, r.pe, r.seed) == (1, "tape", 0))
     assert plan.estimate(tape)[0] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 300.0 * 1.25)
@@ -150,8 +210,9 @@ def test_the_prediction_says_which_gain_each_budget_needs_and_lists_the_unmeasur
     pairs = 2 * 2 * seconds * (1 + step_cost("tape")) / 60
     plan_minutes = pairs + 2 * 2 * seconds * (step_cost("fire") + step_cost("nope")) / 60
     assert prediction["minutes"] == pytest.approx({"pairs": pairs, "plan": plan_minutes})
-    assert prediction["gain_needed"] == pytest.approx({"pairs": pairs / BUDGET_MINUTES["pairs"],
-                                                       "plan": plan_minutes / BUDGET_MINUTES["plan"]})
+    assert prediction["gain_needed"] == pytest.approx(
+        {"pairs": pairs / BUDGET_MINUTES["pairs"], "plan": plan_minutes / BUDGET_MINUTES["plan"]}
+    )
     assumed = prediction["assuming_unmeasured_gain"]
     assert assumed["minutes"]["pairs"] == pytest.approx(pairs / assumed["gain"])
     assert schedule(flops=(1.0, 1.0)).prediction()["gain_needed"] == {}
@@ -164,8 +225,20 @@ def test_the_plan_is_predicted_from_gpu_runs_whatever_machine_predicts_it(tmp_pa
     records = []
     for workers in (0, 12):
         out = tmp_path / f"workers-{workers}"
-        assert run_stage(600, out, root=tmp_path / "runs", archive=ARCHIVE, tasks=["mqar"], overrides=TINY,
-                         data_workers=workers, progress=False, dry_run=True) == 0
+        assert (
+            run_stage(
+                600,
+                out,
+                root=tmp_path / "runs",
+                archive=ARCHIVE,
+                tasks=["mqar"],
+                overrides=TINY,
+                data_workers=workers,
+                progress=False,
+                dry_run=True,
+            )
+            == 0
+        )
         records.append(json.loads((out / "stage.json").read_text()))
     assert records[0]["prediction"] == records[1]["prediction"]
     rate, measured = records[0]["prediction"]["rate"], current_rate(archived_rates(ARCHIVE))
@@ -182,11 +255,20 @@ def test_the_plan_decides_the_papers_from_scratch_claims_cheapest_first() -> Non
     flops = [training_flops(resolve(replace(owed.spec(), pe="rope"))) for owed in AT_GPU_SCALE]
     assert flops == sorted(flops)
     decided = {name for owed in AT_GPU_SCALE for name in claims_of(owed)}
-    assert {"retrieval-mqar", "arithmetic", "arithmetic-index-hints", "lm-perplexity", "lm-extrapolation",
-            "retrieval-passkey"} <= decided
+    assert {
+        "retrieval-mqar",
+        "arithmetic",
+        "arithmetic-index-hints",
+        "lm-perplexity",
+        "lm-extrapolation",
+        "retrieval-passkey",
+    } <= decided
     assert all(owed.seeds >= 3 and owed.preset == GPU for owed in AT_GPU_SCALE)
-    assert all(set(next(c for c in CLAIMS if c.name == name).baselines) <= set(owed.rows)
-               for owed in AT_GPU_SCALE for name in claims_of(owed))
+    assert all(
+        set(next(c for c in CLAIMS if c.name == name).baselines) <= set(owed.rows)
+        for owed in AT_GPU_SCALE
+        for name in claims_of(owed)
+    )
     # the report judges each claim at GPU scale on the comparison the plan runs for it
     claim = {c.name: c for c in CLAIMS}
     assert current_hash(claim["retrieval-mqar"], GPU) == AT_GPU_SCALE[0].settings_hash()
@@ -197,6 +279,7 @@ def test_the_plan_decides_the_papers_from_scratch_claims_cheapest_first() -> Non
 
 def absolute_paths(folder: Path) -> list[str]:
     """Every string in the JSON records under `folder` that is an absolute path."""
+
     def walk(value):
         if isinstance(value, dict):
             return [found for item in value.values() for found in walk(item)]
@@ -204,8 +287,11 @@ def absolute_paths(folder: Path) -> list[str]:
             return [found for item in value for found in walk(item)]
         return [value] if isinstance(value, str) and re.search(r"(^|[\s='\"])/[\w.-]+/", value) else []
 
-    records = [json.loads(line) for path in sorted(folder.rglob("*.json*"))
-               for line in ([path.read_text()] if path.suffix == ".json" else path.read_text().splitlines())]
+    records = [
+        json.loads(line)
+        for path in sorted(folder.rglob("*.json*"))
+        for line in ([path.read_text()] if path.suffix == ".json" else path.read_text().splitlines())
+    ]
     return walk(records)
 
 
@@ -225,27 +311,46 @@ def test_a_stage_runs_what_fits_brings_back_small_records_and_the_next_stage_con
     assert all(r["seconds"] < r["expected_seconds"] for r in record["runs"])
     (folder,) = (second / "compare" / "text").iterdir()
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
-        "comparison.json", *(f"{pe}/seed0/{name}" for pe in ("rope", "tape")
-                             for name in ("eval.json", "metrics.jsonl", "result.json"))]
+        "comparison.json",
+        *(f"{pe}/seed0/{name}" for pe in ("rope", "tape") for name in ("eval.json", "metrics.jsonl", "result.json")),
+    ]
     result = json.loads((folder / "tape" / "seed0" / "result.json").read_text())
     assert result["environment"]["device"] == "cpu" and result["environment"]["torch"] and result["data"]
     assert len(result["environment"]["source_sha256"]) == 64  # the code, where a copied tree has no commit
     assert record["environment"]["device"] == "cpu" and record["environment"]["transformers"]
     assert absolute_paths(second) == []
     third = tmp_path / "third"
-    assert run_stage(3600, third, (three,), root=tmp_path / "elsewhere", archive=second / "compare", overrides=TINY,
-                     progress=False) == 0
+    assert (
+        run_stage(
+            3600,
+            third,
+            (three,),
+            root=tmp_path / "elsewhere",
+            archive=second / "compare",
+            overrides=TINY,
+            progress=False,
+        )
+        == 0
+    )
     assert [(r["pe"], r["seed"]) for r in json.loads((third / "stage.json").read_text())["runs"]] == [("nope", 0)]
     assert sorted(p.name for p in (third / "compare" / "text" / folder.name).iterdir()) == ["comparison.json", "nope"]
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| text, ")][-1]  # the third's
     assert row.startswith(f"| text, the paper's five and ALiBi |  | {folder.name} | ") and row.endswith(
-        "| 3 of 3 | 0.0, 0.0 |  |")
+        "| 3 of 3 | 0.0, 0.0 |  |"
+    )
     archived = second / "compare" / "text" / folder.name / "rope" / "seed0" / "result.json"
     result = json.loads(archived.read_text())
     archived.write_text(json.dumps({**result, "data": {**result["data"], "held_out_tokens": 1}}))
     with pytest.raises(ValueError, match="was trained on other data"):
-        run_stage(3600, tmp_path / "fourth", (three,), root=tmp_path / "fourth-runs", archive=second / "compare",
-                  overrides=TINY, progress=False)
+        run_stage(
+            3600,
+            tmp_path / "fourth",
+            (three,),
+            root=tmp_path / "fourth-runs",
+            archive=second / "compare",
+            overrides=TINY,
+            progress=False,
+        )
 
 
 def test_the_report_judges_each_claim_per_scale_and_says_where_a_scale_has_not_run(tmp_path) -> None:
@@ -258,35 +363,75 @@ def test_the_report_judges_each_claim_per_scale_and_says_where_a_scale_has_not_r
 
     pair = replace(TEXT, rows=("rope", "tape"), seeds=1)
     assert run_stage(3600, tmp_path / "stage", (pair,), root=tmp_path / "gpu-runs", overrides=TINY, progress=False) == 0
-    assert main(["compare", "text", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(tmp_path / "stage"),
-                 *TINY_FLAGS]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "text",
+                "--pe",
+                "tape",
+                "rope",
+                "--seeds",
+                "0",
+                "1",
+                "--root",
+                str(tmp_path / "stage"),
+                *TINY_FLAGS,
+            ]
+        )
+        == 0
+    )
     readme = tmp_path / "README.md"
     readme.write_text("<!-- tapelm-report:begin verdicts -->\n<!-- tapelm-report:end verdicts -->\n")
     build_report(tmp_path / "stage", tmp_path / "docs" / "RESULTS.md", readme=readme)
     table = readme.read_text()
     assert "| the paper's claim | laptop | GPU |" in table
-    assert "| Language modelling: TAPE's perplexity is the lowest at the training length. | **inconclusive** | " \
-           "**inconclusive** |" in table
+    assert (
+        "| Language modelling: TAPE's perplexity is the lowest at the training length. | **inconclusive** | "
+        "**inconclusive** |" in table
+    )
     assert "| Associative recall (MQAR): TAPE is ahead beyond the training length. | not run | not run |" in table
     results = (tmp_path / "docs" / "RESULTS.md").read_text()
     assert "**lm-perplexity** at laptop scale (in-distribution, perplexity, seeds 0,1): **inconclusive**" in results
     assert "**lm-perplexity** at GPU scale (in-distribution, perplexity, seeds 0): **inconclusive**" in results
     gpu_details = r"\*\*lm-perplexity\*\* at GPU scale [^\n]*\n\n- tape / rope: ×[\d.]+ over seeds 0 → too few seeds"
     assert re.search(gpu_details, results) and PAIR_ONLY not in results
-    assert run_stage(3600, tmp_path / "stage", (replace(pair, seeds=TEXT.seeds),), root=tmp_path / "gpu-runs",
-                     overrides=TINY, progress=False) == 0
+    assert (
+        run_stage(
+            3600,
+            tmp_path / "stage",
+            (replace(pair, seeds=TEXT.seeds),),
+            root=tmp_path / "gpu-runs",
+            overrides=TINY,
+            progress=False,
+        )
+        == 0
+    )
     build_report(tmp_path / "stage", tmp_path / "docs" / "RESULTS.md", readme=readme)
     results = (tmp_path / "docs" / "RESULTS.md").read_text()
-    pair_details = (r"\*\*lm-perplexity\*\* at GPU scale \(in-distribution, perplexity, seeds 0,1,2\): \*\*\w+"
-                    + re.escape(PAIR_ONLY) + r"\*\*\.\n\n- tape / rope: [^\n]*\n- the other baselines \(randpe, nope, "
-                    r"fire, alibi\) lack some of the planned 3 seeds: judged on TAPE against RoPE only")
-    assert re.search(pair_details, results), results[results.index("**lm-perplexity** at GPU"):][:600]
+    pair_details = (
+        r"\*\*lm-perplexity\*\* at GPU scale \(in-distribution, perplexity, seeds 0,1,2\): \*\*\w+"
+        + re.escape(PAIR_ONLY)
+        + r"\*\*\.\n\n- tape / rope: [^\n]*\n- the other baselines \(randpe, nope, "
+        r"fire, alibi\) lack some of the planned 3 seeds: judged on TAPE against RoPE only"
+    )
+    assert re.search(pair_details, results), results[results.index("**lm-perplexity** at GPU") :][:600]
 
 
 def test_a_failed_run_is_recorded_the_others_run_and_the_stage_exits_nonzero(tmp_path, capsys) -> None:
     """A stale run folder (checkpoints without settings) stops RoPE's check run; TAPE's still runs."""
-    args = ["stage", "--tasks", "mqar", "--budget-seconds", "3600", "--out", str(tmp_path / "out"), "--root",
-            str(tmp_path / "runs"), *TINY_FLAGS]
+    args = [
+        "stage",
+        "--tasks",
+        "mqar",
+        "--budget-seconds",
+        "3600",
+        "--out",
+        str(tmp_path / "out"),
+        "--root",
+        str(tmp_path / "runs"),
+        *TINY_FLAGS,
+    ]
     assert main([*args, "--dry-run"]) == 0
     (folder,) = (tmp_path / "runs" / "compare" / "mqar").iterdir()
     (folder / "rope" / "seed0" / "checkpoints" / "step-00000001").mkdir(parents=True)
@@ -297,13 +442,18 @@ def test_a_failed_run_is_recorded_the_others_run_and_the_stage_exits_nonzero(tmp
     assert "holds checkpoints but no settings.json" in runs[0]["failed"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--budget-seconds", "0"], "--budget-seconds=0.0 is not allowed; give the seconds the stage may take"),
-    (["--budget-seconds", "60", "--tasks", "flipflop"], "--tasks 'flipflop' is not planned at GPU scale; choose from: "
-                                                        "mqar, passkey, text, addition"),
-    (["--budget-seconds", "60", "--data-workers", "-1"], "--data-workers=-1 is not allowed"),
-    (["--budget-seconds", "60", "--archive", "missing"], "--archive folder 'missing' does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--budget-seconds", "0"], "--budget-seconds=0.0 is not allowed; give the seconds the stage may take"),
+        (
+            ["--budget-seconds", "60", "--tasks", "flipflop"],
+            "--tasks 'flipflop' is not planned at GPU scale; choose from: mqar, passkey, text, addition",
+        ),
+        (["--budget-seconds", "60", "--data-workers", "-1"], "--data-workers=-1 is not allowed"),
+        (["--budget-seconds", "60", "--archive", "missing"], "--archive folder 'missing' does not exist"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_before_any_work(tmp_path, monkeypatch, capsys, argv, message) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["stage", *argv]) == 2

@@ -2,7 +2,8 @@
 gradients: in float64 under Triton's CPU interpreter (a subprocess with TRITON_INTERPRET=1, which is how CI runs
 them), on any strides the state arrives with (expanded over heads as the first layer's E0, the projections' token
 layout), with head counts and widths that are not powers of two; and a TAPE model routed through them gives the
-reference's loss and every gradient on plain, left-padded and packed batches. Under `pytest --device cuda` the kernels run compiled, in float32 and bf16. The
+reference's loss and every gradient on plain, left-padded and packed batches. Under `pytest --device cuda` the
+kernels run compiled, in float32 and bf16. The
 reference's one-token branches (an eager or a compiled decoding step) compute what it computes for a sequence."""
 
 import pytest
@@ -28,9 +29,10 @@ give a token-major layout)."""
 def leaves(layout: str, device, dtype):
     """The two leaf tensors of `layout`, drawn in float64 on the CPU."""
     generator = torch.Generator().manual_seed(len(layout))
-    return tuple(torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu").to(device, dtype)
-                 .requires_grad_()
-                 for shape in (VIEWS[layout][0], (BATCH, LENGTH, HEADS, HEADS)))
+    return tuple(
+        torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu").to(device, dtype).requires_grad_()
+        for shape in (VIEWS[layout][0], (BATCH, LENGTH, HEADS, HEADS))
+    )
 
 
 def check_kernels(device, dtype, tolerance: float) -> None:
@@ -48,8 +50,9 @@ def check_kernels(device, dtype, tolerance: float) -> None:
         reference_out = mix_state_reference(*view(*wide))
         reference = (reference_out, *torch.autograd.grad(reference_out, wide, grad))
         for name, actual, expected in zip(("output", "state gradient", "map gradient"), fused, reference):
-            torch.testing.assert_close(actual.double(), expected, atol=tolerance, rtol=tolerance,
-                                       msg=f"{layout}: {name}")
+            torch.testing.assert_close(
+                actual.double(), expected, atol=tolerance, rtol=tolerance, msg=f"{layout}: {name}"
+            )
 
 
 def check_models(device, dtype) -> None:
@@ -67,7 +70,7 @@ def check_one_token_at_a_time(sequence, step, layout: str) -> None:
     state, mix = VIEWS[layout][1](*tensors)
     whole = sequence(state, mix)
     grads = torch.autograd.grad(whole.sum(), tensors)
-    singles = torch.cat([step(state[:, :, n:n + 1], mix[:, n:n + 1]) for n in range(LENGTH)], dim=2)
+    singles = torch.cat([step(state[:, :, n : n + 1], mix[:, n : n + 1]) for n in range(LENGTH)], dim=2)
     torch.testing.assert_close(singles, whole, atol=1e-12, rtol=0)
     for actual, expected in zip(torch.autograd.grad(singles.sum(), tensors), grads):
         torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)
@@ -79,8 +82,9 @@ def test_a_compiled_decoding_step_mixes_as_a_sequence_does(layout):
     """One token compiled (the broadcast product) equals the per-token batched product over a sequence."""
     from tapelm.kernels.state_mixing import state_delta
 
-    check_one_token_at_a_time(state_delta, torch.compile(state_delta, backend="eager", fullgraph=True, dynamic=False),
-                              layout)
+    check_one_token_at_a_time(
+        state_delta, torch.compile(state_delta, backend="eager", fullgraph=True, dynamic=False), layout
+    )
 
 
 @pytest.mark.parametrize("layout", list(VIEWS))

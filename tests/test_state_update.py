@@ -41,8 +41,12 @@ def inputs(layout: str, device, dtype):
     else:
         state = draw(BATCH, KV_HEADS, LENGTH, WIDTH)
     attended = draw(BATCH, HEADS, LENGTH, WIDTH + 4 if options.get("stream") else WIDTH)
-    leaves = [state, attended, draw(KV_HEADS, HEADS), None if options.get("no_mix") else
-              draw(BATCH, LENGTH, KV_HEADS, KV_HEADS)]
+    leaves = [
+        state,
+        attended,
+        draw(KV_HEADS, HEADS),
+        None if options.get("no_mix") else draw(BATCH, LENGTH, KV_HEADS, KV_HEADS),
+    ]
     leaves = [None if leaf is None else leaf.requires_grad_() for leaf in leaves]
 
     def views(state, attended, attn_mix, mix):
@@ -73,13 +77,16 @@ def check_kernels(device, dtype, tolerance: float) -> None:
         fused = (out, *torch.autograd.grad(out, given, grad.to(dtype)))
         wide = [None if leaf is None else leaf.detach().double().requires_grad_() for leaf in leaves]
         reference_out = update_state_reference(*views(*wide))
-        reference = (reference_out, *torch.autograd.grad(reference_out, [leaf for leaf in wide if leaf is not None],
-                                                         grad))
+        reference = (
+            reference_out,
+            *torch.autograd.grad(reference_out, [leaf for leaf in wide if leaf is not None], grad),
+        )
         names = ("output", "state gradient", "attention output gradient", "head mixing gradient", "maps gradient")
         for name, actual, expected in zip(names, fused, reference):
             assert actual.dtype == dtype, f"{layout}: {name}"
-            torch.testing.assert_close(actual.double(), expected, atol=tolerance, rtol=tolerance,
-                                       msg=f"{layout}: {name}")
+            torch.testing.assert_close(
+                actual.double(), expected, atol=tolerance, rtol=tolerance, msg=f"{layout}: {name}"
+            )
 
 
 def check_models(device, dtype) -> None:
@@ -100,8 +107,10 @@ def test_a_decoding_step_stays_on_the_reference(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     generator = torch.Generator().manual_seed(0)
-    state, attended, attn_mix, mix = (torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu")
-                                      for shape in ((2, 3, 1, 6), (2, 6, 1, 6), (3, 6), (2, 1, 3, 3)))
+    state, attended, attn_mix, mix = (
+        torch.randn(*shape, dtype=torch.float64, generator=generator, device="cpu")
+        for shape in ((2, 3, 1, 6), (2, 6, 1, 6), (3, 6), (2, 1, 3, 3))
+    )
     with fast_paths.recording() as ran:
         out = update_state(state, attended, attn_mix, mix, frozenset({"state-update-triton"}))
     assert ran == set()

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tapelm.experiments.statistics import interval, paired_difference, proportion_error, verdict
 from tapelm.experiments.claims import CLAIMS, judge
+from tapelm.experiments.statistics import interval, paired_difference, proportion_error, verdict
 
 
 def test_interval_is_the_t_interval_of_the_mean():
@@ -24,10 +24,16 @@ def test_paired_difference_uses_the_shared_seeds_only():
     assert result["mean"] == pytest.approx((0.4 + 0.2 + 0.4) / 3)
 
 
-@pytest.mark.parametrize(("mean", "half", "higher", "expected"), [
-    (0.05, 0.02, True, "better"), (-0.05, 0.02, True, "worse"), (0.01, 0.02, True, "no difference shown"),
-    (0.05, 0.02, False, "worse"), (-0.05, 0.02, False, "better"),  # perplexity: lower is better
-])
+@pytest.mark.parametrize(
+    ("mean", "half", "higher", "expected"),
+    [
+        (0.05, 0.02, True, "better"),
+        (-0.05, 0.02, True, "worse"),
+        (0.01, 0.02, True, "no difference shown"),
+        (0.05, 0.02, False, "worse"),
+        (-0.05, 0.02, False, "better"),  # perplexity: lower is better
+    ],
+)
 def test_verdict_reads_the_interval_in_the_metric_direction(mean, half, higher, expected):
     assert verdict({"mean": mean, "half_width": half, "n": 3}, higher) == expected
     assert verdict({"mean": mean, "half_width": float("nan"), "n": 1}, higher) == "too few seeds"
@@ -43,9 +49,16 @@ def summary_with(in_distribution: dict[str, float], differences: dict[str, float
     stat = lambda value: {"mean": value, "std": 0.0, "n": 5, "half_width": 0.0}  # noqa: E731
     spread = (-0.01, 0.01, 0.0, -0.01, 0.01)
     below = {"tape": (0.0,) * 5, **{pe: tuple(e - d for e in spread) for pe, d in differences.items()}}
-    rows = {pe: {"in_distribution": stat(v), "per_seed": {key: {s: 0.5 + below.get(pe, spread)[s] for s in range(5)}
-                                                         for key in ("in_distribution", "longer", "all")}}
-            for pe, v in in_distribution.items()}
+    rows = {
+        pe: {
+            "in_distribution": stat(v),
+            "per_seed": {
+                key: {s: 0.5 + below.get(pe, spread)[s] for s in range(5)}
+                for key in ("in_distribution", "longer", "all")
+            },
+        }
+        for pe, v in in_distribution.items()
+    }
     return {"task": "addition", "metric": "exact_match", "settings_hash": "h", "rows": rows}
 
 
@@ -54,8 +67,10 @@ LEARNED = {"tape": 1.0, "rope": 0.99, "randpe": 0.98, "nope": 0.97, "fire": 0.96
 
 
 def test_a_claim_is_confirmed_only_against_every_baseline():
-    assert judge(ARITHMETIC, summary_with(LEARNED, dict.fromkeys(("rope", "randpe", "nope", "fire"), 0.05)))[0] \
+    assert (
+        judge(ARITHMETIC, summary_with(LEARNED, dict.fromkeys(("rope", "randpe", "nope", "fire"), 0.05)))[0]
         == "confirmed"
+    )
     mixed = {"rope": 0.05, "randpe": 0.05, "nope": 0.05, "fire": 0.0}
     assert judge(ARITHMETIC, summary_with(LEARNED, mixed))[0] == "inconclusive"
     worse = {"rope": 0.05, "randpe": -0.05, "nope": 0.05, "fire": 0.05}
@@ -70,8 +85,9 @@ def test_a_claim_needs_models_that_learned_and_results_that_exist():
     partly = summary_with({**LEARNED, "tape": 0.9}, {})
     partly["rows"]["tape"]["per_seed"]["in_distribution"] = dict(enumerate((1.0, 0.95, 0.6, 1.0, 0.9)))
     result, lines = judge(ARITHMETIC, partly)
-    assert result == "inconclusive" and lines == ["tape did not learn addition in distribution "
-                                                  "(90.0% < 95%; 3 of 5 seeds reach it): nothing to compare"]
+    assert result == "inconclusive" and lines == [
+        "tape did not learn addition in distribution (90.0% < 95%; 3 of 5 seeds reach it): nothing to compare"
+    ]
     disjoint = summary_with(LEARNED, dict.fromkeys(("rope", "randpe", "nope", "fire"), 0.05))
     disjoint["rows"]["fire"]["per_seed"]["all"] = {7: 0.4}
     result, lines = judge(ARITHMETIC, disjoint)

@@ -27,8 +27,8 @@ from tapelm.experiments.tasks import (
 )
 from tapelm.experiments.tasks.addition import format_problem
 from tapelm.experiments.tasks.base import HOLDOUT_EVERY, held_out
-from tapelm.experiments.tasks.passkey import FILLER, TASK_LINE
 from tapelm.experiments.tasks.corpora import VAL_EVERY, corpus_files
+from tapelm.experiments.tasks.passkey import FILLER, TASK_LINE
 from tapelm.experiments.tasks.text import sliding_windows
 
 SYNTHETIC = sorted(set(TASKS) - {"text"})
@@ -117,8 +117,18 @@ def assert_well_formed(batch: Batch, pad_id: int, tagging: bool = False) -> None
 
 def test_registry_names() -> None:
     assert sorted(TASKS) == sorted(
-        ["addition", "passkey", "multikey", "mqar", "flipflop", "selective_copy", "counting", "copy", "text",
-         "word_problem"]
+        [
+            "addition",
+            "passkey",
+            "multikey",
+            "mqar",
+            "flipflop",
+            "selective_copy",
+            "counting",
+            "copy",
+            "text",
+            "word_problem",
+        ]
     )
     assert all(TASKS[name].name == name for name in TASKS)
 
@@ -356,7 +366,7 @@ def test_index_hints_mark_each_digit_by_significance_in_operands_and_answer(spli
                 assert markers == list(range(first, first + len(digits)))
             assert max(c[0]) < task.hint_symbols
             seen.update(c[0])
-            answer = text[text.index("=") + 1:]
+            answer = text[text.index("=") + 1 :]
             assert labelled_text(task.tokenizer, ids, labelled) == answer
     if split == "train":  # short operands still show every marker
         assert seen == set(range(task.hint_symbols))
@@ -367,8 +377,9 @@ def test_index_hints_keep_the_plain_problems_and_lengths() -> None:
     hinted = get_task("addition", max_train_digits=3, eval_max_digits=6, format="index_hints")
     condition = {"len_a": 5, "len_b": 2, "length": 0}
     for seed in range(5):
-        digits = re.sub(r"<\d+>", "", hinted.tokenizer.decode(hinted.eval_example(np.random.default_rng(seed),
-                                                                              condition).ids))
+        digits = re.sub(
+            r"<\d+>", "", hinted.tokenizer.decode(hinted.eval_example(np.random.default_rng(seed), condition).ids)
+        )
         assert digits == plain.tokenizer.decode(plain.eval_example(np.random.default_rng(seed), condition).ids)
     assert hinted.train_length == 4 + 2 * (3 + 3 + 4)
     assert max(c["length"] for c in hinted.eval_conditions()) == hinted.max_eval_length == 4 + 2 * (6 + 6 + 7)
@@ -490,7 +501,8 @@ def test_in_distribution_means_what_training_draws() -> None:
     assert inside == [{"split": "in_distribution", "p_ignore": 0.8, "num_instructions": 40, "length": 81}]
     addition = get_task("addition", max_train_digits=3, eval_max_digits=5)
     assert sorted((c["len_a"], c["len_b"]) for c in addition.eval_conditions() if addition.in_distribution(c)) == [
-        (a, b) for a in range(1, 4) for b in range(1, 4)]
+        (a, b) for a in range(1, 4) for b in range(1, 4)
+    ]
     mqar = get_task("mqar", num_pairs=4, eval_multipliers=(1, 2))
     assert [mqar.in_distribution(c) for c in mqar.eval_conditions()] == [True, False]
 
@@ -562,8 +574,8 @@ def test_text_corpus_list_is_split_source_by_source(corpus: str, tmp_path) -> No
     train, validation = (task.tokenizer.decode(s.tolist()) for s in (task.train_stream, task.validation_stream))
     alone = get_task("text", corpus=str(other), train_length=32)
     assert validation == get_task("text", corpus=corpus, train_length=32).tokenizer.decode(
-        get_task("text", corpus=corpus, train_length=32).validation_stream.tolist()) + alone.tokenizer.decode(
-        alone.validation_stream.tolist())
+        get_task("text", corpus=corpus, train_length=32).validation_stream.tolist()
+    ) + alone.tokenizer.decode(alone.validation_stream.tolist())
     for i in (*range(41), *range(100, 125)):
         marker = f"file{i:03d}marker"
         assert (marker in validation) == ((i % 100) % VAL_EVERY == 0) != (marker in train)

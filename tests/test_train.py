@@ -28,22 +28,54 @@ from tapelm.experiments.train import (
     verify_checkpoint,
 )
 
-TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2}
+TINY_MODEL = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 TINY_TASK = {"max_train_digits": 3, "eval_max_digits": 4}
 
 
 def tiny_spec(pe: str = "tape", seed: int = 0, **train_options) -> RunSpec:
     options = {"steps": 8, "batch_size": 8, "warmup": 2, "log_every": 1, "lr": 3e-3, **train_options}
-    return RunSpec(task="addition", pe=pe, seed=seed, task_options=TINY_TASK, model_options=TINY_MODEL,
-                   train_options=options, eval_n=4, eval_batch_size=64)
+    return RunSpec(
+        task="addition",
+        pe=pe,
+        seed=seed,
+        task_options=TINY_TASK,
+        model_options=TINY_MODEL,
+        train_options=options,
+        eval_n=4,
+        eval_batch_size=64,
+    )
 
 
 def tiny_cli(out: Path, *extra: str) -> list[str]:
-    return ["train", "--task", "addition", "--pe", "rope", "--out", str(out), "--steps", "4", "--batch-size", "4",
-            "--warmup", "1", "--eval-n", "2", "--log-every", "1", "--no-progress",
-            *(f"--task-option={k}={v}" for k, v in TINY_TASK.items()),
-            *(f"--model-option={k}={v}" for k, v in TINY_MODEL.items()), *extra]
+    return [
+        "train",
+        "--task",
+        "addition",
+        "--pe",
+        "rope",
+        "--out",
+        str(out),
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "1",
+        "--eval-n",
+        "2",
+        "--log-every",
+        "1",
+        "--no-progress",
+        *(f"--task-option={k}={v}" for k, v in TINY_TASK.items()),
+        *(f"--model-option={k}={v}" for k, v in TINY_MODEL.items()),
+        *extra,
+    ]
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -86,8 +118,11 @@ def test_wsd_is_constant_then_a_cosine_over_the_last_fifth() -> None:
 def test_smoke_training_loss_falls(tmp_path) -> None:
     run = resolve(tiny_spec(steps=60, batch_size=16))
     result = run_task(run, tmp_path / "run", progress=False)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if "loss" in line]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        if "loss" in line
+    ]
     assert len(losses) == 60
     assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:5]) / 5
     assert result["final_loss"] == losses[-1]
@@ -106,8 +141,14 @@ def test_compiled_layers_train_the_same_function_as_eager_layers(tmp_path) -> No
     counters.clear()
     compiled_result = run_task(resolve(spec), tmp_path / "compiled", progress=False, compile_layers=True)
     assert counters["stats"]["unique_graphs"] > 0
-    losses = {name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
-                     if '"loss"' in line] for name in ("eager", "compiled")}
+    losses = {
+        name: [
+            json.loads(line)["loss"]
+            for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line
+        ]
+        for name in ("eager", "compiled")
+    }
     assert len(losses["compiled"]) == 4
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
     assert compiled_result["compiled_layers"] and not eager_result["compiled_layers"]
@@ -123,8 +164,15 @@ def test_resume_reproduces_the_uninterrupted_losses(tmp_path, pe) -> None:
     run = resolve(tiny_spec(pe, **settings))
 
     def fresh(directory, resume=False, stop_after=None):
-        return train(run.build_model(), batch_stream(run.task, 0, run.settings.batch_size), run.settings,
-                     directory, resume=resume, progress=False, stop_after=stop_after)
+        return train(
+            run.build_model(),
+            batch_stream(run.task, 0, run.settings.batch_size),
+            run.settings,
+            directory,
+            resume=resume,
+            progress=False,
+            stop_after=stop_after,
+        )
 
     whole = fresh(tmp_path / "whole")
     first = fresh(tmp_path / "cut", stop_after=5)  # "killed" after step 5: the last checkpoint is step 3
@@ -245,30 +293,51 @@ def test_the_first_loss_is_logged_and_the_last_step_is_not_evaluated_twice(tmp_p
     assert result["first_loss"] == records[0]["loss"] != result["final_loss"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--task", "sorting", "--pe", "tape"], "unknown task 'sorting'; choose one of: addition"),
-    (["train", "--task", "addition", "--pe", "sine"], "unknown encoding 'sine'; choose from: tape, rope"),
-    (["train", "--task", "addition", "--pe", "tape", "--task-option", "max_train_digits=0"],
-     "max_train_digits=0 is not allowed; it must be an integer in [1, 100]"),
-    (["train", "--task", "passkey", "--pe", "tape", "--task-option", "train_length=100"],
-     "train_length=100 is not allowed"),
-    (["train", "--task", "text", "--pe", "tape", "--task-option", "corpus=/no/such/corpus"],
-     "corpus path '/no/such/corpus' does not exist"),
-    (["train", "--task", "text", "--pe", "tape", "--eval-n", "4"],
-     "n=4 gives 256 held-out tokens, fewer than the eval length 512"),
-    (["train", "--task", "addition", "--pe", "tape", "--preset", "huge"], "unknown preset 'huge'; choose one of"),
-    (["train", "--task", "addition", "--pe", "tape", "--schedule", "linear"], "schedule='linear' is not allowed"),
-    (["train", "--task", "addition", "--pe", "tape", "--model-option", "hidden_size=30"],
-     "hidden_size=30 must be divisible by num_attention_heads=8"),
-    (["train", "--task", "addition", "--pe", "tape", "--model-option", "num_hiden_layers=6"],
-     "unknown model option 'num_hiden_layers'; choose from the TapeConfig fields: "),
-    (["train", "--task", "addition", "--pe", "tape", "--compile", "--compile-step"],
-     "compile_layers (--compile) and compile_step (--compile-step) compile the same forward two ways; choose one"),
-    (["compare", "addition", "--pe", "tape", "--model-option", "hiden_size=64"], "unknown model option 'hiden_size'"),
-    (["compare", "addition", "--pe", "tape", "sine"], "unknown encoding 'sine'"),
-    (["eval", "/no/such/run"], "'/no/such/run' is not a tapelm run directory"),
-    (["report", "--root", "/no/such/root"], "results folder '/no/such/root' does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--task", "sorting", "--pe", "tape"], "unknown task 'sorting'; choose one of: addition"),
+        (["train", "--task", "addition", "--pe", "sine"], "unknown encoding 'sine'; choose from: tape, rope"),
+        (
+            ["train", "--task", "addition", "--pe", "tape", "--task-option", "max_train_digits=0"],
+            "max_train_digits=0 is not allowed; it must be an integer in [1, 100]",
+        ),
+        (
+            ["train", "--task", "passkey", "--pe", "tape", "--task-option", "train_length=100"],
+            "train_length=100 is not allowed",
+        ),
+        (
+            ["train", "--task", "text", "--pe", "tape", "--task-option", "corpus=/no/such/corpus"],
+            "corpus path '/no/such/corpus' does not exist",
+        ),
+        (
+            ["train", "--task", "text", "--pe", "tape", "--eval-n", "4"],
+            "n=4 gives 256 held-out tokens, fewer than the eval length 512",
+        ),
+        (["train", "--task", "addition", "--pe", "tape", "--preset", "huge"], "unknown preset 'huge'; choose one of"),
+        (["train", "--task", "addition", "--pe", "tape", "--schedule", "linear"], "schedule='linear' is not allowed"),
+        (
+            ["train", "--task", "addition", "--pe", "tape", "--model-option", "hidden_size=30"],
+            "hidden_size=30 must be divisible by num_attention_heads=8",
+        ),
+        (
+            ["train", "--task", "addition", "--pe", "tape", "--model-option", "num_hiden_layers=6"],
+            "unknown model option 'num_hiden_layers'; choose from the TapeConfig fields: ",
+        ),
+        (
+            ["train", "--task", "addition", "--pe", "tape", "--compile", "--compile-step"],
+            "compile_layers (--compile) and compile_step (--compile-step) compile the same forward two ways; "
+            "choose one",
+        ),
+        (
+            ["compare", "addition", "--pe", "tape", "--model-option", "hiden_size=64"],
+            "unknown model option 'hiden_size'",
+        ),
+        (["compare", "addition", "--pe", "tape", "sine"], "unknown encoding 'sine'"),
+        (["eval", "/no/such/run"], "'/no/such/run' is not a tapelm run directory"),
+        (["report", "--root", "/no/such/root"], "results folder '/no/such/root' does not exist"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, message) -> None:
     monkeypatch.chdir(tmp_path)
     assert main([*argv, "--no-progress"] if argv[0] in ("train", "compare") else argv) == 2
@@ -285,8 +354,9 @@ def test_eval_command_writes_json_and_png(tmp_path, capsys) -> None:
     assert main(["eval", str(out), "--n", "3", "--no-progress"]) == 0
     evaluation = json.loads((out / "eval.json").read_text())
     assert evaluation["n"] == 3 and evaluation["metric"] == "exact_match"
-    assert {(c["len_a"], c["len_b"]) for c in evaluation["conditions"]} == {(a, b) for a in range(1, 5)
-                                                                               for b in range(1, 5)}
+    assert {(c["len_a"], c["len_b"]) for c in evaluation["conditions"]} == {
+        (a, b) for a in range(1, 5) for b in range(1, 5)
+    }
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
     # The exact match equals the task's own scoring; token accuracy (same logits) is at least as high.
     from tapelm.experiments.runs import load_run
@@ -296,8 +366,12 @@ def test_eval_command_writes_json_and_png(tmp_path, capsys) -> None:
     row = evaluation["conditions"][5]
     condition = {k: row[k] for k in ("len_a", "len_b", "length")}
     value, _ = run.task.evaluate_condition(
-        lambda ids, mask: model(input_ids=ids, attention_mask=mask, use_cache=False).logits, condition,
-        evaluation["seed"], 3, 64)
+        lambda ids, mask: model(input_ids=ids, attention_mask=mask, use_cache=False).logits,
+        condition,
+        evaluation["seed"],
+        3,
+        64,
+    )
     assert row["value"] == value and row["token_accuracy"] >= row["value"]
 
 
@@ -353,8 +427,9 @@ def test_position_tables_cover_the_longest_evaluation() -> None:
 def test_match_params_widens_the_baseline_mlp_to_tape() -> None:
     tape = resolve(RunSpec(task="addition", pe="tape", task_options=TINY_TASK, model_options=TINY_MODEL))
     plain = resolve(RunSpec(task="addition", pe="nope", task_options=TINY_TASK, model_options=TINY_MODEL))
-    matched = resolve(RunSpec(task="addition", pe="nope", task_options=TINY_TASK, model_options=TINY_MODEL,
-                              match_params=True))
+    matched = resolve(
+        RunSpec(task="addition", pe="nope", task_options=TINY_TASK, model_options=TINY_MODEL, match_params=True)
+    )
     assert plain.parameters < tape.parameters <= matched.parameters
     assert matched.parameters - tape.parameters < 3 * 32 * 2  # within one MLP unit
     assert matched.config.intermediate_size > plain.config.intermediate_size
@@ -387,12 +462,21 @@ def test_batches_made_by_worker_processes_are_the_stream_in_order(tmp_path) -> N
     run = resolve(tiny_spec(steps=6, grad_accum=2))
     stream = batch_stream(run.task, 0, 8)
     ahead = list(micro_batches(stream, 3, 2, 5, workers=2))
-    assert len(ahead) == 5 and all(torch.equal(batch["input_ids"], stream(3 + 2 * i)["input_ids"])
-                                   for i, batch in enumerate(ahead))
+    assert len(ahead) == 5 and all(
+        torch.equal(batch["input_ids"], stream(3 + 2 * i)["input_ids"]) for i, batch in enumerate(ahead)
+    )
 
     def losses(directory, workers, stop_after=None, resume=False):
-        return train(run.build_model(), stream, run.settings, directory, progress=False, data_workers=workers,
-                     stop_after=stop_after, resume=resume).losses
+        return train(
+            run.build_model(),
+            stream,
+            run.settings,
+            directory,
+            progress=False,
+            data_workers=workers,
+            stop_after=stop_after,
+            resume=resume,
+        ).losses
 
     alone = losses(tmp_path / "alone", 0)
     assert losses(tmp_path / "ahead", 2) == alone
@@ -430,17 +514,23 @@ def test_provenance_trusts_git_only_where_tapelm_is_the_checkout(tmp_path) -> No
 
     from tapelm.experiments import provenance
 
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=provenance.SOURCE_ROOT).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=provenance.SOURCE_ROOT
+    ).stdout.strip()
     if head:
         assert provenance.environment()["commit"] == head
     outer = tmp_path / "other-project"
-    shutil.copytree(provenance.SOURCE_ROOT / "src" / "tapelm", outer / "copy" / "src" / "tapelm",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        provenance.SOURCE_ROOT / "src" / "tapelm",
+        outer / "copy" / "src" / "tapelm",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
         subprocess.run(["git", *command], cwd=outer, check=True, capture_output=True)
-    script = ("import json, sys; sys.path.insert(0, 'copy/src'); from tapelm.experiments import provenance as p; "
-              "print(json.dumps([p._git('rev-parse', 'HEAD'), p.SOURCE_ROOT.name]))")
+    script = (
+        "import json, sys; sys.path.insert(0, 'copy/src'); from tapelm.experiments import provenance as p; "
+        "print(json.dumps([p._git('rev-parse', 'HEAD'), p.SOURCE_ROOT.name]))"
+    )
     printed = subprocess.run([sys.executable, "-c", script], cwd=outer, capture_output=True, text=True, check=True)
     assert json.loads(printed.stdout) == [None, "copy"]
 

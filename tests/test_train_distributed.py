@@ -53,8 +53,21 @@ WORKER = textwrap.dedent("""
 def _launcher() -> list[str] | None:
     accelerate = Path(sys.executable).with_name("accelerate")
     if accelerate.exists():
-        return [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533"]
+        return [
+            str(accelerate),
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            "29533",
+        ]
     torchrun = shutil.which("torchrun")
     return [torchrun, "--nproc_per_node", "2"] if torchrun else None
 
@@ -67,8 +80,7 @@ def test_two_cpu_processes_train_in_sync(tmp_path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*launcher, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=180)
+    done = subprocess.run([*launcher, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
@@ -107,26 +119,67 @@ def test_two_processes_run_scrolls_with_generation_longer_than_the_collective_ti
     launcher = [a if a != "29533" else "29534" for a in launcher]
     corpus = tmp_path / "corpus.py"
     corpus.write_text("def add(a, b):\n    return a + b\n" * 40)
-    run_task(RunSpec(task="text", pe="tape", task_options={"corpus": str(corpus), "train_length": 16,
-                                                           "eval_multipliers": (1, 2)},
-                     model_options={"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-                                    "num_attention_heads": 4, "num_key_value_heads": 2},
-                     train_options={"steps": 1, "batch_size": 2, "warmup": 0}, eval_n=4, eval_batch_size=4),
-             tmp_path / "text-run", progress=False)
+    run_task(
+        RunSpec(
+            task="text",
+            pe="tape",
+            task_options={"corpus": str(corpus), "train_length": 16, "eval_multipliers": (1, 2)},
+            model_options={
+                "hidden_size": 32,
+                "intermediate_size": 48,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+            },
+            train_options={"steps": 1, "batch_size": 2, "warmup": 0},
+            eval_n=4,
+            eval_batch_size=4,
+        ),
+        tmp_path / "text-run",
+        progress=False,
+    )
     data = tmp_path / "data"
     data.mkdir()
     for split, count in (("train", 8), ("validation", 80)):
-        rows = [{"id": f"{split}{i}", "input": f"What is {i}?\n\n{i} is a number.", "output": f"number {i}"}
-                for i in range(count)]
+        rows = [
+            {"id": f"{split}{i}", "input": f"What is {i}?\n\n{i} is a number.", "output": f"number {i}"}
+            for i in range(count)
+        ]
         (data / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     script = tmp_path / "worker.py"
     script.write_text(SCROLLS_WORKER)
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     out = tmp_path / "runs"
-    done = subprocess.run([*launcher, str(script), "3", "--model", str(tmp_path / "text-run"), "--data", str(data),
-                           "--out", str(out), "--target-cap", "10", "--steps", "2", "--batch-size", "2",
-                           "--warmup", "0", "--max-new-tokens", "40", "--predict-batch-size", "1", "--no-progress"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            *launcher,
+            str(script),
+            "3",
+            "--model",
+            str(tmp_path / "text-run"),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--target-cap",
+            "10",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--warmup",
+            "0",
+            "--max-new-tokens",
+            "40",
+            "--predict-batch-size",
+            "1",
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((out / "qasper" / "scrolls.json").read_text())["finished"]
     assert len(json.loads((out / "qasper" / "predictions-validation.json").read_text())) == 80

@@ -14,14 +14,20 @@ from conftest import DEVICE
 from tapelm.experiments.runs import RunSpec, batch_stream, resolve
 from tapelm.experiments.train import TrainSettings, learning_rate_lambda, list_checkpoints, train
 
-TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2}
+TINY_MODEL = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def tiny_run(pe: str, **train_options):
     options = {"steps": 6, "batch_size": 8, "warmup": 2, "log_every": 1, "lr": 3e-3, **train_options}
-    return resolve(RunSpec(task="mqar", pe=pe, model_options=TINY_MODEL, train_options=options, eval_n=4,
-                           eval_batch_size=8))
+    return resolve(
+        RunSpec(task="mqar", pe=pe, model_options=TINY_MODEL, train_options=options, eval_n=4, eval_batch_size=8)
+    )
 
 
 def test_the_loop_computes_what_a_plain_loop_computes(tmp_path) -> None:
@@ -34,8 +40,10 @@ def test_the_loop_computes_what_a_plain_loop_computes(tmp_path) -> None:
 
     model = run.build_model().train()
     params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
     optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_lambda(settings))
     losses, norms = [], []
@@ -54,7 +62,8 @@ def test_the_loop_computes_what_a_plain_loop_computes(tmp_path) -> None:
     assert result.losses == losses
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(m["step"], m["loss"], m["grad_norm"]) for m in logged] == [
-        (step, losses[step - 1], norms[step - 1]) for step in (1, 3, 4)]
+        (step, losses[step - 1], norms[step - 1]) for step in (1, 3, 4)
+    ]
     assert result.tokens == sum(int(stream(index)["attention_mask"].sum()) for index in range(8))
     assert all(torch.equal(a, b) for a, b in zip(trained.parameters(), model.parameters(), strict=True))
 
@@ -72,20 +81,22 @@ class _Regression(torch.nn.Module):
 
 
 @pytest.mark.parametrize("checkpoint_every, stopped_at", [(0, 8), (7, 7)])
-def test_a_non_finite_loss_stops_the_run_at_the_next_read_naming_its_step(tmp_path, checkpoint_every,
-                                                                          stopped_at) -> None:
+def test_a_non_finite_loss_stops_the_run_at_the_next_read_naming_its_step(
+    tmp_path, checkpoint_every, stopped_at
+) -> None:
     """Step 6's loss is infinite: the run stops at the next log step (8), or the checkpoint before it (7), which is
     then not written, with the step the loss happened at."""
 
     def stream(index):
-        return {"input_ids": torch.ones(4, 3, dtype=torch.long),
-                "targets": torch.full((4,), float("inf") if index == 5 else 1.0)}
+        return {
+            "input_ids": torch.ones(4, 3, dtype=torch.long),
+            "targets": torch.full((4,), float("inf") if index == 5 else 1.0),
+        }
 
     settings = TrainSettings(steps=10, warmup=0, log_every=4, checkpoint_every=checkpoint_every)
     stopped = []
     with pytest.raises(FloatingPointError, match=r"^training loss is inf at step 6; lower the learning rate"):
-        train(_Regression(), lambda index: stopped.append(index) or stream(index), settings, tmp_path,
-              progress=False)
+        train(_Regression(), lambda index: stopped.append(index) or stream(index), settings, tmp_path, progress=False)
     assert len(stopped) == stopped_at
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 4]
     assert list_checkpoints(tmp_path) == []
@@ -100,11 +111,25 @@ def test_a_compiled_step_trains_as_the_eager_step_and_the_next_run_reuses_its_co
     from torch._dynamo.utils import counters
 
     def losses(seed, name, compile_step):
-        run = resolve(RunSpec(task="mqar", pe="rope", seed=seed, model_options={**TINY_MODEL, "num_hidden_layers": 1},
-                              train_options={"steps": 3, "batch_size": 32, "warmup": 1, "log_every": 1,
-                                             "mixed_precision": "bf16"}, eval_n=4, eval_batch_size=8))
-        return train(run.build_model(), batch_stream(run.task, seed, 32), run.settings, tmp_path / name,
-                     progress=False, compile_step=compile_step).losses
+        run = resolve(
+            RunSpec(
+                task="mqar",
+                pe="rope",
+                seed=seed,
+                model_options={**TINY_MODEL, "num_hidden_layers": 1},
+                train_options={"steps": 3, "batch_size": 32, "warmup": 1, "log_every": 1, "mixed_precision": "bf16"},
+                eval_n=4,
+                eval_batch_size=8,
+            )
+        )
+        return train(
+            run.build_model(),
+            batch_stream(run.task, seed, 32),
+            run.settings,
+            tmp_path / name,
+            progress=False,
+            compile_step=compile_step,
+        ).losses
 
     tolerance = 1e-3 if DEVICE.type == "cpu" else 1e-2  # on a GPU inductor may round fewer intermediates to bf16
     assert losses(0, "compiled-0", True) == pytest.approx(losses(0, "eager-0", False), rel=tolerance)
@@ -115,8 +140,9 @@ def test_a_compiled_step_trains_as_the_eager_step_and_the_next_run_reuses_its_co
 
 @pytest.mark.device
 @pytest.mark.compiles  # it switches CUDA's sync debugging itself; no device watching around it
-@pytest.mark.parametrize("pe, masked, compile_step", [("rope", False, False), ("tape", False, False),
-                                                     ("rope", True, True)])
+@pytest.mark.parametrize(
+    "pe, masked, compile_step", [("rope", False, False), ("tape", False, False), ("rope", True, True)]
+)
 def test_a_step_between_log_steps_makes_no_host_sync(tmp_path, pe, masked, compile_step) -> None:
     """`torch.cuda.set_sync_debug_mode("error")` from the drawing of a step's batches to the next drawing, for every
     step that is not logged: any read from the device raises. Eager models read their attention mask (whether it

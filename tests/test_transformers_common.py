@@ -23,8 +23,11 @@ from transformers_sources import load_mixins, source_dir
 
 ROOT = source_dir()
 if ROOT is None:
-    pytest.skip("transformers' test sources are absent: run `python tests/transformers_sources.py fetch` "
-                "(or set TAPELM_TRANSFORMERS_SRC to a transformers checkout)", allow_module_level=True)
+    pytest.skip(
+        "transformers' test sources are absent: run `python tests/transformers_sources.py fetch` "
+        "(or set TAPELM_TRANSFORMERS_SRC to a transformers checkout)",
+        allow_module_level=True,
+    )
 common = load_mixins(ROOT)
 pytestmark = pytest.mark.transformers_common
 
@@ -32,10 +35,12 @@ pytestmark = pytest.mark.transformers_common
 # its outputs, masks, training and serialisation (TAPELM_TRANSFORMERS_COMMON=full runs everything for every pe_type).
 FULL = os.environ.get("TAPELM_TRANSFORMERS_COMMON") == "full"
 FULL_SUITES = ("tape", "rope", "llama")
-SUBSET = re.compile(r"test_(attention_outputs|hidden_states_output|batching_equivalence|model_outputs_equivalence|"
-                    r"eager_matches_sdpa_inference_\d+_fp32_pad_left$|save_load$|training$|retain_grad|determinism|"
-                    r"left_padding|inputs_embeds|model_main_input_name|forward_signature|resize_tokens_embeddings$|"
-                    r"generation_tester_mixin_inheritance|can_set_attention_dynamically$)")
+SUBSET = re.compile(
+    r"test_(attention_outputs|hidden_states_output|batching_equivalence|model_outputs_equivalence|"
+    r"eager_matches_sdpa_inference_\d+_fp32_pad_left$|save_load$|training$|retain_grad|determinism|"
+    r"left_padding|inputs_embeds|model_main_input_name|forward_signature|resize_tokens_embeddings$|"
+    r"generation_tester_mixin_inheritance|can_set_attention_dynamically$)"
+)
 
 
 class CausalModelTester:
@@ -50,11 +55,19 @@ class CausalModelTester:
         self.make_config = make_config
 
     def get_config(self):
-        return self.make_config(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                                num_hidden_layers=self.num_hidden_layers,
-                                num_attention_heads=self.num_attention_heads, num_key_value_heads=2,
-                                intermediate_size=37, hidden_act="silu", max_position_embeddings=512,
-                                pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        return self.make_config(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            hidden_act="silu",
+            max_position_embeddings=512,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
 
     def prepare_config_and_inputs_for_common(self):
         input_ids = common.ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
@@ -65,8 +78,10 @@ class CausalModelTester:
 def _tape_config(pe_type: str):
     def make(**sizes):
         # RandPE on the given positions: its default random draw per forward pass is nondeterministic by design.
-        return TapeConfig(pe_type=pe_type, fire_hidden_size=8, cope_max_positions=16,
-                          randpe_eval_positions="given", **sizes)
+        return TapeConfig(
+            pe_type=pe_type, fire_hidden_size=8, cope_max_positions=16, randpe_eval_positions="given", **sizes
+        )
+
     return make
 
 
@@ -79,7 +94,10 @@ def _suite(name: str, make_config, model_classes) -> type:
         self.model_tester = CausalModelTester(self, make_config)
         # The mixins tell a base model from a causal LM by transformers' in-tree name tables; an in-tree "tape" would
         # be listed there, so it is for the length of each test.
-        for table, entry in ((MODEL_MAPPING_NAMES, "TapeModel"), (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "TapeForCausalLM")):
+        for table, entry in (
+            (MODEL_MAPPING_NAMES, "TapeModel"),
+            (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "TapeForCausalLM"),
+        ):
             patcher = mock.patch.dict(table, {"tape": entry})
             patcher.start()
             self.addCleanup(patcher.stop)

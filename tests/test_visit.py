@@ -11,15 +11,29 @@ from tapelm.cli import build_parser
 from tapelm.fast_paths import PATHS
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN = ["tests", "first-calls", "first-calls-again", "speed-1k-defaults", "speed-1k-kernels", "speed-1k-efficient", "speed-1k-every",
-        "speed-1k-grape", "science"]
+PLAN = [
+    "tests",
+    "first-calls",
+    "first-calls-again",
+    "speed-1k-defaults",
+    "speed-1k-kernels",
+    "speed-1k-efficient",
+    "speed-1k-every",
+    "speed-1k-grape",
+    "science",
+]
 FILLING = PLAN[:-2]  # the stages whose limits fill the call; GRAPE's rows and the science run on what they leave
 
 
 def dry_run(tmp_path, seconds: int, *stages: str, **environment) -> str:
-    done = subprocess.run(["bash", "docs/gpu/visit.sh", "run", str(tmp_path / "out"), str(seconds), *stages],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "VISIT_DRY_RUN": "1", **environment})
+    done = subprocess.run(
+        ["bash", "docs/gpu/visit.sh", "run", str(tmp_path / "out"), str(seconds), *stages],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "VISIT_DRY_RUN": "1", **environment},
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -62,9 +76,9 @@ def test_the_next_visit_runs_every_stage_within_one_call_of_nine_minutes(tmp_pat
         parser.parse_args(words)
     doctor = found["tests"]
     assert doctor[:1] == ["doctor"] and int(doctor[doctor.index("--seconds") + 1]) <= budgets["tests"] - 20
-    assert "first-calls" in doctor[doctor.index("--skip"):]
+    assert "first-calls" in doctor[doctor.index("--skip") :]
     for stage in ("first-calls", "first-calls-again"):  # the second in a process that finds the first's caches
-        assert found[stage][found[stage].index("--skip") + 1:] == ["tests", "speed", "training", "generation"]
+        assert found[stage][found[stage].index("--skip") + 1 :] == ["tests", "speed", "training", "generation"]
         assert found[stage][found[stage].index("--out") + 1].endswith(stage)
 
 
@@ -73,15 +87,18 @@ def test_the_speed_stages_measure_the_issues_rows_on_their_paths(tmp_path):
 
     def rows_and_paths(stage):
         words = found[stage]
-        paths = words[words.index("--fast-paths") + 1:words.index("--no-progress")]
-        return words[words.index("--pe") + 1:], set(paths)
+        paths = words[words.index("--fast-paths") + 1 : words.index("--no-progress")]
+        return words[words.index("--pe") + 1 :], set(paths)
 
     defaults = {path.name for path in PATHS for encoding in ("rope", "tape") if path.verified_for("cuda", encoding)}
     assert rows_and_paths("speed-1k-defaults") == (
-        ["rope", "tape", "t5", "fire", "cope", "fox", "path", "fla-fox", "fla-path"], {"auto"})
+        ["rope", "tape", "t5", "fire", "cope", "fox", "path", "fla-fox", "fla-path"],
+        {"auto"},
+    )
     assert rows_and_paths("speed-1k-kernels") == (
         ["rope", "tape", "fox", "path"],
-        defaults | {"state-update-triton", "forgetting-attention-fla", "path-attention-fla"})
+        defaults | {"state-update-triton", "forgetting-attention-fla", "path-attention-fla"},
+    )
     assert rows_and_paths("speed-1k-efficient") == (["rope", "t5", "fire", "cope"], defaults | {"attention-efficient"})
     assert rows_and_paths("speed-1k-every") == (["rope", "tape"], {"on"})
 
@@ -91,7 +108,7 @@ def test_the_science_takes_what_the_other_stages_leave(tmp_path):
     budgets = stages(printed)
     assert budgets["science"] == 800 - sum(budgets[stage] for stage in PLAN[:-1])
     grape = commands(printed)["speed-1k-grape"]
-    assert grape[grape.index("--pe") + 1:] == ["rope", "grape-m-fixed", "grape-m", "grape-ap"]
+    assert grape[grape.index("--pe") + 1 :] == ["rope", "grape-m-fixed", "grape-m", "grape-ap"]
     science = commands(printed)["science"]
     assert science[:1] == ["stage"] and int(science[science.index("--budget-seconds") + 1]) == budgets["science"] - 25
 

@@ -136,9 +136,13 @@ def test_metric_counts_every_product() -> None:
 
 @pytest.mark.parametrize(
     ("option", "value", "allowed"),
-    [("group", "S6", "one of: S3, S4, A4, S5, A5"), ("group", "s3", "one of: S3"),
-     ("num_elements", 0, "an integer in"), ("num_elements", 2.0, "an integer in"),
-     ("eval_multipliers", (), "a non-empty sequence")],
+    [
+        ("group", "S6", "one of: S3, S4, A4, S5, A5"),
+        ("group", "s3", "one of: S3"),
+        ("num_elements", 0, "an integer in"),
+        ("num_elements", 2.0, "an integer in"),
+        ("eval_multipliers", (), "a non-empty sequence"),
+    ],
 )
 def test_bad_options_raise_one_line_naming_the_option(option: str, value: object, allowed: str) -> None:
     with pytest.raises(ValueError) as error:
@@ -161,8 +165,18 @@ def test_report_reading_gives_the_chance_level_of_the_group() -> None:
     def stats(mean: float) -> dict:
         return {"mean": mean, "std": 0.0, "n": 1, "half_width": float("nan")}
 
-    row = {"seeds": [0], "in_distribution": stats(0.9), "longer": stats(0.0), "per_seed": {"in_distribution": {0: 0.9}},
-           "token_accuracy": {"in_distribution": stats(0.99), "longer": stats(0.5)}}
-    summary = {"rows": {"tape": row, "rope": row}, "metric": "exact_match", "task": "word_problem", "paired": {},
-               "record": {"task_options": {"group": "A5", "num_elements": 8}}}
+    row = {
+        "seeds": [0],
+        "in_distribution": stats(0.9),
+        "longer": stats(0.0),
+        "per_seed": {"in_distribution": {0: 0.9}},
+        "token_accuracy": {"in_distribution": stats(0.99), "longer": stats(0.5)},
+    }
+    summary = {
+        "rows": {"tape": row, "rope": row},
+        "metric": "exact_match",
+        "task": "word_problem",
+        "paired": {},
+        "record": {"task_options": {"group": "A5", "num_elements": 8}},
+    }
     assert any("1/|A5| = 1.7%" in sentence for sentence in reading(summary))

@@ -46,8 +46,10 @@ def source_dir() -> Path | None:
 def _check_version(root: Path) -> None:
     init = (root / "src" / "transformers" / "__init__.py").read_text()
     if f'__version__ = "{transformers.__version__}"' not in init:
-        raise ValueError(f"{root} is not the source of the installed transformers {transformers.__version__}; "
-                         f"fetch it again or point TAPELM_TRANSFORMERS_SRC at that release")
+        raise ValueError(
+            f"{root} is not the source of the installed transformers {transformers.__version__}; "
+            f"fetch it again or point TAPELM_TRANSFORMERS_SRC at that release"
+        )
 
 
 def generation_tests_available(root: Path) -> bool:
@@ -78,8 +80,22 @@ def fetch() -> Path:
     if source_dir() == target:
         return target
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        f"transformers=={transformers.__version__}", "-d", tmp], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"transformers=={transformers.__version__}",
+                "-d",
+                tmp,
+            ],
+            check=True,
+        )
         (archive,) = Path(tmp).glob("transformers-*.tar.gz")
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")

@@ -8,11 +8,15 @@ import importlib
 
 import tapelm.kernels
 
-REACHED = {"mlp-fla": ("fla.modules.activations.ops", ("swiglu_fwd_kernel", "swiglu_fwdbwd_kernel")),
-           "norm-fla": ("fla.modules.norm.layernorm", ("layer_norm_fwd_kernel", "layer_norm_fwd_kernel_row",
-                                                       "layer_norm_bwd_kernel", "layer_norm_bwd_kernel_row")),
-           "rotation-fla": ("fla.modules.rotary.ops", ("rotary_embedding_kernel",)),
-           "forgetting-attention-fla": ("fla.ops.utils.cumsum", ("chunk_global_cumsum_scalar_kernel",))}
+REACHED = {
+    "mlp-fla": ("fla.modules.activations.ops", ("swiglu_fwd_kernel", "swiglu_fwdbwd_kernel")),
+    "norm-fla": (
+        "fla.modules.norm.layernorm",
+        ("layer_norm_fwd_kernel", "layer_norm_fwd_kernel_row", "layer_norm_bwd_kernel", "layer_norm_bwd_kernel_row"),
+    ),
+    "rotation-fla": ("fla.modules.rotary.ops", ("rotary_embedding_kernel",)),
+    "forgetting-attention-fla": ("fla.ops.utils.cumsum", ("chunk_global_cumsum_scalar_kernel",)),
+}
 """Each fast path's autotuned kernels: fla's module and the kernels' names."""
 
 

@@ -30,8 +30,11 @@ def worst_relative_error(variant: str, batch: str, seed: int, scale: float) -> f
         return trained_pass(model, tokens(2, 16, seed=seed), batch)
 
     truth, rounded = run(torch.float64), run(torch.bfloat16)
-    return max((rounded[name].double() - value).norm().item() / value.norm().item()
-               for name, value in truth.items() if value is not None and value.norm() > 1e-9)
+    return max(
+        (rounded[name].double() - value).norm().item() / value.norm().item()
+        for name, value in truth.items()
+        if value is not None and value.norm() > 1e-9
+    )
 
 
 def main() -> None:
@@ -45,12 +48,21 @@ def main() -> None:
     torch.set_num_threads(1)
     results = {}
     for scale in args.scales:
-        errors = [worst_relative_error(variant, batch, seed, scale)
-                  for variant, batch, seed in itertools.product(TAPE_VARIANTS, BATCHES, range(args.seeds))]
-        results[str(scale)] = {"runs": len(errors), "median": statistics.median(errors), "worst": max(errors),
-                               "best": min(errors)}
-        print(f"weight scale {scale}: worst relative error per run, median {results[str(scale)]['median']:.3f}, "
-              f"worst {max(errors):.3f}, best {min(errors):.3f} ({len(errors)} runs)", flush=True)
+        errors = [
+            worst_relative_error(variant, batch, seed, scale)
+            for variant, batch, seed in itertools.product(TAPE_VARIANTS, BATCHES, range(args.seeds))
+        ]
+        results[str(scale)] = {
+            "runs": len(errors),
+            "median": statistics.median(errors),
+            "worst": max(errors),
+            "best": min(errors),
+        }
+        print(
+            f"weight scale {scale}: worst relative error per run, median {results[str(scale)]['median']:.3f}, "
+            f"worst {max(errors):.3f}, best {min(errors):.3f} ({len(errors)} runs)",
+            flush=True,
+        )
     args.out.write_text(json.dumps({"seeds": args.seeds, "scales": results}, indent=1) + "\n")
     print(f"wrote {args.out}")
 

@@ -2,7 +2,8 @@
 one alone, and with all of them, at one of `bench speed`'s sizes, in one process.
 
 Every forward pass resolves its config's `fast_paths` (`tapelm.fast_paths.resolve`), so one model per encoding serves
-every setting: a setting is the list of path names the models' `fast_paths` holds while it is measured. Each repetition visits
+every setting: a setting is the list of path names the models' `fast_paths` holds while it is measured. Each
+repetition visits
 every setting in turn (the training steps of all settings first, then, the models in the decoding dtype, the decoding
 steps), so the ratios of one repetition are taken under the same load. The first visit of a setting is not timed:
 Triton and fla compile and autotune there. The JSON holds every time and, per setting, each encoding's time as a
@@ -25,9 +26,19 @@ from tapelm.bench.speed import SIZES, Options, Workload, check_device
 from tapelm.experiments.provenance import environment
 from tapelm.experiments.statistics import interval
 
-OFFERED = {"cuda": ("attention-unpadded", "rotation-autograd", "rotation-triton", "rotation-fla", "norm-fla",
-                    "mlp-fla", "loss-fla", "state-mixing-triton"),
-           "cpu": ("attention-cpu-flash", "rotation-autograd")}
+OFFERED = {
+    "cuda": (
+        "attention-unpadded",
+        "rotation-autograd",
+        "rotation-triton",
+        "rotation-fla",
+        "norm-fla",
+        "mlp-fla",
+        "loss-fla",
+        "state-mixing-triton",
+    ),
+    "cpu": ("attention-cpu-flash", "rotation-autograd"),
+}
 """The fast paths that RoPE's and TAPE's training and decoding can take, by device type."""
 ROWS = ("rope", "tape")
 TRAIN_STEPS = 3
@@ -65,17 +76,20 @@ def prefilled(workload: Workload) -> DynamicCache:
     cache = DynamicCache(config=workload.model.config)
     prompt = workload.prompt[:1]
     for start in range(0, prompt.shape[1], 512):
-        workload.model(prompt[:, start:start + 512], use_cache=True, cache=cache)
+        workload.model(prompt[:, start : start + 512], use_cache=True, cache=cache)
     return cache
 
 
 def summary(times: dict[str, dict[str, list[float]]]) -> dict[str, dict]:
     """Per setting: each row's time over its own with no fast path, and TAPE / RoPE, as intervals over repetitions."""
     none = times["none"]
-    return {setting: {**{f"{row} / {row} with none": interval([t / b for t, b in zip(rows[row], none[row])])
-                         for row in ROWS},
-                      "tape / rope": interval([t / r for t, r in zip(rows["tape"], rows["rope"])])}
-            for setting, rows in times.items()}
+    return {
+        setting: {
+            **{f"{row} / {row} with none": interval([t / b for t, b in zip(rows[row], none[row])]) for row in ROWS},
+            "tape / rope": interval([t / r for t, r in zip(rows["tape"], rows["rope"])]),
+        }
+        for setting, rows in times.items()
+    }
 
 
 def main() -> None:
@@ -94,9 +108,15 @@ def main() -> None:
     size, options = SIZES[args.size], Options(device=device, bf16=args.dtype == "bf16")
     settings = {"none": (), **{name: (name,) for name in OFFERED[device.type]}, "all": OFFERED[device.type]}
     workloads = {row: Workload(size, row, options) for row in ROWS}
-    record = {"size": args.size, "options": options.record(), "environment": environment(),
-              "train_steps": TRAIN_STEPS, "decode_tokens": DECODE_TOKENS, "decode_context": size.decode_context,
-              "settings": {name: list(paths) for name, paths in settings.items()}}
+    record = {
+        "size": args.size,
+        "options": options.record(),
+        "environment": environment(),
+        "train_steps": TRAIN_STEPS,
+        "decode_tokens": DECODE_TOKENS,
+        "decode_context": size.decode_context,
+        "settings": {name: list(paths) for name, paths in settings.items()},
+    }
 
     train = {setting: {row: [] for row in ROWS} for setting in settings}
     for repeat in range(args.repeats + 1):
@@ -122,14 +142,20 @@ def main() -> None:
                     decode[setting][row].append(seconds)
         print(f"decoding, repetition {repeat} of {args.repeats} done", flush=True)
 
-    record.update(train_step_s=train, decode_s_per_token_batch1=decode, train=summary(train),
-                  decode_batch1=summary(decode))
+    record.update(
+        train_step_s=train, decode_s_per_token_batch1=decode, train=summary(train), decode_batch1=summary(decode)
+    )
     print("times: each encoding's over its own with no fast path, and TAPE's over RoPE's in the same setting")
-    print(f"{'setting':26s} {'RoPE step':>12s} {'TAPE step':>12s} {'TAPE / RoPE':>12s}"
-          f" {'RoPE decode':>12s} {'TAPE decode':>12s} {'TAPE / RoPE':>12s}")
+    print(
+        f"{'setting':26s} {'RoPE step':>12s} {'TAPE step':>12s} {'TAPE / RoPE':>12s}"
+        f" {'RoPE decode':>12s} {'TAPE decode':>12s} {'TAPE / RoPE':>12s}"
+    )
     for setting in settings:
-        cells = [record[part][setting][key] for part in ("train", "decode_batch1")
-                 for key in ("rope / rope with none", "tape / tape with none", "tape / rope")]
+        cells = [
+            record[part][setting][key]
+            for part in ("train", "decode_batch1")
+            for key in ("rope / rope with none", "tape / tape with none", "tape / rope")
+        ]
         print(f"{setting:26s} " + " ".join(f"{c['mean']:6.3f}±{c['half_width']:5.3f}" for c in cells))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"fast-path-ablation-{device.type}-{args.size}.json"

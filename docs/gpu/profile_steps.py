@@ -39,8 +39,10 @@ def profiled(run, device: torch.device, options: Options) -> list[dict]:
             run()
         options.synchronize()
     time_key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    rows = [{"name": event.key, "calls_per_step": event.count / STEPS,
-             "self_us_per_step": getattr(event, time_key) / STEPS} for event in prof.key_averages()]
+    rows = [
+        {"name": event.key, "calls_per_step": event.count / STEPS, "self_us_per_step": getattr(event, time_key) / STEPS}
+        for event in prof.key_averages()
+    ]
     return sorted((row for row in rows if row["self_us_per_step"] > 0), key=lambda row: -row["self_us_per_step"])
 
 
@@ -52,7 +54,7 @@ def decode_step(workload: Workload):
     cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1])
     with torch.no_grad():
         for start in range(0, prompt.shape[1] - 1, 512):
-            model(prompt[:, start:min(start + 512, prompt.shape[1] - 1)], use_cache=True, cache=cache)
+            model(prompt[:, start : min(start + 512, prompt.shape[1] - 1)], use_cache=True, cache=cache)
     step = torch.compile(model, dynamic=False, fullgraph=True)
     token = prompt[:, -1:]
 
@@ -67,8 +69,11 @@ def decode_step(workload: Workload):
 def table(rows: list[dict], lines: int = 25) -> str:
     total = sum(row["self_us_per_step"] for row in rows)
     out = [f"total {total / 1e3:.2f} ms per step", f"{'µs/step':>10s} {'share':>6s} {'calls':>6s}  operation"]
-    out += [f"{row['self_us_per_step']:10.1f} {row['self_us_per_step'] / total:6.1%} {row['calls_per_step']:6.0f}  "
-            f"{row['name'][:100]}" for row in rows[:lines]]
+    out += [
+        f"{row['self_us_per_step']:10.1f} {row['self_us_per_step'] / total:6.1%} {row['calls_per_step']:6.0f}  "
+        f"{row['name'][:100]}"
+        for row in rows[:lines]
+    ]
     return "\n".join(out)
 
 
@@ -83,8 +88,7 @@ def main() -> None:
     device = check_device(args.device)
     size = SIZES[args.size]
     options = Options(device=device, bf16=args.dtype == "bf16", fast_paths=fast_path_setting(args.fast_paths))
-    record = {"size": args.size, "options": options.record(), "environment": environment(), "steps": STEPS,
-              "rows": {}}
+    record = {"size": args.size, "options": options.record(), "environment": environment(), "steps": STEPS, "rows": {}}
     args.out.mkdir(parents=True, exist_ok=True)
     for row in ROWS:
         workload = Workload(size, row, options)

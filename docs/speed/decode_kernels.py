@@ -42,10 +42,14 @@ def step_code(row: str, size_name: str, device: torch.device) -> str:
 
 def count(code: str) -> dict:
     """The kernels the generated `call` launches, fused and library, with the library ones by name."""
-    lines = [line.strip() for line in code[code.index("def call("):].splitlines()]
+    lines = [line.strip() for line in code[code.index("def call(") :].splitlines()]
     fused = [match.group(1) or match.group(2) for match in map(FUSED.match, lines) if match]
     library = Counter(match.group(1) or match.group(2) for match in map(LIBRARY.match, lines) if match)
-    return {"kernels": len(fused) + sum(library.values()), "fused": len(fused), "library": dict(sorted(library.items()))}
+    return {
+        "kernels": len(fused) + sum(library.values()),
+        "fused": len(fused),
+        "library": dict(sorted(library.items())),
+    }
 
 
 def main() -> None:
@@ -57,10 +61,15 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     rows = {row: count(step_code(row, args.size, device)) for row in args.rows}
-    record = {"command": "python docs/speed/decode_kernels.py " + " ".join(
-                  [*args.rows, "--size", args.size, "--device", args.device]),
-              "size": args.size, "layers": SIZES[args.size].layers, "device": str(device),
-              "environment": environment(), "rows": rows}
+    record = {
+        "command": "python docs/speed/decode_kernels.py "
+        + " ".join([*args.rows, "--size", args.size, "--device", args.device]),
+        "size": args.size,
+        "layers": SIZES[args.size].layers,
+        "device": str(device),
+        "environment": environment(),
+        "rows": rows,
+    }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     for row, counts in rows.items():
         print(f"{row}: {counts['kernels']} kernels ({counts['fused']} fused, library {counts['library']})")

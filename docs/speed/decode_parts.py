@@ -45,7 +45,7 @@ def skip_updates(model, skipped: bool) -> None:
 def prefilled(model, prompt: torch.Tensor) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     for start in range(0, prompt.shape[1], 512):
-        model(prompt[:, start:start + 512], use_cache=True, cache=cache)
+        model(prompt[:, start : start + 512], use_cache=True, cache=cache)
     return cache
 
 
@@ -69,20 +69,29 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/speed/decode-parts.json"))
     args = parser.parse_args()
     if min(args.contexts) < 1 or args.repeats < 2:
-        parser.error(f"--contexts must be at least 1 (got {args.contexts}) and --repeats at least 2 for an interval "
-                     f"(got {args.repeats})")
+        parser.error(
+            f"--contexts must be at least 1 (got {args.contexts}) and --repeats at least 2 for an interval "
+            f"(got {args.repeats})"
+        )
     size, options = SIZES[args.size], Options(device=torch.device("cpu"))
     workloads = {row: Workload(size, row, options) for row in ("rope", "tape")}
     for workload in workloads.values():
         workload.for_decoding()
     rope, tape = workloads["rope"].model, workloads["tape"].model
-    updating_layers = sum(layer.positional.attention_update or layer.positional.mlp_update
-                          for layer in tape.model.layers)
+    updating_layers = sum(
+        layer.positional.attention_update or layer.positional.mlp_update for layer in tape.model.layers
+    )
     weight_bytes = {row: workload.decode_weight_bytes() for row, workload in workloads.items()}
     prompt = torch.randint(0, size.vocab, (1, max(args.contexts)), generator=torch.Generator().manual_seed(0))
     token = prompt[:, :1]
-    record = {"size": args.size, "repeats": args.repeats, "tokens_per_repeat": TOKENS, "environment": environment(),
-              "updating_layers": updating_layers, "contexts": {}}
+    record = {
+        "size": args.size,
+        "repeats": args.repeats,
+        "tokens_per_repeat": TOKENS,
+        "environment": environment(),
+        "updating_layers": updating_layers,
+        "contexts": {},
+    }
     for context in args.contexts:
         caches = {"rope": prefilled(rope, prompt[:, :context]), "tape": prefilled(tape, prompt[:, :context])}
         times = {"rope": [], "tape": [], "tape, updates skipped": []}
@@ -94,17 +103,29 @@ def main() -> None:
             skip_updates(tape, False)
         read = {row: weight_bytes[row] + cache_bytes(caches[row]) for row in caches}
         updates = [full - skipped for full, skipped in zip(times["tape"], times["tape, updates skipped"])]
-        entry = {"bytes_bound": read["rope"] / read["tape"], "bytes_read": read, "seconds_per_token": times,
-                 "x_rope_tokens_per_s": {variant: interval([r / t for r, t in zip(times["rope"], seconds)])
-                                         for variant, seconds in times.items() if variant != "rope"},
-                 "updates_us_per_layer": statistics.median(updates) / updating_layers * 1e6,
-                 "updates_share_of_step": statistics.median(u / t for u, t in zip(updates, times["tape"]))}
+        entry = {
+            "bytes_bound": read["rope"] / read["tape"],
+            "bytes_read": read,
+            "seconds_per_token": times,
+            "x_rope_tokens_per_s": {
+                variant: interval([r / t for r, t in zip(times["rope"], seconds)])
+                for variant, seconds in times.items()
+                if variant != "rope"
+            },
+            "updates_us_per_layer": statistics.median(updates) / updating_layers * 1e6,
+            "updates_share_of_step": statistics.median(u / t for u, t in zip(updates, times["tape"])),
+        }
         record["contexts"][str(context)] = entry
-        print(f"context {context:5d}: bytes bound {entry['bytes_bound']:.3f}; " + "; ".join(
-            f"{variant} {ratio['mean']:.3f} ± {ratio['half_width']:.3f}x RoPE"
-            for variant, ratio in entry["x_rope_tokens_per_s"].items())
+        print(
+            f"context {context:5d}: bytes bound {entry['bytes_bound']:.3f}; "
+            + "; ".join(
+                f"{variant} {ratio['mean']:.3f} ± {ratio['half_width']:.3f}x RoPE"
+                for variant, ratio in entry["x_rope_tokens_per_s"].items()
+            )
             + f"; updates {entry['updates_us_per_layer']:.0f} µs a layer, {entry['updates_share_of_step']:.1%} of "
-              "the step", flush=True)
+            "the step",
+            flush=True,
+        )
         del caches
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -4,7 +4,8 @@ One forward and backward pass (no optimizer: the same for every row) of RoPE and
 sizes, under bf16 autocast as `bench speed --dtype bf16` trains, run on the CPU: the same aten operations a GPU runs
 on the same paths (without `--paths`, the reference paths), except the attention kernel's name. Every operation's
 bytes (its tensor inputs read, its outputs written; views and allocations move none) and FLOPs (torch's FLOP
-formulas; attention's with the causal half) are taken at batch 1 and 2, so each extrapolates exactly to the size's batch (both are affine in it). Each operation then takes
+formulas; attention's with the causal half) are taken at batch 1 and 2, so each extrapolates exactly to the size's
+batch (both are affine in it). Each operation then takes
 max(FLOPs / peak, bytes / bandwidth) at the given peaks: the roofline, a lower bound on the step a GPU can run this
 code in. A step's measured time above its roofline is kernels that run below the peaks; TAPE's roofline over
 RoPE's is what this code asks of any GPU.
@@ -41,13 +42,31 @@ from tapelm.experiments.provenance import environment
 
 aten = torch.ops.aten
 ROWS = ("rope", "tape")
-ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu.default: False,
-             aten._scaled_dot_product_flash_attention_for_cpu_backward.default: True}
-NO_TRAFFIC = {aten.detach.default, aten._unsafe_view.default, aten.empty.memory_format, aten.empty_like.default,
-              aten.new_empty_strided.default, aten.empty_strided.default, aten.new_empty.default}
+ATTENTION = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: False,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: True,
+}
+NO_TRAFFIC = {
+    aten.detach.default,
+    aten._unsafe_view.default,
+    aten.empty.memory_format,
+    aten.empty_like.default,
+    aten.new_empty_strided.default,
+    aten.empty_strided.default,
+    aten.new_empty.default,
+}
 MATRIX = {"mm", "bmm", "addmm", "baddbmm"}
-PATHS = ("attention-unpadded", "rotation-autograd", "rotation-triton", "state-mixing-triton", "state-update-triton",
-         "rotation-fla", "norm-fla", "mlp-fla", "loss-fla")
+PATHS = (
+    "attention-unpadded",
+    "rotation-autograd",
+    "rotation-triton",
+    "state-mixing-triton",
+    "state-update-triton",
+    "rotation-fla",
+    "norm-fla",
+    "mlp-fla",
+    "loss-fla",
+)
 """The fast paths `--paths` can count: those that RoPE's and TAPE's training steps take on CUDA and that run, or whose
 kernels can be counted, on the CPU."""
 H100 = {"bandwidth": 3.35e12, "bf16": 989e12, "float32": 67e12}
@@ -126,8 +145,9 @@ class CountedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, is_causal, scale):
         with _disable_current_modes():
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                                                   scale=scale)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale
+            )
         ctx.save_for_backward(q, k, v, attn_mask)
         ctx.is_causal, ctx.scale = is_causal, scale
         _record("_scaled_dot_product_unpadded_attention", (q, k, v, attn_mask, out), q, k, v, backward=False)
@@ -138,11 +158,18 @@ class CountedAttention(torch.autograd.Function):
         q, k, v, attn_mask = ctx.saved_tensors
         with _disable_current_modes(), torch.enable_grad():
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-            out = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=attn_mask,
-                                                                   is_causal=ctx.is_causal, scale=ctx.scale)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *leaves, attn_mask=attn_mask, is_causal=ctx.is_causal, scale=ctx.scale
+            )
             grads = torch.autograd.grad(out, leaves, grad)
-        _record("_scaled_dot_product_unpadded_attention_backward", (q, k, v, attn_mask, out, grad, *grads), q, k, v,
-                backward=True)
+        _record(
+            "_scaled_dot_product_unpadded_attention_backward",
+            (q, k, v, attn_mask, out, grad, *grads),
+            q,
+            k,
+            v,
+            backward=True,
+        )
         return (*grads, None, None, None)
 
 
@@ -188,12 +215,20 @@ def kernels_counted():
     from tapelm.kernels.state_mixing import triton as mixing_kernels
     from tapelm.kernels.state_update import triton as update_kernels
 
-    takes = [(rotation, "triton_takes"), (state_mixing, "triton_takes"), (state_update, "triton_takes"),
-             (kernels, "fla_takes")]
+    takes = [
+        (rotation, "triton_takes"),
+        (state_mixing, "triton_takes"),
+        (state_update, "triton_takes"),
+        (kernels, "fla_takes"),
+    ]
     attention = [(unpadded, "takes"), (unpadded, "scaled_dot_product_attention")]
-    kernels = [(module, name) for module in (rotation_kernels, mixing_kernels, update_kernels)
-               + tuple(module for key, module in sys.modules.items() if key.startswith("fla.modules"))
-               for name, value in vars(module).items() if isinstance(value, (JITFunction, Autotuner, Heuristics))]
+    kernels = [
+        (module, name)
+        for module in (rotation_kernels, mixing_kernels, update_kernels)
+        + tuple(module for key, module in sys.modules.items() if key.startswith("fla.modules"))
+        for name, value in vars(module).items()
+        if isinstance(value, (JITFunction, Autotuner, Heuristics))
+    ]
     originals = [(module, name, getattr(module, name)) for module, name in takes + attention + kernels]
     for module, name in takes:
         setattr(module, name, lambda x: x.dtype in FLA_DTYPES)
@@ -236,8 +271,14 @@ def extrapolated(one: list, two: list, batch: int) -> list[tuple[str, str, float
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, *key, autojunk=False).get_opcodes():
         if tag == "equal":
             for (name, dtype, bytes_1, flops_1), (_, _, bytes_2, flops_2) in zip(one[i1:i2], two[j1:j2]):
-                calls.append((name, dtype, bytes_1 + (batch - 1) * (bytes_2 - bytes_1),
-                              flops_1 + (batch - 1) * (flops_2 - flops_1)))
+                calls.append(
+                    (
+                        name,
+                        dtype,
+                        bytes_1 + (batch - 1) * (bytes_2 - bytes_1),
+                        flops_1 + (batch - 1) * (flops_2 - flops_1),
+                    )
+                )
             continue
         calls += [(name, dtype, moved * batch, flops * batch) for name, dtype, moved, flops in one[i1:i2]]
         calls += [(name, dtype, moved * batch / 2, flops * batch / 2) for name, dtype, moved, flops in two[j1:j2]]
@@ -260,15 +301,19 @@ def roofline(row: str, size_name: str, paths: tuple[str, ...], peaks: dict) -> d
             part["ms"] += seconds * 1e3
     kinds = {key: parts.pop(key) for key in ("attention", "matrix products", "element-wise and copies")}
     total = {field: sum(part[field] for part in kinds.values()) for field in ("calls", "GB", "TFLOP", "ms")}
-    return {"total": total, "kinds": kinds,
-            "operations": dict(sorted(parts.items(), key=lambda item: -item[1]["ms"]))}
+    return {"total": total, "kinds": kinds, "operations": dict(sorted(parts.items(), key=lambda item: -item[1]["ms"]))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=list(GPU_SIZES), choices=sorted(SIZES))
-    parser.add_argument("--paths", nargs="*", default=[], choices=PATHS,
-                        help="fast paths on, for both rows (default: none, as CUDA runs today)")
+    parser.add_argument(
+        "--paths",
+        nargs="*",
+        default=[],
+        choices=PATHS,
+        help="fast paths on, for both rows (default: none, as CUDA runs today)",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/speed/step-bytes.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -277,9 +322,11 @@ def main() -> None:
         rows = {row: roofline(row, name, tuple(args.paths), H100) for row in ROWS}
         ratio = rows["tape"]["total"]["ms"] / rows["rope"]["total"]["ms"]
         sizes[name] = {"rows": rows, "tape_over_rope": ratio}
-        print(f"{name}: RoPE {rows['rope']['total']['ms']:.1f} ms, TAPE {rows['tape']['total']['ms']:.1f} ms "
-              f"(roofline at an H100's peaks), TAPE / RoPE {ratio:.3f}; GB {rows['rope']['total']['GB']:.1f} / "
-              f"{rows['tape']['total']['GB']:.1f}")
+        print(
+            f"{name}: RoPE {rows['rope']['total']['ms']:.1f} ms, TAPE {rows['tape']['total']['ms']:.1f} ms "
+            f"(roofline at an H100's peaks), TAPE / RoPE {ratio:.3f}; GB {rows['rope']['total']['GB']:.1f} / "
+            f"{rows['tape']['total']['GB']:.1f}"
+        )
     words = ["python docs/speed/step_bytes.py --sizes", *args.sizes] + (["--paths", *args.paths] if args.paths else [])
     command = " ".join(words + ["--out", str(args.out)])
     record = {"command": command, "paths": args.paths, "peaks": H100, "sizes": sizes, "environment": environment()}

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tapelm.kernels.attention.cpu_flash import stream_attention_backward
 from tapelm.bench.speed import SIZES
 from tapelm.experiments.provenance import environment
+from tapelm.kernels.attention.cpu_flash import stream_attention_backward
 
 BLOCKS = (32, 64, 128)
 
@@ -49,12 +49,14 @@ def variants(size, width_factor: int, mask: torch.Tensor | None) -> dict:
     pad = (0, width - head_dim)
     causal = mask is None
     out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        F.pad(q, pad), F.pad(k, pad), stream, 0.0, causal, attn_mask=mask, scale=scale)
+        F.pad(q, pad), F.pad(k, pad), stream, 0.0, causal, attn_mask=mask, scale=scale
+    )
     delta = (grad_out * out).sum(-1)
 
     def flash():
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, F.pad(q, pad), F.pad(k, pad), stream, out, logsumexp, 0.0, causal, attn_mask=mask, scale=scale)
+            grad_out, F.pad(q, pad), F.pad(k, pad), stream, out, logsumexp, 0.0, causal, attn_mask=mask, scale=scale
+        )
 
     def blockwise(block):
         return lambda: stream_attention_backward(grad_out, q, k, stream, logsumexp, delta, causal, scale, mask, block)
@@ -70,8 +72,11 @@ def main() -> None:
     args = parser.parse_args()
     size = SIZES[args.size]
     record = {"size": args.size, "repeats": args.repeats, "environment": environment(), "widths": {}}
-    cases = [(factor, width, masked) for masked in (False, True)
-             for factor, width in ((1, "as wide as q (RoPE)"), (2, "twice as wide (TAPE's [V | E])"))]
+    cases = [
+        (factor, width, masked)
+        for masked in (False, True)
+        for factor, width in ((1, "as wide as q (RoPE)"), (2, "twice as wide (TAPE's [V | E])"))
+    ]
     for factor, width, masked in cases:
         name = f"{width}, {'a mask tensor' if masked else 'causal flag'}"
         runs = variants(size, factor, padding_mask(size) if masked else None)
@@ -84,9 +89,13 @@ def main() -> None:
                 run()
                 times[variant].append(time.perf_counter() - start)
         record["widths"][name] = {
-            variant: {"median_ms": 1000 * statistics.median(seconds), "times_s": seconds,
-                      "x_flash": statistics.median(seconds) / statistics.median(times["flash"])}
-            for variant, seconds in times.items()}
+            variant: {
+                "median_ms": 1000 * statistics.median(seconds),
+                "times_s": seconds,
+                "x_flash": statistics.median(seconds) / statistics.median(times["flash"]),
+            }
+            for variant, seconds in times.items()
+        }
         for variant, entry in record["widths"][name].items():
             print(f"{name:48s} {variant:16s} {entry['median_ms']:7.1f} ms  {entry['x_flash']:.2f}x flash")
     args.out.parent.mkdir(parents=True, exist_ok=True)

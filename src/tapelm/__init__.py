@@ -14,5 +14,12 @@ AutoModel.register(TapeConfig, TapeModel, exist_ok=True)
 AutoModelForCausalLM.register(TapeConfig, TapeForCausalLM, exist_ok=True)
 
 __version__ = "0.1.0"
-__all__ = ["TapeConfig", "TapeModel", "TapeForCausalLM", "TapePreTrainedModel", "PE_TYPES", "from_pretrained_llama",
-           "__version__"]
+__all__ = [
+    "TapeConfig",
+    "TapeModel",
+    "TapeForCausalLM",
+    "TapePreTrainedModel",
+    "PE_TYPES",
+    "from_pretrained_llama",
+    "__version__",
+]

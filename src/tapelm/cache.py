@@ -48,8 +48,10 @@ class TapeCacheLayer(DynamicLayer):
         if self.max_cache_len is None:
             return max(2 * needed, 64)
         if needed > self.max_cache_len:
-            raise ValueError(f"the static cache holds max_cache_len={self.max_cache_len} tokens, and this step needs "
-                             f"{needed}; make the cache longer (generate sizes it to max_length)")
+            raise ValueError(
+                f"the static cache holds max_cache_len={self.max_cache_len} tokens, and this step needs "
+                f"{needed}; make the cache longer (generate sizes it to max_length)"
+            )
         return self.max_cache_len
 
     def get_max_cache_shape(self) -> int:
@@ -129,8 +131,9 @@ class TapeCacheLayer(DynamicLayer):
         """Replace every cached key by `keys` (same shape): for encodings whose cached keys change when new tokens
         arrive (PaTH). In place unless autograd needs the old ones."""
         if keys.shape != self.keys.shape:
-            raise ValueError(f"rewrite_keys: keys of shape {tuple(keys.shape)} for a cache layer of "
-                             f"{tuple(self.keys.shape)}")
+            raise ValueError(
+                f"rewrite_keys: keys of shape {tuple(keys.shape)} for a cache layer of {tuple(self.keys.shape)}"
+            )
         if keys.requires_grad or self._buffers[_KEYS].requires_grad:
             self._buffers[_KEYS] = keys
         else:
@@ -258,19 +261,24 @@ def check_cache_type(cache: Cache | None) -> None:
     if cache is None:
         return
     if type(cache) not in (DynamicCache, StaticCache):
-        raise ValueError(f"tapelm models support DynamicCache (generate's default) and StaticCache "
-                         f"(cache_implementation='static'), not {type(cache).__name__}")
+        raise ValueError(
+            f"tapelm models support DynamicCache (generate's default) and StaticCache "
+            f"(cache_implementation='static'), not {type(cache).__name__}"
+        )
     if getattr(cache, "offloading", False):
-        raise ValueError("tapelm caches cannot be offloaded (their value streams and state stay on the device); use "
-                         "cache_implementation 'dynamic' or 'static'")
+        raise ValueError(
+            "tapelm caches cannot be offloaded (their value streams and state stay on the device); use "
+            "cache_implementation 'dynamic' or 'static'"
+        )
 
 
 def prepare_cache(cache: Cache | None, fixed_shapes: bool = True) -> None:
     """Give a `DynamicCache` or `StaticCache` whose layers are still transformers' empty ones tapelm's layers:
     growing ones, or for a static cache `FixedShapeCacheLayer`s (preallocated `TapeCacheLayer`s when the encoding
     needs its cached keys as a sequence: `fixed_shapes=False`)."""
-    if type(cache) not in (DynamicCache, StaticCache) or all(isinstance(layer, TapeCacheLayer)
-                                                            for layer in cache.layers):
+    if type(cache) not in (DynamicCache, StaticCache) or all(
+        isinstance(layer, TapeCacheLayer) for layer in cache.layers
+    ):
         return
     cache.layers = [_tape_layer(layer, fixed_shapes) for layer in cache.layers]
     if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
@@ -311,13 +319,16 @@ def cache_layer(cache: Cache, layer_idx: int) -> TapeCacheLayer:
         cache.layers.append(TapeCacheLayer())
     layer = cache.layers[layer_idx]
     if not isinstance(layer, TapeCacheLayer):
-        raise ValueError(f"cache layer {layer_idx} is a {type(layer).__name__}, not one tapelm filled; pass an empty "
-                         f"DynamicCache (or none) to a tapelm model")
+        raise ValueError(
+            f"cache layer {layer_idx} is a {type(layer).__name__}, not one tapelm filled; pass an empty "
+            f"DynamicCache (or none) to a tapelm model"
+        )
     return layer
 
 
-def store_keys_values(cache: Cache | None, layer_idx: int, keys: torch.Tensor, stream: torch.Tensor,
-                      value_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def store_keys_values(
+    cache: Cache | None, layer_idx: int, keys: torch.Tensor, stream: torch.Tensor, value_width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Append the new keys and value stream of decoder layer `layer_idx` and return all of them (as given without a
     cache)."""
     if cache is None:

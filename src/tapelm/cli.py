@@ -15,8 +15,9 @@ from .scrolls import commands as scrolls_commands
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tapelm", description="TAPE and its baseline positional encodings.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="benchmark", required=True,
-                                                                            metavar="BENCHMARK")
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
+        dest="benchmark", required=True, metavar="BENCHMARK"
+    )
     speed.add_arguments(bench)  # bench speed
     training.add_arguments(bench)  # bench training
     doctor.add_commands(commands)  # doctor

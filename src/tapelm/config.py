@@ -10,8 +10,24 @@ from transformers.modeling_rope_utils import RopeParameters
 from .fast_paths import check_setting as check_fast_paths
 from .remote_code import AUTO_MAP, write_modules
 
-PE_TYPES = ("tape", "rope", "randpe", "xpos", "nope", "alibi", "t5", "fire", "cope", "sinusoidal", "learned", "fox",
-            "path", "grape-m-fixed", "grape-m", "grape-ap")
+PE_TYPES = (
+    "tape",
+    "rope",
+    "randpe",
+    "xpos",
+    "nope",
+    "alibi",
+    "t5",
+    "fire",
+    "cope",
+    "sinusoidal",
+    "learned",
+    "fox",
+    "path",
+    "grape-m-fixed",
+    "grape-m",
+    "grape-ap",
+)
 ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
 CAUSAL_ONLY_PE_TYPES = ("fox", "path", "grape-m", "grape-ap")
 GRAPE_M_PE_TYPES = ("grape-m-fixed", "grape-m")
@@ -178,8 +194,12 @@ class TapeConfig(PreTrainedConfig):
         layers = self.num_hidden_layers
         if layer_idx == layers - 1:
             return False
-        chosen = {"all": range(layers), "none": (), "first_half": range(layers // 2),
-                  "second_half": range(layers // 2, layers)}
+        chosen = {
+            "all": range(layers),
+            "none": (),
+            "first_half": range(layers // 2),
+            "second_half": range(layers // 2, layers),
+        }
         return layer_idx in (chosen[self.tape_layers] if isinstance(self.tape_layers, str) else self.tape_layers)
 
     @property
@@ -198,40 +218,79 @@ class TapeConfig(PreTrainedConfig):
         _choice("tape_update", self.tape_update, TAPE_UPDATES)
         _choice("randpe_eval_positions", self.randpe_eval_positions, RANDPE_EVAL_POSITIONS)
         _choice("hidden_act", self.hidden_act, ("silu",))
-        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                      "num_key_value_heads", "head_dim", "max_position_embeddings", "tape_position_size",
-                      "randpe_max_position", "t5_num_buckets", "t5_max_distance", "fire_hidden_size",
-                      "cope_max_positions", "path_conv_size"):
+        for field in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+            "tape_position_size",
+            "randpe_max_position",
+            "t5_num_buckets",
+            "t5_max_distance",
+            "fire_hidden_size",
+            "cope_max_positions",
+            "path_conv_size",
+        ):
             _positive(field, getattr(self, field))
-        for field in ("t5_shared", "fire_shared", "grape_learnable_freq", "grape_share_across_heads",
-                      "grape_ctx_per_head"):
+        for field in (
+            "t5_shared",
+            "fire_shared",
+            "grape_learnable_freq",
+            "grape_share_across_heads",
+            "grape_ctx_per_head",
+        ):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; it must be True or False")
-        for field in ("xpos_scale_base", "fire_init_c", "fire_init_threshold", "grape_log_freq_scale",
-                      "grape_ctx_init_omega", "grape_ctx_omega_scale", "grape_ap_base"):
+        for field in (
+            "xpos_scale_base",
+            "fire_init_c",
+            "fire_init_threshold",
+            "grape_log_freq_scale",
+            "grape_ctx_init_omega",
+            "grape_ctx_omega_scale",
+            "grape_ap_base",
+        ):
             _positive_number(field, getattr(self, field))
-        if not isinstance(self.fox_gate_bias_init, (int, float)) or isinstance(self.fox_gate_bias_init, bool) \
-                or not math.isfinite(self.fox_gate_bias_init):
-            raise ValueError(f"fox_gate_bias_init={self.fox_gate_bias_init!r} is not allowed; it must be a finite number")
+        if (
+            not isinstance(self.fox_gate_bias_init, (int, float))
+            or isinstance(self.fox_gate_bias_init, bool)
+            or not math.isfinite(self.fox_gate_bias_init)
+        ):
+            raise ValueError(
+                f"fox_gate_bias_init={self.fox_gate_bias_init!r} is not allowed; it must be a finite number"
+            )
         if not isinstance(self.path_low_rank, int) or isinstance(self.path_low_rank, bool) or self.path_low_rank < 0:
-            raise ValueError(f"path_low_rank={self.path_low_rank!r} is not allowed; it must be an integer >= 0 "
-                             "(0: a full-rank projection)")
+            raise ValueError(
+                f"path_low_rank={self.path_low_rank!r} is not allowed; it must be an integer >= 0 "
+                "(0: a full-rank projection)"
+            )
         if self.pe_type in CAUSAL_ONLY_PE_TYPES and not self.causal:
-            raise ValueError(f"causal=False is not allowed with pe_type={self.pe_type!r}: its positional signal only "
-                             "runs from earlier to later tokens")
+            raise ValueError(
+                f"causal=False is not allowed with pe_type={self.pe_type!r}: its positional signal only "
+                "runs from earlier to later tokens"
+            )
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by "
-                             f"num_attention_heads={self.num_attention_heads}")
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be divisible by "
-                             f"num_key_value_heads={self.num_key_value_heads}")
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be divisible by "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
         if not isinstance(self.rms_norm_eps, (int, float)) or self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps={self.rms_norm_eps!r} is not allowed; it must be a positive number")
         if self.pe_type in ROTARY_PE_TYPES and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for the rotary encoding pe_type={self.pe_type!r}")
         if self.randpe_max_position < self.max_position_embeddings:
-            raise ValueError(f"randpe_max_position={self.randpe_max_position} must be >= "
-                             f"max_position_embeddings={self.max_position_embeddings}")
+            raise ValueError(
+                f"randpe_max_position={self.randpe_max_position} must be >= "
+                f"max_position_embeddings={self.max_position_embeddings}"
+            )
         self._validate_tape_block()
         self._validate_tape_layers()
         self._validate_grape()
@@ -240,30 +299,39 @@ class TapeConfig(PreTrainedConfig):
         _choice("grape_ap_tie", self.grape_ap_tie, GRAPE_AP_TIES)
         _positive("grape_ap_head_dim", self.grape_ap_head_dim)
         if self.pe_type == "grape-ap" and self.grape_ap_tie == "none" and self.grape_ap_head_dim % 2:
-            raise ValueError(f"grape_ap_head_dim={self.grape_ap_head_dim} must be even (its vectors are rotated "
-                             "pairwise)")
+            raise ValueError(
+                f"grape_ap_head_dim={self.grape_ap_head_dim} must be even (its vectors are rotated pairwise)"
+            )
         if self.pe_type == "grape-ap" and self.grape_ap_tie != "none" and self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even with grape_ap_tie={self.grape_ap_tie!r} (the "
-                             "tied vectors are rotated pairwise)")
+            raise ValueError(
+                f"head_dim={self.head_dim} must be even with grape_ap_tie={self.grape_ap_tie!r} (the "
+                "tied vectors are rotated pairwise)"
+            )
         if self.pe_type not in GRAPE_M_PE_TYPES:
             return
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for pe_type={self.pe_type!r} (planar rotations)")
         rope_type = (self.rope_parameters or {}).get("rope_type", "default")
         if rope_type != "default":
-            raise ValueError(f"rope_parameters rope_type={rope_type!r} is not allowed with pe_type={self.pe_type!r}: "
-                             "its frequencies start at the default RoPE spectrum (rope_theta only)")
+            raise ValueError(
+                f"rope_parameters rope_type={rope_type!r} is not allowed with pe_type={self.pe_type!r}: "
+                "its frequencies start at the default RoPE spectrum (rope_theta only)"
+            )
 
     def _validate_tape_layers(self) -> None:
         if isinstance(self.tape_layers, str):
             if self.tape_layers not in TAPE_LAYER_CHOICES:
-                raise ValueError(f"tape_layers={self.tape_layers!r} is not allowed; choose one of: "
-                                 f"{', '.join(TAPE_LAYER_CHOICES)}, or a list of layer indices")
+                raise ValueError(
+                    f"tape_layers={self.tape_layers!r} is not allowed; choose one of: "
+                    f"{', '.join(TAPE_LAYER_CHOICES)}, or a list of layer indices"
+                )
             return
         layers = list(self.tape_layers)
         if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_hidden_layers for i in layers):
-            raise ValueError(f"tape_layers={self.tape_layers!r} is not allowed; list layer indices in "
-                             f"[0, {self.num_hidden_layers}) or use one of: {', '.join(TAPE_LAYER_CHOICES)}")
+            raise ValueError(
+                f"tape_layers={self.tape_layers!r} is not allowed; list layer indices in "
+                f"[0, {self.num_hidden_layers}) or use one of: {', '.join(TAPE_LAYER_CHOICES)}"
+            )
         self.tape_layers = sorted(set(layers))
 
     def _validate_tape_block(self) -> None:
@@ -282,8 +350,10 @@ class TapeConfig(PreTrainedConfig):
             raise ValueError(f"tape_block R={block_r} must be a multiple of L={block_l}")
         rope_type = (self.rope_parameters or {}).get("rope_type", "default")
         if rope_type not in ("default", "linear") and self.tape_block != (2, 2):
-            raise ValueError(f"rope_parameters rope_type={rope_type!r} needs tape_block=(2, 2); "
-                             "with other blocks use rope_type 'default' or 'linear'")
+            raise ValueError(
+                f"rope_parameters rope_type={rope_type!r} needs tape_block=(2, 2); "
+                "with other blocks use rope_type 'default' or 'linear'"
+            )
 
     def to_dict(self):
         output = super().to_dict()

@@ -46,47 +46,81 @@ H200 = "docs/gpu/h200-2026-11-27"
 """The GPU record that verified the CUDA entries below (`pytest --device cuda -m device`, all of them passed)."""
 
 PATHS: tuple[FastPath, ...] = (
-    FastPath("attention", "blocks",
-             "a bias built per block of queries inside activation checkpoints, so no N x T tensor per head is kept "
-             "(kernels/attention/blocks.py); on CUDA verified for every encoding but FIRE, whose gradients missed the "
-             "accuracy rule there",
-             {"cpu": EVERY_ENCODING, "cuda": ("alibi", "t5", "cope", "fox", "path")}),
-    FastPath("attention", "efficient",
-             "a bias that needs a gradient (T5, FIRE, CoPE, FoX, PaTH) as SDPA's float mask on CUDA's "
-             "memory-efficient kernel, which computes the mask's gradient itself (kernels/attention/efficient.py)"),
-    FastPath("attention", "cpu-flash",
-             "SDPA's CPU flash kernel for a value stream wider than q and k, keeping only the unpadded q and k for a "
-             "backward pass of plain products over blocks of queries (kernels/attention/cpu_flash.py)",
-             {"cpu": EVERY_ENCODING}),
-    FastPath("attention", "unpadded",
-             "a value wider than q and k without zero-padding them, on CUDA's kernels that take it: cuDNN (training) "
-             "or memory-efficient (kernels/attention/unpadded.py)",
-             {"cuda": EVERY_ENCODING}),
-    FastPath("rotation", "triton",
-             "the rotation of q and k by RoPE's tables or TAPE's state as Triton kernels, the state's gradient summed "
-             "over a query group in the same pass (kernels/rotation/triton.py)",
-             {"cuda": EVERY_ENCODING}),
-    FastPath("rotation", "fla",
-             "RoPE's rotation through fla's rotary kernel, in passes with gradients (kernels/rotation/fla.py)"),
-    FastPath("rotation", "autograd",
-             "the rotation as an autograd function with a hand-written backward (kernels/rotation/autograd.py)",
-             {"cpu": EVERY_ENCODING, "cuda": EVERY_ENCODING}),
-    FastPath("state-update", "triton",
-             "TAPE's two updates of the state in a layer (the attention branch's head mixing and the MLP branch's "
-             "per-token maps, with their residual sums) as one Triton program per token, forward and backward "
-             "(kernels/state_update/triton.py)"),
-    FastPath("state-mixing", "triton",
-             "TAPE's MLP-branch update of the state, one Triton program per token (kernels/state_mixing/triton.py)",
-             {"cuda": EVERY_ENCODING}),
-    FastPath("forgetting-attention", "fla",
-             "FoX's attention through fla's kernel (kernels/forgetting_attention/fla.py)"),
-    FastPath("path-attention", "fla",
-             "PaTH's attention through fla's kernel, within fla's tested shapes (kernels/path_attention/fla.py)"),
+    FastPath(
+        "attention",
+        "blocks",
+        "a bias built per block of queries inside activation checkpoints, so no N x T tensor per head is kept "
+        "(kernels/attention/blocks.py); on CUDA verified for every encoding but FIRE, whose gradients missed the "
+        "accuracy rule there",
+        {"cpu": EVERY_ENCODING, "cuda": ("alibi", "t5", "cope", "fox", "path")},
+    ),
+    FastPath(
+        "attention",
+        "efficient",
+        "a bias that needs a gradient (T5, FIRE, CoPE, FoX, PaTH) as SDPA's float mask on CUDA's "
+        "memory-efficient kernel, which computes the mask's gradient itself (kernels/attention/efficient.py)",
+    ),
+    FastPath(
+        "attention",
+        "cpu-flash",
+        "SDPA's CPU flash kernel for a value stream wider than q and k, keeping only the unpadded q and k for a "
+        "backward pass of plain products over blocks of queries (kernels/attention/cpu_flash.py)",
+        {"cpu": EVERY_ENCODING},
+    ),
+    FastPath(
+        "attention",
+        "unpadded",
+        "a value wider than q and k without zero-padding them, on CUDA's kernels that take it: cuDNN (training) "
+        "or memory-efficient (kernels/attention/unpadded.py)",
+        {"cuda": EVERY_ENCODING},
+    ),
+    FastPath(
+        "rotation",
+        "triton",
+        "the rotation of q and k by RoPE's tables or TAPE's state as Triton kernels, the state's gradient summed "
+        "over a query group in the same pass (kernels/rotation/triton.py)",
+        {"cuda": EVERY_ENCODING},
+    ),
+    FastPath(
+        "rotation",
+        "fla",
+        "RoPE's rotation through fla's rotary kernel, in passes with gradients (kernels/rotation/fla.py)",
+    ),
+    FastPath(
+        "rotation",
+        "autograd",
+        "the rotation as an autograd function with a hand-written backward (kernels/rotation/autograd.py)",
+        {"cpu": EVERY_ENCODING, "cuda": EVERY_ENCODING},
+    ),
+    FastPath(
+        "state-update",
+        "triton",
+        "TAPE's two updates of the state in a layer (the attention branch's head mixing and the MLP branch's "
+        "per-token maps, with their residual sums) as one Triton program per token, forward and backward "
+        "(kernels/state_update/triton.py)",
+    ),
+    FastPath(
+        "state-mixing",
+        "triton",
+        "TAPE's MLP-branch update of the state, one Triton program per token (kernels/state_mixing/triton.py)",
+        {"cuda": EVERY_ENCODING},
+    ),
+    FastPath(
+        "forgetting-attention", "fla", "FoX's attention through fla's kernel (kernels/forgetting_attention/fla.py)"
+    ),
+    FastPath(
+        "path-attention",
+        "fla",
+        "PaTH's attention through fla's kernel, within fla's tested shapes (kernels/path_attention/fla.py)",
+    ),
     FastPath("norm", "fla", "RMSNorm through fla's kernel, in passes with gradients (kernels/norm/fla.py)"),
     FastPath("mlp", "fla", "the SwiGLU product through fla's kernel, in passes with gradients (kernels/mlp/fla.py)"),
-    FastPath("loss", "fla",
-             "the output projection and the cross-entropy through fla's fused kernel, no logits made, in training "
-             "with labels (kernels/loss/fla.py)"),
+    FastPath(
+        "loss",
+        "fla",
+        "the output projection and the cross-entropy through fla's fused kernel, no logits made, in training "
+        "with labels (kernels/loss/fla.py)",
+    ),
 )
 """In the order each operation tries them."""
 BY_NAME: dict[str, FastPath] = {path.name: path for path in PATHS}
@@ -157,5 +191,4 @@ def note(name: str) -> None:
             names.add(name)
 
 
-__all__ = ["BY_NAME", "NAMES", "PATHS", "SETTINGS", "FastPath", "FastPaths", "check_setting", "recording",
-           "resolve"]
+__all__ = ["BY_NAME", "NAMES", "PATHS", "SETTINGS", "FastPath", "FastPaths", "check_setting", "recording", "resolve"]

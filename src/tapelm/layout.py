@@ -22,8 +22,7 @@ class TokenLayout:
     padding positions (`zeroed`, (B, N)), so that a traced program computes there what eager code does: the zeros
     the projections scatter to the grid, and so the same cache."""
 
-    def __init__(self, batch: int, length: int, real: torch.Tensor | None = None,
-                 zeroed: torch.Tensor | None = None):
+    def __init__(self, batch: int, length: int, real: torch.Tensor | None = None, zeroed: torch.Tensor | None = None):
         self.batch, self.length = batch, length
         self.index = None if real is None else real.flatten().nonzero().squeeze(1)
         self.zeroed = zeroed

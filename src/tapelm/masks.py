@@ -27,14 +27,22 @@ def tracing(tensor: torch.Tensor | None = None) -> bool:
     return is_tracing(tensor)
 
 
-def packed_documents(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, past: int,
-                     causal: bool, batch: int, length: int, cu_seq_lens_q: torch.Tensor | None = None,
-                     cu_seq_lens_k: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def packed_documents(
+    position_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    past: int,
+    causal: bool,
+    batch: int,
+    length: int,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The document index (B, N) of every new token when rows pack several documents (else None), and the positions
     that `cu_seq_lens_q` implies (None unless it is given without `position_ids`)."""
     if cu_seq_lens_q is not None:
-        return _documents_from_cu_seq_lens(cu_seq_lens_q, cu_seq_lens_k, position_ids, attention_mask, past, batch,
-                                           length)
+        return _documents_from_cu_seq_lens(
+            cu_seq_lens_q, cu_seq_lens_k, position_ids, attention_mask, past, batch, length
+        )
     if position_ids is None or attention_mask is not None or past or not causal:
         return None, None
     position_ids = position_ids.expand(batch, -1)
@@ -48,11 +56,14 @@ def _documents_from_cu_seq_lens(cu_q, cu_k, position_ids, attention_mask, past, 
     if cu_k is not None and not (cu_k.shape == cu_q.shape and (tracing(cu_k) or torch.equal(cu_k, cu_q))):
         raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q: packed documents attend only to themselves")
     if batch != 1 or attention_mask is not None or past:
-        raise ValueError("cu_seq_lens_q describes one packed row: pass batch size 1, no attention_mask and no "
-                         "cached tokens")
+        raise ValueError(
+            "cu_seq_lens_q describes one packed row: pass batch size 1, no attention_mask and no cached tokens"
+        )
     if cu_q.dim() != 1 or (not tracing(cu_q) and (int(cu_q[0]) != 0 or int(cu_q[-1]) != length)):
-        raise ValueError(f"cu_seq_lens_q must be the 1D cumulative document lengths from 0 to the row's {length} "
-                         f"tokens, got {cu_q.tolist() if not tracing(cu_q) else tuple(cu_q.shape)}")
+        raise ValueError(
+            f"cu_seq_lens_q must be the 1D cumulative document lengths from 0 to the row's {length} "
+            f"tokens, got {cu_q.tolist() if not tracing(cu_q) else tuple(cu_q.shape)}"
+        )
     index = torch.arange(length, device=cu_q.device)
     documents = torch.searchsorted(cu_q[1:].to(index.dtype), index, right=True)
     positions = None if position_ids is not None else (index - cu_q.to(index.dtype)[documents])[None]
@@ -74,8 +85,16 @@ def real_tokens(attention_mask: torch.Tensor | None, length: int, past) -> torch
     return real if tracing(real) or not bool(real.all()) else None
 
 
-def build_attention_mask(attention_mask: torch.Tensor | None, documents: torch.Tensor | None, query_len: int,
-                         key_len: int, causal: bool, dense: bool, device: torch.device, past=None) -> AttentionMask:
+def build_attention_mask(
+    attention_mask: torch.Tensor | None,
+    documents: torch.Tensor | None,
+    query_len: int,
+    key_len: int,
+    causal: bool,
+    dense: bool,
+    device: torch.device,
+    past=None,
+) -> AttentionMask:
     """The mask for N new queries over T keys, on `device` (the inputs'): the queries follow `past` cached tokens
     (default: they are the last N of the T keys; a fixed-shape cache has T larger than past + N, and keys from
     past + N on are not written yet). `attention_mask` is a 2D padding mask (B, past + N), 1 for real tokens, or a 4D
@@ -116,15 +135,19 @@ def given_mask(mask: torch.Tensor, query_len: int, key_len: int, causal: bool, p
     sees itself (no empty softmax row). The queries follow `past` cached tokens (default: T - N)."""
     past = key_len - query_len if past is None else past
     if mask.shape[1] != 1 or tuple(mask.shape[2:]) != (query_len, key_len):
-        raise ValueError(f"a 4D attention_mask must have shape (batch, 1, {query_len}, {key_len}) for {query_len} new "
-                         f"tokens over {key_len} keys (cached and new), got {tuple(mask.shape)}")
+        raise ValueError(
+            f"a 4D attention_mask must have shape (batch, 1, {query_len}, {key_len}) for {query_len} new "
+            f"tokens over {key_len} keys (cached and new), got {tuple(mask.shape)}"
+        )
     if mask.dtype == torch.bool:
         valid = mask
     elif mask.is_floating_point():
         valid = mask > torch.finfo(mask.dtype).min
         if not tracing(mask) and not bool(((mask == 0) | ~valid).all()):
-            raise ValueError("a float 4D attention_mask may hold only 0 (attend) and -inf or the dtype's minimum "
-                             "(masked); pass other logit biases some other way")
+            raise ValueError(
+                "a float 4D attention_mask may hold only 0 (attend) and -inf or the dtype's minimum "
+                "(masked); pass other logit biases some other way"
+            )
     else:
         raise ValueError(f"a 4D attention_mask must be bool (True: attend) or float (0 / -inf), not {mask.dtype}")
     key_index = torch.arange(key_len, device=mask.device)
@@ -132,8 +155,9 @@ def given_mask(mask: torch.Tensor, query_len: int, key_len: int, causal: bool, p
     later = key_index[None, :] > query_index[:, None]
     if causal:
         if not tracing(mask) and bool((valid & later).any()):
-            raise ValueError("this model is causal (config.causal=True): a 4D attention_mask may not let a query see "
-                             "a later key")
+            raise ValueError(
+                "this model is causal (config.causal=True): a 4D attention_mask may not let a query see a later key"
+            )
         valid = valid & ~later
     return valid | ((key_index[None, :] == query_index[:, None]) & ~valid.any(-1, keepdim=True))
 

@@ -72,11 +72,21 @@ class TapeAttention(nn.Module):
         self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size,
-                                bias=config.attention_bias)
+        self.o_proj = nn.Linear(
+            config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias
+        )
 
-    def forward(self, hidden, positional: LayerPositional, state, ctx: PositionContext, mask: AttentionMask,
-                cache: Cache | None, layout: TokenLayout, output_attentions: bool = False):
+    def forward(
+        self,
+        hidden,
+        positional: LayerPositional,
+        state,
+        ctx: PositionContext,
+        mask: AttentionMask,
+        cache: Cache | None,
+        layout: TokenLayout,
+        output_attentions: bool = False,
+    ):
         """`hidden` holds the tokens as `layout` lays them out. Returns the sublayer output (same layout); when the
         positional state joined the value stream, the attention output of its features (B, H, N, F) (else None); and
         the attention probabilities (B, H, N, T) when `output_attentions` (else None)."""
@@ -94,24 +104,37 @@ class TapeAttention(nn.Module):
             stream = v
         else:
             stream = v if extra is None else torch.cat([v, extra.to(v.dtype)], dim=-1)
-        q, k, stream, bias = positional.attention_inputs(layout.unpack(hidden), q, k, stream, self.head_dim, cache,
-                                                         self.layer_idx, mask.valid, ctx)
+        q, k, stream, bias = positional.attention_inputs(
+            layout.unpack(hidden), q, k, stream, self.head_dim, cache, self.layer_idx, mask.valid, ctx
+        )
         bias = RowBias.add(ctx.bias, bias)
         scale, probs = positional.logit_scale(self.head_dim), None
         implementation = self.config._attn_implementation
         if output_attentions or implementation not in TAPELM_ATTENTION:
             if output_attentions and implementation not in TAPELM_ATTENTION:
-                raise ValueError(f"output_attentions=True needs tapelm's own attention (attn_implementation 'sdpa' or "
-                                 f"'eager'); this model uses {implementation!r}")
+                raise ValueError(
+                    f"output_attentions=True needs tapelm's own attention (attn_implementation 'sdpa' or "
+                    f"'eager'); this model uses {implementation!r}"
+                )
             stream = joined_stream(stream, shared)
             if output_attentions:
                 out, probs = attend_with_probabilities(q, k, stream, mask, bias, scale)
             else:
                 out = attend_registered(ALL_ATTENTION_FUNCTIONS[implementation], self, q, k, stream, mask, bias, scale)
-            values, attended = out[..., : self.head_dim], (out[..., self.head_dim:] if extra is not None else None)
+            values, attended = out[..., : self.head_dim], (out[..., self.head_dim :] if extra is not None else None)
         else:
-            values, attended = attend_stream(q, k, stream, self.head_dim, mask, bias, scale, ctx.paths,
-                                             eager=implementation == "eager", shared=shared)
+            values, attended = attend_stream(
+                q,
+                k,
+                stream,
+                self.head_dim,
+                mask,
+                bias,
+                scale,
+                ctx.paths,
+                eager=implementation == "eager",
+                shared=shared,
+            )
         out_v = layout.pack(values.transpose(1, 2).reshape(batch, length, -1))
         return self.o_proj(out_v), attended, probs
 
@@ -152,11 +175,20 @@ class TapeDecoderLayer(GradientCheckpointingLayer):
         self.post_attention_layernorm = RMSNorm(config)
         self.positional = positional
 
-    def forward(self, hidden, state, ctx: PositionContext, mask: AttentionMask, layout: TokenLayout,
-                cache=None, output_attentions: bool = False):
+    def forward(
+        self,
+        hidden,
+        state,
+        ctx: PositionContext,
+        mask: AttentionMask,
+        layout: TokenLayout,
+        cache=None,
+        output_attentions: bool = False,
+    ):
         """`hidden` holds the tokens as `layout` lays them out (the real tokens only, when the batch is padded)."""
-        attn_out, attended, probs = self.self_attn(self.input_layernorm(hidden, ctx.paths), self.positional, state,
-                                                   ctx, mask, cache, layout, output_attentions)
+        attn_out, attended, probs = self.self_attn(
+            self.input_layernorm(hidden, ctx.paths), self.positional, state, ctx, mask, cache, layout, output_attentions
+        )
         hidden = hidden + attn_out
         state = self.positional.after_attention(state, attended, ctx)
         mlp_out = self.mlp(self.post_attention_layernorm(hidden, ctx.paths), ctx.paths)
@@ -227,11 +259,19 @@ class TapeModel(TapePreTrainedModel):
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     @can_return_tuple
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
-                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                output_hidden_states: bool | None = None, output_attentions: bool | None = None,
-                paths: FastPaths | None = None, **kwargs) -> BaseModelOutputWithPast:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        paths: FastPaths | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
         """`paths`: the fast paths this pass runs, resolved by the caller (`TapeForCausalLM`) or here from the
         config's `fast_paths`."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -246,8 +286,10 @@ class TapeModel(TapePreTrainedModel):
         # As in transformers' Llama: activation checkpointing with gradients on turns caching off; without gradients
         # (generate) nothing is checkpointed, so the cache works.
         if use_cache and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            logger.warning_once("use_cache=True is incompatible with activation checkpointing in training mode; "
-                                "setting use_cache=False.")
+            logger.warning_once(
+                "use_cache=True is incompatible with activation checkpointing in training mode; "
+                "setting use_cache=False."
+            )
             use_cache = False
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
@@ -261,18 +303,41 @@ class TapeModel(TapePreTrainedModel):
         if fixed:
             check_room(cache, length)
         documents, document_positions = packed_documents(
-            position_ids, attention_mask, past, self.config.causal, batch, length,
-            kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"))
-        position_ids = self._position_ids(position_ids if document_positions is None else document_positions,
-                                          attention_mask, past, batch, length, inputs_embeds.device)
+            position_ids,
+            attention_mask,
+            past,
+            self.config.causal,
+            batch,
+            length,
+            kwargs.get("cu_seq_lens_q"),
+            kwargs.get("cu_seq_lens_k"),
+        )
+        position_ids = self._position_ids(
+            position_ids if document_positions is None else document_positions,
+            attention_mask,
+            past,
+            batch,
+            length,
+            inputs_embeds.device,
+        )
         # the mask first: it checks a given 4D mask before anything reads it or is stored in the cache
-        mask = build_attention_mask(attention_mask, documents, length, key_length, self.config.causal,
-                                    dense=self.positional.adds_logit_bias or fixed, device=inputs_embeds.device,
-                                    past=past)
+        mask = build_attention_mask(
+            attention_mask,
+            documents,
+            length,
+            key_length,
+            self.config.causal,
+            dense=self.positional.adds_logit_bias or fixed,
+            device=inputs_embeds.device,
+            past=past,
+        )
         if paths is None:
             paths = resolve(self.config.fast_paths, inputs_embeds.device, self.config.pe_type)
-        ctx = PositionContext(query_positions=self.positional.positions(position_ids, past, documents), paths=paths,
-                              token_mask=real_tokens(attention_mask, length, past))
+        ctx = PositionContext(
+            query_positions=self.positional.positions(position_ids, past, documents),
+            paths=paths,
+            token_mask=real_tokens(attention_mask, length, past),
+        )
         if self.positional.needs_key_positions:
             ctx.key_positions = key_positions(cache, ctx.query_positions)
         self.positional.prepare(ctx, inputs_embeds.dtype)
@@ -287,16 +352,20 @@ class TapeModel(TapePreTrainedModel):
             if all_hidden is not None:  # the layer reads the returned grid, so gradients reach it (as in Llama)
                 all_hidden.append(layout.unpack(hidden))
                 hidden = layout.pack(all_hidden[-1])
-            hidden, state, probs = layer(hidden, state, ctx, mask, layout, cache=cache,
-                                         output_attentions=output_attentions)
+            hidden, state, probs = layer(
+                hidden, state, ctx, mask, layout, cache=cache, output_attentions=output_attentions
+            )
             if all_attentions is not None:
                 all_attentions.append(probs)
         hidden = layout.unpack(self.norm(hidden, paths))
         if all_hidden is not None:
             all_hidden.append(hidden)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache,
-                                       hidden_states=tuple(all_hidden) if all_hidden is not None else None,
-                                       attentions=tuple(all_attentions) if all_attentions is not None else None)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            cache=cache,
+            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+            attentions=tuple(all_attentions) if all_attentions is not None else None,
+        )
 
     @staticmethod
     def _position_ids(position_ids, attention_mask, past, batch, length, device):
@@ -346,18 +415,35 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     @can_return_tuple
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
-                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
-                output_hidden_states: bool | None = None, output_attentions: bool | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
         given = input_ids if input_ids is not None else inputs_embeds  # neither: the model's own error follows
         paths = None if given is None else resolve(self.config.fast_paths, given.device, self.config.pe_type)
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-                             return_dict=True, paths=paths, **kwargs)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+            paths=paths,
+            **kwargs,
+        )
         hidden = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
@@ -366,11 +452,17 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
         if labels is not None and self.training:  # training with labels: the loss without the logits, where it can
             loss = loss_without_logits(hidden, self.lm_head.weight, labels, paths, **kwargs)
             if loss is not None:
-                return CausalLMOutputWithPast(loss=loss, cache=outputs.cache, hidden_states=outputs.hidden_states,
-                                              attentions=outputs.attentions)
+                return CausalLMOutputWithPast(
+                    loss=loss, cache=outputs.cache, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+                )
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
-                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-AUTO_MAP = {"AutoConfig": "configuration_tape.TapeConfig", "AutoModel": "modeling_tape.TapeModel",
-            "AutoModelForCausalLM": "modeling_tape.TapeForCausalLM"}
+AUTO_MAP = {
+    "AutoConfig": "configuration_tape.TapeConfig",
+    "AutoModel": "modeling_tape.TapeModel",
+    "AutoModelForCausalLM": "modeling_tape.TapeForCausalLM",
+}
 _HEADER = '"""tapelm\'s {what}, for transformers\' trust_remote_code: the tapelm package must be installed."""\n\n'
 MODULES = {
     "configuration_tape.py": _HEADER.format(what="TapeConfig") + "from tapelm import TapeConfig\n\n"
-                             '__all__ = ["TapeConfig"]\n',
+    '__all__ = ["TapeConfig"]\n',
     "modeling_tape.py": _HEADER.format(what="models") + "from tapelm import TapeForCausalLM, TapeModel\n\n"
-                        '__all__ = ["TapeModel", "TapeForCausalLM"]\n',
+    '__all__ = ["TapeModel", "TapeForCausalLM"]\n',
 }
 
 

@@ -63,8 +63,13 @@ class TestRun:
         events = self.folder / f"{name}.jsonl"
         events.write_text("")
         with log.open("w") as output:
-            popen = subprocess.Popen([sys.executable, str(EVENTS_SCRIPT), str(events), *(tests or []), *arguments],
-                                     cwd=self.cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            popen = subprocess.Popen(
+                [sys.executable, str(EVENTS_SCRIPT), str(events), *(tests or []), *arguments],
+                cwd=self.cwd,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.processes.append(Process(name, tests, log, events, popen))
 
     def wait(self, own_arguments: list[str] | None = None) -> None:
@@ -96,7 +101,7 @@ class TestRun:
         with process.events.open("rb") as events:
             events.seek(process.offset)
             written = events.read()
-        complete = written[:written.rfind(b"\n") + 1]
+        complete = written[: written.rfind(b"\n") + 1]
         process.offset += len(complete)
         for line in complete.decode().splitlines():
             event = json.loads(line)
@@ -107,8 +112,13 @@ class TestRun:
             elif event["event"] == "finish":
                 process.running.pop(test, None)
             else:
-                self._note(test, event["outcome"] if event["when"] == "call" or event["outcome"] != "failed"
-                           else "error", event["seconds"], event["message"], process.name)
+                self._note(
+                    test,
+                    event["outcome"] if event["when"] == "call" or event["outcome"] != "failed" else "error",
+                    event["seconds"],
+                    event["message"],
+                    process.name,
+                )
         return bool(complete)
 
     def _note(self, test: str, outcome: str, seconds: float, message: str | None, process: str) -> None:
@@ -134,16 +144,26 @@ class TestRun:
         self.processes.remove(process)
         for test in process.running:
             self._note(test, "failed", 0.0, f"its process ended (exit {code}) while it ran", process.name)
-        self.record.append({"name": process.name, "exit": code, "tests": process.seen,
-                            "seconds": round(time.monotonic() - process.started, 1), "log": process.log.name})
+        self.record.append(
+            {
+                "name": process.name,
+                "exit": code,
+                "tests": process.seen,
+                "seconds": round(time.monotonic() - process.started, 1),
+                "log": process.log.name,
+            }
+        )
         if process.tests is None:
             return
         remaining = [test for test in process.tests if test not in self.results]
         if not remaining:
             return
         if process.seen == 0 or (self.deadline is not None and time.monotonic() > self.deadline):
-            why = ("not run: the doctor's deadline passed" if process.seen else
-                   f"not run: its process ended (exit {code}) before starting a test")
+            why = (
+                "not run: the doctor's deadline passed"
+                if process.seen
+                else f"not run: its process ended (exit {code}) before starting a test"
+            )
             for test in remaining:
                 self._note(test, "not run" if process.seen else "error", 0.0, why, process.name)
             return
@@ -156,24 +176,33 @@ class TestRun:
         counts: dict[str, int] = {}
         for result in self.results.values():
             counts[result["outcome"]] = counts.get(result["outcome"], 0) + 1
-        failures = [f"{result['outcome'].upper()} {test} - {result['message']}"
-                    for test, result in self.results.items() if result["outcome"] not in ("passed", "skipped")]
+        failures = [
+            f"{result['outcome'].upper()} {test} - {result['message']}"
+            for test, result in self.results.items()
+            if result["outcome"] not in ("passed", "skipped")
+        ]
         slowest = sorted(self.results.items(), key=lambda item: -item[1]["seconds"])[:20]
-        return {"counts": counts, "failures": failures,
-                "outcomes": {test: result["outcome"] for test, result in self.results.items()},
-                "slowest": {test: round(result["seconds"], 2) for test, result in slowest},
-                "running": sorted(test for process in self.processes for test in process.running),
-                "processes": list(self.record)}
+        return {
+            "counts": counts,
+            "failures": failures,
+            "outcomes": {test: result["outcome"] for test, result in self.results.items()},
+            "slowest": {test: round(result["seconds"], 2) for test, result in slowest},
+            "running": sorted(test for process in self.processes for test in process.running),
+            "processes": list(self.record),
+        }
 
 
 def collected(cwd: Path, arguments: list[str]) -> tuple[list[str], str | None]:
     """The node ids pytest collects with `arguments`, and the end of its output where collecting failed (else
     None; nothing selected is no failure)."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *arguments], capture_output=True,
-                          text=True, cwd=cwd)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *arguments], capture_output=True, text=True, cwd=cwd
+    )
     failed = done.returncode not in (0, 5)
-    return ([line.strip() for line in done.stdout.splitlines() if "::" in line],
-            (done.stdout + done.stderr)[-1000:] if failed else None)
+    return (
+        [line.strip() for line in done.stdout.splitlines() if "::" in line],
+        (done.stdout + done.stderr)[-1000:] if failed else None,
+    )
 
 
 def lanes(tests: list[str], count: int) -> list[list[str]]:

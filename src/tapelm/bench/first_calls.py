@@ -19,12 +19,21 @@ from ..config import TapeConfig
 from ..fast_paths import NAMES, recording
 from ..modeling import TapeForCausalLM
 
-ENCODING = {"attention-blocks": "t5", "attention-efficient": "fire", "forgetting-attention-fla": "fox",
-            "path-attention-fla": "path", "rotation-fla": "rope", "norm-fla": "rope", "mlp-fla": "rope",
-            "loss-fla": "rope"}
+ENCODING = {
+    "attention-blocks": "t5",
+    "attention-efficient": "fire",
+    "forgetting-attention-fla": "fox",
+    "path-attention-fla": "path",
+    "rotation-fla": "rope",
+    "norm-fla": "rope",
+    "mlp-fla": "rope",
+    "loss-fla": "rope",
+}
 """The encoding each path is timed on: one it runs for (TAPE for the others: rotation, state and TAPE's attention)."""
-SHAPES = {False: {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "tokens": 512},
-          True: {"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2, "tokens": 32}}
+SHAPES = {
+    False: {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "tokens": 512},
+    True: {"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2, "tokens": 32},
+}
 """The model's width and heads, and the tokens of a training step; `tiny` (True) for the CPU."""
 
 
@@ -41,8 +50,12 @@ def run_first_calls(device: torch.device, tiny: bool, progress: Callable[[dict],
                 paths[path] = {"error": f"{type(error).__name__}: {error}"[:500]}
             progress({"paths": paths})
     failed = [path for path, result in paths.items() if "error" in result or result.get("retuned_in_generate")]
-    return {"status": "failed" if failed else "passed", "paths": paths, "autotune_listener": _listener() is not None,
-            **({"failed": failed} if failed else {})}
+    return {
+        "status": "failed" if failed else "passed",
+        "paths": paths,
+        "autotune_listener": _listener() is not None,
+        **({"failed": failed} if failed else {}),
+    }
 
 
 def _first_call(path: str, device: torch.device, tiny: bool, tunings: list[dict]) -> dict:
@@ -66,8 +79,15 @@ def _first_call(path: str, device: torch.device, tiny: bool, tunings: list[dict]
 
 def _model(encoding: str, setting, device: torch.device, tiny: bool) -> TapeForCausalLM:
     shape = {key: value for key, value in SHAPES[tiny].items() if key != "tokens"}
-    config = TapeConfig(vocab_size=256, intermediate_size=2 * shape["hidden_size"], num_hidden_layers=2,
-                        max_position_embeddings=1024, pe_type=encoding, fast_paths=setting, **shape)
+    config = TapeConfig(
+        vocab_size=256,
+        intermediate_size=2 * shape["hidden_size"],
+        num_hidden_layers=2,
+        max_position_embeddings=1024,
+        pe_type=encoding,
+        fast_paths=setting,
+        **shape,
+    )
     torch.manual_seed(0)
     return TapeForCausalLM(config).to(device).train()
 

@@ -13,8 +13,10 @@ import re
 import sys
 import time
 
-CUDA_ERRORS = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
-                         r"misaligned address|CUBLAS_STATUS|CUDNN_STATUS|cudaError")
+CUDA_ERRORS = re.compile(
+    r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
+    r"misaligned address|CUBLAS_STATUS|CUDNN_STATUS|cudaError"
+)
 """What a failure's text holds when the CUDA context it ran in is lost (PyTorch's and the CUDA libraries' errors)."""
 
 
@@ -27,8 +29,11 @@ class Events:
         self.session = None
 
     def pytest_addoption(self, parser):
-        parser.addoption("--stop-at-cuda-error", action="store_true",
-                         help="stop the session after a test whose failure names a CUDA error")
+        parser.addoption(
+            "--stop-at-cuda-error",
+            action="store_true",
+            help="stop the session after a test whose failure names a CUDA error",
+        )
 
     def pytest_sessionstart(self, session):
         self.session = session
@@ -42,10 +47,19 @@ class Events:
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or not report.passed:
-            self.write(event="report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
-                       seconds=report.duration, message=_message(report))
-        if (report.failed and self.session.config.getoption("stop_at_cuda_error")
-                and CUDA_ERRORS.search(report.longreprtext)):
+            self.write(
+                event="report",
+                nodeid=report.nodeid,
+                when=report.when,
+                outcome=report.outcome,
+                seconds=report.duration,
+                message=_message(report),
+            )
+        if (
+            report.failed
+            and self.session.config.getoption("stop_at_cuda_error")
+            and CUDA_ERRORS.search(report.longreprtext)
+        ):
             self.session.shouldstop = f"{report.nodeid} failed with a CUDA error: the rest runs in a fresh process"
 
     def pytest_runtest_logfinish(self, nodeid, location):

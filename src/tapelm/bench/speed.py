@@ -40,12 +40,12 @@ from tqdm import tqdm
 from transformers import Cache, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from ..config import PE_TYPES, TapeConfig
-from ..fast_paths import NAMES as FAST_PATH_NAMES
-from ..fast_paths import SETTINGS as FAST_PATH_SETTINGS
-from ..fast_paths import check_setting
 from ..experiments.provenance import environment, installed_version
 from ..experiments.statistics import interval
 from ..experiments.variants import VARIANTS, resolve_variant
+from ..fast_paths import NAMES as FAST_PATH_NAMES
+from ..fast_paths import SETTINGS as FAST_PATH_SETTINGS
+from ..fast_paths import check_setting
 from ..kernels import fla_runs_on
 from ..modeling import TapeForCausalLM
 
@@ -78,23 +78,44 @@ class SpeedSize:
         """An encoding or one of TAPE's variants (`tapelm.experiments.variants`) with the given fast-path setting.
         RandPE decodes on the given positions (a cache cannot be continued otherwise); it trains as always."""
         pe_type, options = resolve_variant(row)
-        return TapeConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
-                          num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                          num_key_value_heads=self.kv_heads, max_position_embeddings=max(4096, self.seq),
-                          pe_type=pe_type, randpe_eval_positions="given", fast_paths=fast_paths, **options)
+        return TapeConfig(
+            vocab_size=self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=max(4096, self.seq),
+            pe_type=pe_type,
+            randpe_eval_positions="given",
+            fast_paths=fast_paths,
+            **options,
+        )
 
     def llama_config(self) -> LlamaConfig:
-        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
-                           num_hidden_layers=self.layers, num_attention_heads=self.heads,
-                           num_key_value_heads=self.kv_heads, max_position_embeddings=max(4096, self.seq))
+        return LlamaConfig(
+            vocab_size=self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=max(4096, self.seq),
+        )
 
     def fla_config(self, row: str):
         """fla's FoX (`fla-fox`) or PaTH (`fla-path`) model config at this size (fla installed)."""
         from fla.models import ForgettingTransformerConfig, PaTHAttentionConfig
 
         kind = ForgettingTransformerConfig if row == "fla-fox" else PaTHAttentionConfig
-        return kind(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
-                    num_hidden_layers=self.layers, num_heads=self.heads, num_kv_heads=self.kv_heads)
+        return kind(
+            vocab_size=self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_heads=self.heads,
+            num_kv_heads=self.kv_heads,
+        )
 
     def flops_per_token(self, non_embedding_parameters: int) -> float:
         """Training FLOPs per token: 6N for the weights, 6 x layers x hidden x seq for causal attention."""
@@ -137,9 +158,13 @@ class Options:
             torch.cuda.synchronize(self.device)
 
     def record(self) -> dict:
-        return {**device_record(self.device), "dtype": "bf16" if self.bf16 else "float32", "compile": self.compile,
-                "compile_backend": self.compile_backend,
-                "fast_paths": self.fast_paths if isinstance(self.fast_paths, str) else list(self.fast_paths)}
+        return {
+            **device_record(self.device),
+            "dtype": "bf16" if self.bf16 else "float32",
+            "compile": self.compile,
+            "compile_backend": self.compile_backend,
+            "fast_paths": self.fast_paths if isinstance(self.fast_paths, str) else list(self.fast_paths),
+        }
 
 
 def device_record(device: torch.device) -> dict:
@@ -147,9 +172,12 @@ def device_record(device: torch.device) -> dict:
     record = {"device": str(device)}
     if device.type == "cuda":
         properties = torch.cuda.get_device_properties(device)
-        record.update(device_name=properties.name, device_memory_bytes=properties.total_memory,
-                      capability=".".join(map(str, torch.cuda.get_device_capability(device))),
-                      cuda=torch.version.cuda)
+        record.update(
+            device_name=properties.name,
+            device_memory_bytes=properties.total_memory,
+            capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+            cuda=torch.version.cuda,
+        )
     return record
 
 
@@ -172,8 +200,10 @@ def _saved_bytes(fn) -> int:
 
 def cache_bytes(cache) -> int:
     """Bytes a cache holds: its keys and its value streams (a static cache's whole buffers)."""
-    return sum(layer.held_bytes() if hasattr(layer, "held_bytes") else layer.keys.nbytes + layer.values.nbytes
-               for layer in cache.layers)
+    return sum(
+        layer.held_bytes() if hasattr(layer, "held_bytes") else layer.keys.nbytes + layer.values.nbytes
+        for layer in cache.layers
+    )
 
 
 def build_model(size: SpeedSize, row: str, fast_paths="auto") -> torch.nn.Module:
@@ -206,12 +236,16 @@ class Workload:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, **fused)
         generator = torch.Generator().manual_seed(seed)
         self.batch = torch.randint(0, size.vocab, (size.batch, size.seq), generator=generator).to(options.device)
-        self.prompt = torch.randint(0, size.vocab, (max(size.decode_batches), size.decode_context),
-                                    generator=generator).to(options.device)
+        self.prompt = torch.randint(
+            0, size.vocab, (max(size.decode_batches), size.decode_context), generator=generator
+        ).to(options.device)
 
     def non_embedding_parameters(self) -> int:
-        embeddings = {id(p) for module in (self.model.get_input_embeddings(), self.model.get_output_embeddings())
-                      for p in module.parameters()}
+        embeddings = {
+            id(p)
+            for module in (self.model.get_input_embeddings(), self.model.get_output_embeddings())
+            for p in module.parameters()
+        }
         return sum(p.numel() for p in self.model.parameters() if id(p) not in embeddings)
 
     def decode_weight_bytes(self) -> int:
@@ -256,8 +290,9 @@ class Workload:
         if self.compiles_decoding:  # the whole decode step as one graph: on a model whose layers are not compiled
             self.model = self._uncompiled_copy()
             mode = "reduce-overhead" if self.options.device.type == "cuda" else None  # CUDA graphs on a GPU
-            self.step = torch.compile(self.model, dynamic=False, fullgraph=True, mode=mode,
-                                      backend=self.options.compile_backend)
+            self.step = torch.compile(
+                self.model, dynamic=False, fullgraph=True, mode=mode, backend=self.options.compile_backend
+            )
         else:
             self.step = self.model
 
@@ -301,7 +336,7 @@ class Workload:
         else:
             cache = DynamicCache(config=self.model.config)
         for start in range(0, prompt.shape[1], 512):
-            logits = self._forward(prompt[:, start:start + 512], cache).logits
+            logits = self._forward(prompt[:, start : start + 512], cache).logits
         decoding = Decoding(self, cache, logits[:, -1:].argmax(-1), cache_bytes(cache))
         decoding.steps(untimed)
         return decoding
@@ -378,10 +413,12 @@ def _alone(size: SpeedSize, row: str, options: Options) -> dict:
     workload = Workload(size, row, options)
     try:
         workload.train_step()
-        return {"train_memory_bytes": workload.training_memory(),
-                "parameters": sum(p.numel() for p in workload.model.parameters()),
-                "decode_weight_bytes": workload.decode_weight_bytes(),
-                "flops_per_token": size.flops_per_token(workload.non_embedding_parameters())}
+        return {
+            "train_memory_bytes": workload.training_memory(),
+            "parameters": sum(p.numel() for p in workload.model.parameters()),
+            "decode_weight_bytes": workload.decode_weight_bytes(),
+            "flops_per_token": size.flops_per_token(workload.non_embedding_parameters()),
+        }
     finally:
         del workload
         _free(options)
@@ -394,16 +431,9 @@ def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, di
     alternating blocks, `paired_decoding`), with the caches' bytes."""
     workloads = [Workload(size, "rope", options), Workload(size, row, options)]
     try:
-        def alternate(measure_one, rounds: int = 2) -> list[list]:
-            values: list[list] = [[], []]
-            for _ in range(rounds):
-                for i, workload in enumerate(workloads):
-                    values[i].append(measure_one(workload))
-            return values
-
         for workload in workloads:
             workload.train_step()  # warm-up: first-call allocations, kernel selection, compilation
-        timings = [{"train_step_s": min(values)} for values in alternate(Workload.train_step)]
+        timings = [{"train_step_s": min(values)} for values in _alternate(workloads, Workload.train_step)]
         if trains_only(row):
             return timings[1], timings[0]
         for workload in workloads:
@@ -411,7 +441,7 @@ def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, di
         with torch.compiler.set_stance("force_eager"):  # decoding shapes change at every step
             for workload in workloads:
                 workload.prefill()
-            for timing, values in zip(timings, alternate(Workload.prefill)):
+            for timing, values in zip(timings, _alternate(workloads, Workload.prefill)):
                 timing["prefill_s"] = min(values)
             for batch in size.decode_batches:
                 for timing, decoding in zip(timings, paired_decoding(workloads, batch)):
@@ -421,6 +451,15 @@ def _paired_visit(size: SpeedSize, row: str, options: Options) -> tuple[dict, di
     finally:
         del workloads
         _free(options)
+
+
+def _alternate(workloads: list[Workload], measure_one, rounds: int = 2) -> list[list]:
+    """Each workload's measurements, taken in turns `rounds` times."""
+    values: list[list] = [[] for _ in workloads]
+    for _ in range(rounds):
+        for i, workload in enumerate(workloads):
+            values[i].append(measure_one(workload))
+    return values
 
 
 def trains_only(row: str) -> bool:
@@ -435,8 +474,11 @@ def _free(options: Options) -> None:
 
 def _out_of_memory(error: BaseException) -> bool:
     message = str(error).lower()
-    return (isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in message
-            or "can't allocate memory" in message)
+    return (
+        isinstance(error, torch.cuda.OutOfMemoryError)
+        or "out of memory" in message
+        or "can't allocate memory" in message
+    )
 
 
 def _compile_budget():
@@ -446,8 +488,7 @@ def _compile_budget():
     return config.patch(**{name: max(64, getattr(config, name))})
 
 
-def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool = True,
-            update=None) -> dict[str, dict]:
+def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool = True, update=None) -> dict[str, dict]:
     """Per row: its memory (measured alone), its median timings, and per repetition its timings and RoPE's taken in
     alternation with it (`samples`, `rope_samples`). Repetitions visit every row in turn. RoPE's own timings are the
     median of all its paired ones. A row that runs out of memory is {"error": ...} and is not visited again.
@@ -479,22 +520,27 @@ def measure(size: SpeedSize, rows: list[str], options: Options, progress: bool =
             attempt(row, lambda r=row: static.__setitem__(r, _alone(size, r, options)))
         for _ in range(size.repeats):
             for row in others:
+
                 def visit(r=row):
                     mine, rope = _paired_visit(size, r, options)
                     samples[r].append(mine)
                     paired[r].append(rope)
+
                 attempt(row, visit)
     steps.close()
     return _summary(size, rows, static, samples, paired, failed)
 
 
-def _summary(size: SpeedSize, rows: list[str], static: dict, samples: dict, paired: dict,
-             failed: dict) -> dict[str, dict]:
+def _summary(
+    size: SpeedSize, rows: list[str], static: dict, samples: dict, paired: dict, failed: dict
+) -> dict[str, dict]:
     """`measure`'s results from what was measured so far."""
     others = list(samples)
     if "rope" in failed:
-        return {row: {"error": failed.get(row, "not measured: RoPE, every row's reference, " + failed["rope"])}
-                for row in rows}
+        return {
+            row: {"error": failed.get(row, "not measured: RoPE, every row's reference, " + failed["rope"])}
+            for row in rows
+        }
     rope_timings = [sample for row in others if row not in failed and not trains_only(row) for sample in paired[row]]
     rope_timings = rope_timings or [sample for row in others if row not in failed for sample in paired[row]]
     results: dict[str, dict] = {}
@@ -536,9 +582,13 @@ def ratios_to_rope(size: SpeedSize, results: dict[str, dict]) -> dict[str, dict[
         if row == "rope":
             ratios[row] = {key: {"mean": 1.0, "n": size.repeats} for key in _timed_keys(size) if key in result}
         else:
-            ratios[row] = {key: interval([mine[key] / theirs[key] for mine, theirs in
-                                          zip(result["samples"], result["rope_samples"])])
-                           for key in _timed_keys(size) if key in result}
+            ratios[row] = {
+                key: interval(
+                    [mine[key] / theirs[key] for mine, theirs in zip(result["samples"], result["rope_samples"])]
+                )
+                for key in _timed_keys(size)
+                if key in result
+            }
         for key in ("train_memory_bytes", *(f"cache_bytes_batch{b}" for b in size.decode_batches)):
             if key in result:
                 ratios[row][key] = {"mean": result[key] / rope[key], "n": 1}
@@ -570,34 +620,40 @@ def format_table(size: SpeedSize, report_entry: dict) -> str:
     results, ratios = report_entry["results"], report_entry["ratios_to_rope"]
     memory = "peak MB" if report_entry["options"]["device"].startswith("cuda") else "counted MB"
     decode = [f"decode tok/s b{b}" for b in size.decode_batches]
-    lines = [f"{size.name}: {size.layers} layers / hidden {size.hidden} / {size.heads} heads ({size.kv_heads} kv) / "
-             f"vocab {size.vocab} / seq {size.seq} / batch {size.batch}; decode after {size.decode_context} tokens; "
-             f"{report_entry['options']['device']}, {report_entry['options']['dtype']}"
-             f"{', compiled layers' if report_entry['options']['compile'] else ''}"
-             f"{_fast_paths_label(report_entry['options'])}; {size.repeats} repetitions",
-             "",
-             "| row | params | train step (ms) | x RoPE | tokens/s | TFLOP/s | train " + memory + " | x RoPE | "
-             "prefill (ms) | x RoPE | " + " | ".join(f"{d} | x RoPE" for d in decode) + " | cache b1 (MB) | x RoPE |",
-             "|---|" + "---:|" * (11 + 2 * len(decode))]
+    lines = [
+        f"{size.name}: {size.layers} layers / hidden {size.hidden} / {size.heads} heads ({size.kv_heads} kv) / "
+        f"vocab {size.vocab} / seq {size.seq} / batch {size.batch}; decode after {size.decode_context} tokens; "
+        f"{report_entry['options']['device']}, {report_entry['options']['dtype']}"
+        f"{', compiled layers' if report_entry['options']['compile'] else ''}"
+        f"{_fast_paths_label(report_entry['options'])}; {size.repeats} repetitions",
+        "",
+        "| row | params | train step (ms) | x RoPE | tokens/s | TFLOP/s | train " + memory + " | x RoPE | "
+        "prefill (ms) | x RoPE | " + " | ".join(f"{d} | x RoPE" for d in decode) + " | cache b1 (MB) | x RoPE |",
+        "|---|" + "---:|" * (11 + 2 * len(decode)),
+    ]
     for row, result in results.items():
         if "error" in result:
             lines.append(f"| {row} | {result['error']} |" + " |" * (10 + 2 * len(decode)))
             continue
         r = ratios.get(row, {})
         first = size.decode_batches[0]
-        decode_cells = " | ".join(f"{_number(result, _decode_key(b))} | {_ratio(r.get(_decode_key(b)))}"
-                                  f"{_bound(r.get(f'decode_bytes_bound_batch{b}'))}" for b in size.decode_batches)
+        decode_cells = " | ".join(
+            f"{_number(result, _decode_key(b))} | {_ratio(r.get(_decode_key(b)))}"
+            f"{_bound(r.get(f'decode_bytes_bound_batch{b}'))}"
+            for b in size.decode_batches
+        )
         lines.append(
             f"| {row} | {result['parameters'] / 1e6:.2f}M | {result['train_step_s'] * 1e3:,.1f} | "
             f"{_ratio(r.get('train_step_s'))} | {result['tokens_per_s']:,.0f} | {result['tflops']:.2f} | "
             f"{result['train_memory_bytes'] / 2**20:,.0f} | {_ratio(r.get('train_memory_bytes'))} | "
             f"{_number(result, 'prefill_s', 1e3)} | {_ratio(r.get('prefill_s'))} | {decode_cells} | "
-            f"{_number(result, f'cache_bytes_batch{first}', 2**-20)} | {_ratio(r.get(f'cache_bytes_batch{first}'))} |")
+            f"{_number(result, f'cache_bytes_batch{first}', 2**-20)} | {_ratio(r.get(f'cache_bytes_batch{first}'))} |"
+        )
     return "\n".join(lines)
 
 
 def _bound(entry: dict | None) -> str:
-    """ (bytes bound B): the tokens/s ratio a decoder bound by the bytes it reads would reach; nothing where it is 1."""
+    """(bytes bound B): the tokens/s ratio a decoder bound by the bytes it reads would reach; nothing where it is 1."""
     return "" if entry is None or round(entry["mean"], 2) == 1 else f" (bytes bound {entry['mean']:.2f})"
 
 
@@ -622,8 +678,7 @@ def plot(report: dict, path: Path) -> None:
         rows = list(ratios)
         batches = entry["settings"]["decode_batches"]
         keys = ("train_step_s", "train_memory_bytes", "prefill_s", *(_decode_key(b) for b in batches))
-        labels = ("train step time", "train memory", "prefill time", *(f"decode tokens/s, batch {b}"
-                                                                       for b in batches))
+        labels = ("train step time", "train memory", "prefill time", *(f"decode tokens/s, batch {b}" for b in batches))
         width = 0.8 / len(keys)
         for i, (key, label) in enumerate(zip(keys, labels)):
             means = [ratios[row].get(key, {"mean": float("nan")})["mean"] for row in rows]
@@ -634,10 +689,13 @@ def plot(report: dict, path: Path) -> None:
         axis.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], rows)
         axis.set_ylabel("ratio to tapelm's RoPE")
         options = entry["options"]
-        axis.set_title(f"{name}: {entry['settings']['layers']} layers, hidden {entry['settings']['hidden']}, seq "
-                       f"{entry['settings']['seq']} x batch {entry['settings']['batch']}; "
-                       f"{options.get('device_name', options['device'])}, {options['dtype']}"
-                       f"{', compiled' if options['compile'] else ''}", fontsize=9)
+        axis.set_title(
+            f"{name}: {entry['settings']['layers']} layers, hidden {entry['settings']['hidden']}, seq "
+            f"{entry['settings']['seq']} x batch {entry['settings']['batch']}; "
+            f"{options.get('device_name', options['device'])}, {options['dtype']}"
+            f"{', compiled' if options['compile'] else ''}",
+            fontsize=9,
+        )
         axis.legend(fontsize=7, ncols=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -648,13 +706,17 @@ def check_rows(rows: list[str], device: torch.device) -> list[str]:
     """The rows to measure, RoPE first; ValueError naming an unknown one, or an fla row where fla cannot run."""
     unknown = [row for row in rows if row not in (*PE_TYPES, *VARIANTS, *PEERS)]
     if unknown:
-        raise ValueError(f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(PE_TYPES)}, TAPE's "
-                         f"variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}")
+        raise ValueError(
+            f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(PE_TYPES)}, TAPE's "
+            f"variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}"
+        )
     fla_rows = [row for row in rows if row in FLA_PEERS]
     if fla_rows and not fla_runs_on(device):
-        raise ValueError(f"row {fla_rows[0]!r} runs fla's Triton kernels: it needs a CUDA device and fla installed "
-                         f"(pip install tapelm[gpu]); this is {device.type}, fla "
-                         f"{'installed' if importlib.util.find_spec('fla') else 'not installed'}")
+        raise ValueError(
+            f"row {fla_rows[0]!r} runs fla's Triton kernels: it needs a CUDA device and fla installed "
+            f"(pip install tapelm[gpu]); this is {device.type}, fla "
+            f"{'installed' if importlib.util.find_spec('fla') else 'not installed'}"
+        )
     return ["rope", *[row for row in dict.fromkeys(rows) if row != "rope"]]
 
 
@@ -671,21 +733,35 @@ def check_device(name: str) -> torch.device:
     return device
 
 
-def run(sizes: list[SpeedSize], rows: list[str], out_dir: Path, options: Options, progress: bool = True,
-        stem: str | None = None) -> dict:
+def run(
+    sizes: list[SpeedSize],
+    rows: list[str],
+    out_dir: Path,
+    options: Options,
+    progress: bool = True,
+    stem: str | None = None,
+) -> dict:
     """Measure every size, print the tables, write the JSON after every row's measurement (each size's entry
     `"complete": false` until its last repetition) and a PNG after each size (default name speed-DEVICE-SIZES);
     returns the report."""
     rows = check_rows(rows, options.device)
-    report = {"environment": {**environment(), "fla": installed_version("flash-linear-attention")},
-              "options": options.record(), "sizes": {}}
+    report = {
+        "environment": {**environment(), "fla": installed_version("flash-linear-attention")},
+        "options": options.record(),
+        "sizes": {},
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / (stem or f"speed-{options.device.type}-{'-'.join(size.name for size in sizes)}")
     for size in sizes:  # the JSON is written after every row's measurement, so a run stopped early keeps it
 
         def write(results: dict, complete: bool, size=size) -> dict:
-            entry = {"settings": asdict(size), "options": options.record(), "complete": complete,
-                     "results": results, "ratios_to_rope": ratios_to_rope(size, results)}
+            entry = {
+                "settings": asdict(size),
+                "options": options.record(),
+                "complete": complete,
+                "results": results,
+                "ratios_to_rope": ratios_to_rope(size, results),
+            }
             report["sizes"][size.name] = entry
             temporary = stem.with_suffix(".json.tmp")
             temporary.write_text(json.dumps(report, indent=1))
@@ -729,30 +805,54 @@ def fast_path_setting(words: list[str]) -> str | tuple[str, ...]:
 
 def add_arguments(bench) -> None:
     """Register `tapelm bench speed` under `tapelm bench`."""
-    speed = bench.add_parser("speed", help="training, prefill and decode speed and memory of every encoding (and "
-                                           "transformers' Llama), as ratios to RoPE, on the CPU or a GPU")
-    speed.add_argument("--quick", action="store_true",
-                       help="one small size with short sequences (a table in about two minutes on 2 CPU cores)")
-    speed.add_argument("--sizes", nargs="+", choices=list(SIZES),
-                       help=f"sizes to measure (default: {' '.join(CPU_SIZES)} on the CPU, {' '.join(GPU_SIZES)} "
-                            "on a GPU)")
-    speed.add_argument("--pe", nargs="+", metavar="ROW",
-                       help=f"rows (default: every encoding, {', '.join(PE_TYPES)}, and the peers "
-                            f"{', '.join(PEERS)}; TAPE's variants too, e.g. tape-attention-only); RoPE is always "
-                            "included")
+    speed = bench.add_parser(
+        "speed",
+        help="training, prefill and decode speed and memory of every encoding (and "
+        "transformers' Llama), as ratios to RoPE, on the CPU or a GPU",
+    )
+    speed.add_argument(
+        "--quick",
+        action="store_true",
+        help="one small size with short sequences (a table in about two minutes on 2 CPU cores)",
+    )
+    speed.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=list(SIZES),
+        help=f"sizes to measure (default: {' '.join(CPU_SIZES)} on the CPU, {' '.join(GPU_SIZES)} on a GPU)",
+    )
+    speed.add_argument(
+        "--pe",
+        nargs="+",
+        metavar="ROW",
+        help=f"rows (default: every encoding, {', '.join(PE_TYPES)}, and the peers "
+        f"{', '.join(PEERS)}; TAPE's variants too, e.g. tape-attention-only); RoPE is always "
+        "included",
+    )
     speed.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
-    speed.add_argument("--dtype", choices=("float32", "bf16"), default="float32",
-                       help="float32, or bf16: training under bf16 autocast, decoding with bf16 weights "
-                            "(default: %(default)s)")
-    speed.add_argument("--compile", action="store_true",
-                       help="train with compile_layers() (torch.compile per decoder layer), and decode with a static "
-                            "cache and the decode step compiled as one graph (CUDA graphs on a GPU; PaTH decodes "
-                            "eagerly)")
-    speed.add_argument("--fast-paths", nargs="+", default=["auto"], metavar="SETTING_OR_PATH",
-                       help="tapelm's fast paths for every tapelm row, RoPE's and TAPE's alike: auto (those verified "
-                            "on the device), on (every one the device offers: how a GPU visit measures the ones not "
-                            "yet verified), off (the reference paths), or path names to run exactly those "
-                            f"({', '.join(FAST_PATH_NAMES)}) (default: auto)")
+    speed.add_argument(
+        "--dtype",
+        choices=("float32", "bf16"),
+        default="float32",
+        help="float32, or bf16: training under bf16 autocast, decoding with bf16 weights (default: %(default)s)",
+    )
+    speed.add_argument(
+        "--compile",
+        action="store_true",
+        help="train with compile_layers() (torch.compile per decoder layer), and decode with a static "
+        "cache and the decode step compiled as one graph (CUDA graphs on a GPU; PaTH decodes "
+        "eagerly)",
+    )
+    speed.add_argument(
+        "--fast-paths",
+        nargs="+",
+        default=["auto"],
+        metavar="SETTING_OR_PATH",
+        help="tapelm's fast paths for every tapelm row, RoPE's and TAPE's alike: auto (those verified "
+        "on the device), on (every one the device offers: how a GPU visit measures the ones not "
+        "yet verified), off (the reference paths), or path names to run exactly those "
+        f"({', '.join(FAST_PATH_NAMES)}) (default: auto)",
+    )
     speed.add_argument("--repeats", type=int, help="repetitions (default: the size's; one gives no interval)")
     speed.add_argument("--out", default="bench-results", help="folder for the JSON and PNG (default: %(default)s)")
     speed.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")

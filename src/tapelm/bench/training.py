@@ -31,8 +31,12 @@ from ..experiments.provenance import environment
 from ..experiments.runs import RunSpec, batch_stream, resolve
 
 # name -> (skip padding, compile the layers, bf16 autocast)
-VARIANTS = {"padded grid": (False, False, False), "real tokens": (True, False, False),
-            "real tokens, compiled layers": (True, True, False), "real tokens, bf16 autocast": (True, False, True)}
+VARIANTS = {
+    "padded grid": (False, False, False),
+    "real tokens": (True, False, False),
+    "real tokens, compiled layers": (True, True, False),
+    "real tokens, bf16 autocast": (True, False, True),
+}
 DEFAULT_VARIANTS = ("padded grid", "real tokens", "real tokens, compiled layers")
 
 
@@ -63,8 +67,16 @@ class Variant:
         return {"forward": forward - start, "backward": backward - forward, "optimizer": end - backward}
 
 
-def measure(task: str, preset: str, pes: list[str], variants: list[str], steps: int, repeats: int, warmup: int,
-            progress: bool = True) -> dict[str, Any]:
+def measure(
+    task: str,
+    preset: str,
+    pes: list[str],
+    variants: list[str],
+    steps: int,
+    repeats: int,
+    warmup: int,
+    progress: bool = True,
+) -> dict[str, Any]:
     runs = {pe: resolve(RunSpec(task=task, pe=pe, preset=preset)) for pe in pes}
     first = runs[pes[0]]
     make_batch = batch_stream(first.task, 0, first.settings.batch_size)
@@ -90,19 +102,30 @@ def measure(task: str, preset: str, pes: list[str], variants: list[str], steps: 
             entry["steps"].append({key: sum(p[key] for p in parts) for key in parts[0]})
         if progress:
             print(f"repetition {repeat + 1}/{repeats} done", flush=True)
-    report = {"task": task, "preset": preset, "encodings": pes, "steps_per_repeat": steps, "repeats": repeats,
-              "batch_size": first.settings.batch_size, "padding_share": 1 - sum(real) / sum(padded),
-              "data_seconds_per_batch": data_seconds, "results": {}, "environment": environment()}
+    report = {
+        "task": task,
+        "preset": preset,
+        "encodings": pes,
+        "steps_per_repeat": steps,
+        "repeats": repeats,
+        "batch_size": first.settings.batch_size,
+        "padding_share": 1 - sum(real) / sum(padded),
+        "data_seconds_per_batch": data_seconds,
+        "results": {},
+        "environment": environment(),
+    }
     for (pe, name), entry in entries.items():
         totals = [sum(s.values()) for s in entry["steps"]]
         median = statistics.median(totals)
         index = totals.index(median)
         parameters = sum(p.numel() for p in entry["variant"].model.parameters())
         report["results"].setdefault(pe, {"parameters": parameters, "variants": {}})["variants"][name] = {
-            "tokens_per_s": sum(real) / median, "seconds_per_step": median / steps,
+            "tokens_per_s": sum(real) / median,
+            "seconds_per_step": median / steps,
             "share": {key: value / median for key, value in entry["steps"][index].items()},
-            "warmup_seconds": entry["warmup_seconds"]}
-    for pe, result in report["results"].items():
+            "warmup_seconds": entry["warmup_seconds"],
+        }
+    for result in report["results"].values():
         base = result["variants"][variants[0]]
         for entry in result["variants"].values():
             entry["ratio_to_first"] = entry["tokens_per_s"] / base["tokens_per_s"]
@@ -113,19 +136,24 @@ def measure(task: str, preset: str, pes: list[str], variants: list[str], steps: 
 
 def format_report(report: dict[str, Any]) -> str:
     variants = list(next(iter(report["results"].values()))["variants"])
-    lines = [f"{report['task']} / {report['preset']}: batch {report['batch_size']}, padding "
-             f"{report['padding_share']:.0%} of tokens, making a batch {report['data_seconds_per_batch'] * 1000:.1f} "
-             f"ms; ratios to '{variants[0]}' of the same encoding, and to its RoPE row where RoPE was measured", "",
-             "| encoding | variant | tokens/s | x first | x RoPE | s/step | forward | backward | optimizer | warm-up (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{report['task']} / {report['preset']}: batch {report['batch_size']}, padding "
+        f"{report['padding_share']:.0%} of tokens, making a batch {report['data_seconds_per_batch'] * 1000:.1f} "
+        f"ms; ratios to '{variants[0]}' of the same encoding, and to its RoPE row where RoPE was measured",
+        "",
+        "| encoding | variant | tokens/s | x first | x RoPE | s/step | forward | backward | optimizer | warm-up (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     rope = report["results"].get("rope", {}).get("variants", {})
     for pe, result in report["results"].items():
         for name, v in result["variants"].items():
             share = v["share"]
             versus = f"{v['tokens_per_s'] / rope[name]['tokens_per_s']:.2f}" if name in rope else "–"
-            lines.append(f"| {pe} | {name} | {v['tokens_per_s']:,.0f} | {v['ratio_to_first']:.2f} | {versus} | "
-                         f"{v['seconds_per_step']:.3f} | {share['forward']:.0%} | {share['backward']:.0%} | "
-                         f"{share['optimizer']:.0%} | {v['warmup_seconds']:.1f} |")
+            lines.append(
+                f"| {pe} | {name} | {v['tokens_per_s']:,.0f} | {v['ratio_to_first']:.2f} | {versus} | "
+                f"{v['seconds_per_step']:.3f} | {share['forward']:.0%} | {share['backward']:.0%} | "
+                f"{share['optimizer']:.0%} | {v['warmup_seconds']:.1f} |"
+            )
     return "\n".join(lines)
 
 
@@ -140,8 +168,16 @@ def run_command(args: argparse.Namespace) -> None:
         if name not in VARIANTS:
             raise ValueError(f"unknown variant '{name}'; choose from: {', '.join(map(repr, VARIANTS))}")
     torch.set_num_threads(args.threads)
-    report = measure(args.task, args.preset, args.pe, args.variants, args.steps, args.repeats, warmup=3,
-                     progress=not args.no_progress)
+    report = measure(
+        args.task,
+        args.preset,
+        args.pe,
+        args.variants,
+        args.steps,
+        args.repeats,
+        warmup=3,
+        progress=not args.no_progress,
+    )
     table = format_report(report)
     print(table)
     out = Path(args.out)
@@ -153,14 +189,28 @@ def run_command(args: argparse.Namespace) -> None:
 
 def add_arguments(bench) -> None:
     """Register `tapelm bench training` under `tapelm bench`."""
-    parser = bench.add_parser("training", help="a preset's training step: time per part, and skipping padding, "
-                                               "compiled layers and bf16 autocast side by side")
+    parser = bench.add_parser(
+        "training",
+        help="a preset's training step: time per part, and skipping padding, "
+        "compiled layers and bf16 autocast side by side",
+    )
     parser.add_argument("--task", default="addition", help="task whose preset run is measured (default: %(default)s)")
     parser.add_argument("--preset", default="cpu-small", help="preset (default: %(default)s)")
-    parser.add_argument("--pe", nargs="+", default=["tape", "rope"], choices=PE_TYPES, metavar="PE",
-                        help="encodings (default: tape rope)")
-    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), metavar="VARIANT",
-                        help=f"from: {', '.join(map(repr, VARIANTS))} (default: the first three)")
+    parser.add_argument(
+        "--pe",
+        nargs="+",
+        default=["tape", "rope"],
+        choices=PE_TYPES,
+        metavar="PE",
+        help="encodings (default: tape rope)",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(DEFAULT_VARIANTS),
+        metavar="VARIANT",
+        help=f"from: {', '.join(map(repr, VARIANTS))} (default: the first three)",
+    )
     parser.add_argument("--steps", type=int, default=10, help="steps per repetition (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions; medians reported (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s, the preset's)")

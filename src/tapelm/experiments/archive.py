@@ -22,8 +22,10 @@ def archive_comparison(source: Path, archive: Path, runs: list[tuple[str, int]] 
     its finished runs, or only those of `runs` ([(pe, seed)]); returns the folder written."""
     source = Path(source)
     target = Path(archive) / source.parent.name / source.name
-    merged = merge_records(json.loads((target / COMPARISON_FILE).read_text()) if (target / COMPARISON_FILE).exists()
-                           else {}, json.loads((source / COMPARISON_FILE).read_text()))
+    merged = merge_records(
+        json.loads((target / COMPARISON_FILE).read_text()) if (target / COMPARISON_FILE).exists() else {},
+        json.loads((source / COMPARISON_FILE).read_text()),
+    )
     chosen = None if runs is None else {f"{pe}/seed{seed}" for pe, seed in runs}
     for result in sorted(source.glob("*/seed*/result.json")):
         run = result.parent.relative_to(source)
@@ -40,8 +42,10 @@ def archive_comparison(source: Path, archive: Path, runs: list[tuple[str, int]] 
 
 def archive_comparisons(root: Path, archive: Path) -> list[Path]:
     """Copy every comparison under `root`/compare into `archive` (finished runs only); returns the folders written."""
-    return [archive_comparison(record.parent, archive)
-            for record in sorted(Path(root).glob(f"compare/*/*/{COMPARISON_FILE}"))]
+    return [
+        archive_comparison(record.parent, archive)
+        for record in sorted(Path(root).glob(f"compare/*/*/{COMPARISON_FILE}"))
+    ]
 
 
 def archived_comparisons(archive: Path, task: str = "*") -> list[Path]:

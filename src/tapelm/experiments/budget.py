@@ -25,8 +25,19 @@ from .runs import RESULT_FILE, ResolvedRun, batch_stream, run_from_identity
 # (docs/gpu/h100-2026-11-28/speed-1k-auto.json: 99.4 / 73.3 ms); the others on an H200 at 45ea02d
 # (../shared/gpu/README.md, "The other encodings"). RandPE rotates like RoPE. At the presets' shorter sequences the
 # bias encodings (FIRE, ALiBi) should cost less than at 1,024 tokens, so these are upper bounds there.
-STEP_COST = {"rope": 1.0, "randpe": 1.0, "xpos": 0.99, "nope": 0.77, "alibi": 1.02, "tape": 1.36, "fox": 1.65,
-             "fire": 2.36, "cope": 5.81, "t5": 6.86, "path": 7.05}
+STEP_COST = {
+    "rope": 1.0,
+    "randpe": 1.0,
+    "xpos": 0.99,
+    "nope": 0.77,
+    "alibi": 1.02,
+    "tape": 1.36,
+    "fox": 1.65,
+    "fire": 2.36,
+    "cope": 5.81,
+    "t5": 6.86,
+    "path": 7.05,
+}
 # What a stage adds to an estimate before it starts a run (building the model, CUDA's start, the final evaluation,
 # saving), so that a run it starts can finish; not part of a prediction of the plan's minutes.
 OVERHEAD_SECONDS = 30.0
@@ -44,8 +55,11 @@ class Rate:
 
 
 # RoPE's eager bf16 training step at 12 x 768, 1,024 x 16 tokens on one H100: 80.5 ms, 115 TFLOP/s by the count above.
-BENCH_RATE = Rate(115e12, "bench speed: RoPE's bf16 training step at 12 x 768, 1,024 x 16 tokens on an H100 "
-                          "(docs/gpu/h100-2026-11-26/eager-1k), before any GPU run was archived")
+BENCH_RATE = Rate(
+    115e12,
+    "bench speed: RoPE's bf16 training step at 12 x 768, 1,024 x 16 tokens on an H100 "
+    "(docs/gpu/h100-2026-11-26/eager-1k), before any GPU run was archived",
+)
 
 
 def current_rate(rates: list[Rate]) -> Rate:
@@ -61,8 +75,9 @@ def non_embedding_parameters(run: ResolvedRun) -> int:
     """The run's parameters less its input and output embeddings."""
     with torch.device("meta"):
         model = run.build_model()
-    embeddings = {id(p) for module in (model.get_input_embeddings(), model.get_output_embeddings())
-                  for p in module.parameters()}
+    embeddings = {
+        id(p) for module in (model.get_input_embeddings(), model.get_output_embeddings()) for p in module.parameters()
+    }
     return sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
 
 
@@ -112,8 +127,12 @@ def measured_rate(result: dict, where: str) -> Rate:
     run = run_from_identity(result["identity"])
     flops = result["tokens_this_session"] * flops_per_token(run)
     environment = result["environment"]
-    return Rate(flops * step_cost(result["pe"]) / result["session_seconds"], f"{where} on {environment['device']}",
-                environment.get("source_sha256") or environment.get("commit", ""), environment.get("time", ""))
+    return Rate(
+        flops * step_cost(result["pe"]) / result["session_seconds"],
+        f"{where} on {environment['device']}",
+        environment.get("source_sha256") or environment.get("commit", ""),
+        environment.get("time", ""),
+    )
 
 
 def archived_rates(archive: Path) -> list[Rate]:
@@ -127,6 +146,18 @@ def archived_rates(archive: Path) -> list[Rate]:
     return rates
 
 
-__all__ = ["BENCH_RATE", "OVERHEAD_SECONDS", "Rate", "STEP_COST", "archived_rates", "current_rate", "flops_per_micro_batch",
-           "flops_per_token", "measured_rate", "non_embedding_parameters", "predicted_seconds", "step_cost",
-           "training_flops"]
+__all__ = [
+    "BENCH_RATE",
+    "OVERHEAD_SECONDS",
+    "Rate",
+    "STEP_COST",
+    "archived_rates",
+    "current_rate",
+    "flops_per_micro_batch",
+    "flops_per_token",
+    "measured_rate",
+    "non_embedding_parameters",
+    "predicted_seconds",
+    "step_cost",
+    "training_flops",
+]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .evaluate import higher_is_better
-from .tasks import TASKS
 from .statistics import format_difference, paired_difference, verdict
+from .tasks import TASKS
 
 # In-distribution accuracy an encoding must reach before its length generalisation says anything (issue 8); tasks
 # not named here use DEFAULT_LEARNED.
@@ -54,34 +54,90 @@ class Claim:
 def _ablation_claims(task: str, design: tuple[tuple[str, Any], ...] = ()) -> tuple[Claim, ...]:
     """The paper's three ablation claims on one task."""
     return (
-        Claim(f"ablation-context-{task}", f"Ablation ({task}): full TAPE beats TAPE without context (positions "
-              "fixed at E0: RoPE).", task, "all", ("rope",), design=design),
-        Claim(f"ablation-equivariance-{task}", f"Ablation ({task}): full TAPE beats TAPE without orthogonal "
-              "equivariance (see the state-norm figure for the paper's instability claim).", task, "all",
-              ("tape-non-equivariant",), design=design),
-        Claim(f"ablation-layers-{task}", f"Ablation ({task}): TAPE in the second half of the layers beats TAPE in "
-              "the first half.", task, "all", ("tape-first-half",), subject="tape-second-half", design=design),
+        Claim(
+            f"ablation-context-{task}",
+            f"Ablation ({task}): full TAPE beats TAPE without context (positions fixed at E0: RoPE).",
+            task,
+            "all",
+            ("rope",),
+            design=design,
+        ),
+        Claim(
+            f"ablation-equivariance-{task}",
+            f"Ablation ({task}): full TAPE beats TAPE without orthogonal "
+            "equivariance (see the state-norm figure for the paper's instability claim).",
+            task,
+            "all",
+            ("tape-non-equivariant",),
+            design=design,
+        ),
+        Claim(
+            f"ablation-layers-{task}",
+            f"Ablation ({task}): TAPE in the second half of the layers beats TAPE in the first half.",
+            task,
+            "all",
+            ("tape-first-half",),
+            subject="tape-second-half",
+            design=design,
+        ),
     )
 
 
 CLAIMS = (
-    Claim("arithmetic", "Addition: TAPE's heatmap average over the 2x operand-length grid is above RoPE, RandPE, NoPE "
-          "and FIRE (paper: 32.82 vs 26.32 / 26.56 / 22.45 / 26.98 %).", "addition", "all",
-          ("rope", "randpe", "nope", "fire"), design=(("format", "plain"),)),
-    Claim("arithmetic-index-hints", "Addition with index hints (a marker of significance before every digit, Zhou et "
-          "al. 2024): TAPE's heatmap average over the 2x operand-length grid is above RoPE, RandPE, NoPE and FIRE.",
-          "addition", "all", ("rope", "randpe", "nope", "fire"), design=(("format", "index_hints"),)),
-    Claim("retrieval-passkey", "Passkey retrieval: TAPE is ahead beyond the training length.", "passkey", "longer",
-          ("rope", "randpe", "nope", "fire", "alibi")),
-    Claim("retrieval-mqar", "Associative recall (MQAR): TAPE is ahead beyond the training length.", "mqar", "longer",
-          ("rope", "randpe", "nope", "fire", "alibi")),
-    Claim("lm-perplexity", "Language modelling: TAPE's perplexity is the lowest at the training length.", "text",
-          "in_distribution", ("rope", "randpe", "nope", "fire", "alibi")),
-    Claim("lm-extrapolation", "Language modelling: TAPE extrapolates best (lowest perplexity beyond the training "
-          "length).", "text", "longer", ("rope", "randpe", "nope", "fire", "alibi")),
-    Claim("state-tracking", "State tracking (word problem over a permutation group, exact match of every running "
-          "product): TAPE is ahead beyond the training length.", "word_problem", "longer",
-          ("rope", "nope", "fox", "path")),
+    Claim(
+        "arithmetic",
+        "Addition: TAPE's heatmap average over the 2x operand-length grid is above RoPE, RandPE, NoPE "
+        "and FIRE (paper: 32.82 vs 26.32 / 26.56 / 22.45 / 26.98 %).",
+        "addition",
+        "all",
+        ("rope", "randpe", "nope", "fire"),
+        design=(("format", "plain"),),
+    ),
+    Claim(
+        "arithmetic-index-hints",
+        "Addition with index hints (a marker of significance before every digit, Zhou et "
+        "al. 2024): TAPE's heatmap average over the 2x operand-length grid is above RoPE, RandPE, NoPE and FIRE.",
+        "addition",
+        "all",
+        ("rope", "randpe", "nope", "fire"),
+        design=(("format", "index_hints"),),
+    ),
+    Claim(
+        "retrieval-passkey",
+        "Passkey retrieval: TAPE is ahead beyond the training length.",
+        "passkey",
+        "longer",
+        ("rope", "randpe", "nope", "fire", "alibi"),
+    ),
+    Claim(
+        "retrieval-mqar",
+        "Associative recall (MQAR): TAPE is ahead beyond the training length.",
+        "mqar",
+        "longer",
+        ("rope", "randpe", "nope", "fire", "alibi"),
+    ),
+    Claim(
+        "lm-perplexity",
+        "Language modelling: TAPE's perplexity is the lowest at the training length.",
+        "text",
+        "in_distribution",
+        ("rope", "randpe", "nope", "fire", "alibi"),
+    ),
+    Claim(
+        "lm-extrapolation",
+        "Language modelling: TAPE extrapolates best (lowest perplexity beyond the training length).",
+        "text",
+        "longer",
+        ("rope", "randpe", "nope", "fire", "alibi"),
+    ),
+    Claim(
+        "state-tracking",
+        "State tracking (word problem over a permutation group, exact match of every running "
+        "product): TAPE is ahead beyond the training length.",
+        "word_problem",
+        "longer",
+        ("rope", "nope", "fox", "path"),
+    ),
     # On the index-hints design: in the plain format no run goes beyond the training length, so the heatmap average
     # of every run that learned is its in-distribution quarter of the grid and no ablation can differ (plan.py).
     *_ablation_claims("addition", design=(("format", "index_hints"),)),
@@ -109,8 +165,10 @@ def _unlearned_detail(summary: dict[str, Any], pe: str) -> str:
     """The mean in distribution against the threshold, and how many seeds reached it on their own."""
     threshold = learned_threshold(summary["task"])
     reached, seeds = seeds_reaching(summary["rows"][pe], threshold)
-    return (f"{summary['rows'][pe]['in_distribution']['mean'] * 100:.1f}% < {threshold * 100:.0f}%; "
-            f"{reached} of {seeds} seeds reach it")
+    return (
+        f"{summary['rows'][pe]['in_distribution']['mean'] * 100:.1f}% < {threshold * 100:.0f}%; "
+        f"{reached} of {seeds} seeds reach it"
+    )
 
 
 def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]:
@@ -120,8 +178,10 @@ def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]
     metric, rows, subject = summary["metric"], summary["rows"], claim.subject
     lines, outcomes = [], []
     if not _learned(summary, subject):
-        return "inconclusive", [f"{subject} did not learn {claim.task} in distribution "
-                                f"({_unlearned_detail(summary, subject)}): nothing to compare"]
+        return "inconclusive", [
+            f"{subject} did not learn {claim.task} in distribution "
+            f"({_unlearned_detail(summary, subject)}): nothing to compare"
+        ]
     for pe in claim.baselines:
         if pe not in rows:
             outcomes.append("missing")
@@ -140,8 +200,9 @@ def judge(claim: Claim, summary: dict[str, Any] | None) -> tuple[str, list[str]]
         outcomes.append(outcome)
         operator, unit = (" / ", "") if metric == "perplexity" else (" − ", " pts")
         shown = format_difference(difference, metric == "perplexity")
-        lines.append(f"{subject}{operator}{pe}: {shown}{unit} over seeds "
-                     f"{','.join(map(str, difference['seeds']))} → {outcome}")
+        lines.append(
+            f"{subject}{operator}{pe}: {shown}{unit} over seeds {','.join(map(str, difference['seeds']))} → {outcome}"
+        )
     if "worse" in outcomes:
         return "refuted", lines
     if outcomes and all(o == "better" for o in outcomes):
@@ -155,10 +216,18 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
     for claim in CLAIMS:
         if claim.fits(summary) and claim.subject in summary["rows"]:
             result, details = judge(claim, summary)
-            lines.append(f"Claim ({claim.name}): {claim.statement} Verdict: {result.upper()} "
-                         f"({'; '.join(details)}).")
+            lines.append(f"Claim ({claim.name}): {claim.statement} Verdict: {result.upper()} ({'; '.join(details)}).")
     return lines
 
 
-__all__ = ["CLAIMS", "Claim", "DEFAULT_LEARNED", "LEARNED", "judge", "learned", "learned_threshold", "seeds_reaching",
-           "verdict_lines"]
+__all__ = [
+    "CLAIMS",
+    "Claim",
+    "DEFAULT_LEARNED",
+    "LEARNED",
+    "judge",
+    "learned",
+    "learned_threshold",
+    "seeds_reaching",
+    "verdict_lines",
+]

@@ -44,9 +44,19 @@ def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
 
 
 TRAIN_FLAGS = {  # command-line flag -> TrainSettings field
-    "steps": int, "lr": float, "warmup": int, "schedule": str, "batch_size": int, "grad_accum": int,
-    "clip": float, "mixed_precision": str, "eval_every": int, "checkpoint_every": int, "keep_last": int,
-    "log_every": int, "weight_decay": float,
+    "steps": int,
+    "lr": float,
+    "warmup": int,
+    "schedule": str,
+    "batch_size": int,
+    "grad_accum": int,
+    "clip": float,
+    "mixed_precision": str,
+    "eval_every": int,
+    "checkpoint_every": int,
+    "keep_last": int,
+    "log_every": int,
+    "weight_decay": float,
 }
 
 
@@ -56,65 +66,111 @@ def add_train_flags(parser, exclude: tuple[str, ...] = (), flags: dict[str, type
     for name, kind in (flags or TRAIN_FLAGS).items():
         if name in exclude:
             continue
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
-                            help=f"training setting {name} (default: the preset's)")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            default=None,
+            help=f"training setting {name} (default: the preset's)",
+        )
     parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
 
 
 def add_run_arguments(parser, exclude: tuple[str, ...] = ()) -> None:
     """The options shared by `tapelm train`, `compare` and `sweep` (less the training flags in `exclude`)."""
-    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} "
-                                                                 "(default: %(default)s)")
-    parser.add_argument("--task-option", action="append", metavar="KEY=VALUE",
-                        help="a task option over the preset's, e.g. max_train_digits=10 (repeatable)")
-    parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                        help="a TapeConfig field over the preset's, e.g. num_hidden_layers=6 (repeatable)")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} (default: %(default)s)")
+    parser.add_argument(
+        "--task-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a task option over the preset's, e.g. max_train_digits=10 (repeatable)",
+    )
+    parser.add_argument(
+        "--model-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a TapeConfig field over the preset's, e.g. num_hidden_layers=6 (repeatable)",
+    )
     add_train_flags(parser, exclude)
     parser.add_argument("--eval-n", type=int, help="examples per evaluation condition (default: the preset's)")
     parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size (default: the preset's)")
-    parser.add_argument("--match-params", action="store_true",
-                        help="widen a baseline's MLP to TAPE's parameter count")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: the preset's; cpu-small uses 1, "
-                                                    "which is much faster for its tiny models on a busy machine)")
-    parser.add_argument("--compile", action="store_true",
-                        help="train with torch.compile'd decoder layers (inductor; evaluation stays eager): faster "
-                             "steps after seconds of compiling, the same function to float rounding, so not part of "
-                             "a run's identity")
+    parser.add_argument("--match-params", action="store_true", help="widen a baseline's MLP to TAPE's parameter count")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default: the preset's; cpu-small uses 1, "
+        "which is much faster for its tiny models on a busy machine)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="train with torch.compile'd decoder layers (inductor; evaluation stays eager): faster "
+        "steps after seconds of compiling, the same function to float rounding, so not part of "
+        "a run's identity",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def add_report_to(parser) -> None:
-    parser.add_argument("--report-to", nargs="+", default=["none"], metavar="TRACKER",
-                        help=f"experiment trackers each run logs to live, through accelerate: any of "
-                             f"{', '.join(TRACKERS)}, or none (default); they do not change a run's numbers")
+    parser.add_argument(
+        "--report-to",
+        nargs="+",
+        default=["none"],
+        metavar="TRACKER",
+        help=f"experiment trackers each run logs to live, through accelerate: any of "
+        f"{', '.join(TRACKERS)}, or none (default); they do not change a run's numbers",
+    )
 
 
 def add_launch_arguments(parser) -> None:
     """Where the runs train (`launchers`): --launcher, --jobs, the SLURM options, --data-workers, --report-to."""
-    parser.add_argument("--launcher", default="local", choices=LAUNCHERS,
-                        help="local: this machine (default); slurm: a SLURM cluster through submitit, the runs as one "
-                             "job array, results collected as they land")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="local: runs trained at once on each device, each in a process of its own pinned to "
-                             "its device: on CUDA, N per visible GPU; on the CPU, N with the preset's threads each "
-                             "(default: %(default)s)")
-    parser.add_argument("--data-workers", type=int, default=0,
-                        help="processes that make the batches ahead of the device, split between the runs trained "
-                             "at once (default: %(default)s)")
+    parser.add_argument(
+        "--launcher",
+        default="local",
+        choices=LAUNCHERS,
+        help="local: this machine (default); slurm: a SLURM cluster through submitit, the runs as one "
+        "job array, results collected as they land",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="local: runs trained at once on each device, each in a process of its own pinned to "
+        "its device: on CUDA, N per visible GPU; on the CPU, N with the preset's threads each "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--data-workers",
+        type=int,
+        default=0,
+        help="processes that make the batches ahead of the device, split between the runs trained "
+        "at once (default: %(default)s)",
+    )
     parser.add_argument("--slurm-partition", help="slurm: the partition each job asks for (default: the cluster's)")
-    parser.add_argument("--slurm-time", type=int, metavar="MINUTES",
-                        help="slurm: each job's time limit; a job that reaches it is requeued and resumes from its "
-                             "checkpoint (default: 60)")
-    parser.add_argument("--slurm-gpus-per-run", type=int,
-                        help="slurm: GPUs of each job: 1 (default), or 0 on CPU nodes")
+    parser.add_argument(
+        "--slurm-time",
+        type=int,
+        metavar="MINUTES",
+        help="slurm: each job's time limit; a job that reaches it is requeued and resumes from its "
+        "checkpoint (default: 60)",
+    )
+    parser.add_argument(
+        "--slurm-gpus-per-run", type=int, help="slurm: GPUs of each job: 1 (default), or 0 on CPU nodes"
+    )
     parser.add_argument("--slurm-cpus-per-run", type=int, help="slurm: CPUs of each job (default: the cluster's)")
     add_report_to(parser)
 
 
 def launcher_from_args(args):
     """The launcher of `add_launch_arguments`' options (submitit's files in ROOT/slurm)."""
-    return make_launcher(args.launcher, args.jobs, Path(args.root) / "slurm", args.slurm_partition, args.slurm_time,
-                         args.slurm_gpus_per_run, args.slurm_cpus_per_run)
+    return make_launcher(
+        args.launcher,
+        args.jobs,
+        Path(args.root) / "slurm",
+        args.slurm_partition,
+        args.slurm_time,
+        args.slurm_gpus_per_run,
+        args.slurm_cpus_per_run,
+    )
 
 
 def apply_threads(args) -> None:
@@ -136,11 +192,18 @@ def train_options(args) -> dict[str, Any]:
 
 
 def spec_from_args(args, pe: str, seed: int) -> RunSpec:
-    return RunSpec(task=args.task, pe=pe, seed=seed, preset=args.preset,
-                   task_options=parse_options(args.task_option, "--task-option"),
-                   model_options=parse_options(args.model_option, "--model-option"),
-                   train_options=train_options(args), eval_n=args.eval_n, eval_batch_size=args.eval_batch_size,
-                   match_params=args.match_params)
+    return RunSpec(
+        task=args.task,
+        pe=pe,
+        seed=seed,
+        preset=args.preset,
+        task_options=parse_options(args.task_option, "--task-option"),
+        model_options=parse_options(args.model_option, "--model-option"),
+        train_options=train_options(args),
+        eval_n=args.eval_n,
+        eval_batch_size=args.eval_batch_size,
+        match_params=args.match_params,
+    )
 
 
 def _add_train(commands) -> None:
@@ -152,11 +215,15 @@ def _add_train(commands) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_run_arguments(parser)
     add_report_to(parser)
-    parser.add_argument("--compile-step", action="store_true", default=None,
-                        help="compile the whole model's training forward for the run's shapes, with CUDA graphs on a "
-                             "GPU (minutes of compiling on a CPU; evaluation stays eager; default: the preset's "
-                             "choice, off in every preset): the same function to float rounding, so not part of a "
-                             "run's identity")
+    parser.add_argument(
+        "--compile-step",
+        action="store_true",
+        default=None,
+        help="compile the whole model's training forward for the run's shapes, with CUDA graphs on a "
+        "GPU (minutes of compiling on a CPU; evaluation stays eager; default: the preset's "
+        "choice, off in every preset): the same function to float rounding, so not part of a "
+        "run's identity",
+    )
     parser.set_defaults(handler=_train_command)
 
 
@@ -167,26 +234,46 @@ def _train_command(args) -> None:
     out = Path(args.out or f"runs/train/{spec.task}-{spec.pe}-seed{spec.seed}")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out '{out}' is a file; give a run folder")
-    result = run_task(run, out, resume=args.resume, progress=not args.no_progress, compile_layers=args.compile,
-                      report_to=check_report_to(args.report_to), compile_step=args.compile_step)
+    result = run_task(
+        run,
+        out,
+        resume=args.resume,
+        progress=not args.no_progress,
+        compile_layers=args.compile,
+        report_to=check_report_to(args.report_to),
+        compile_step=args.compile_step,
+    )
     if result is not None:
         summary = result["summary"]
-        print(f"{spec.task} / {spec.pe} / seed {spec.seed}: loss {result['first_loss']:.3f} -> "
-              f"{result['final_loss']:.3f}; {result['metric']} in-distribution {summary['in_distribution']:.4f}, "
-              f"longer {summary['longer']:.4f}, all {summary['all']:.4f}")
+        print(
+            f"{spec.task} / {spec.pe} / seed {spec.seed}: loss {result['first_loss']:.3f} -> "
+            f"{result['final_loss']:.3f}; {result['metric']} in-distribution {summary['in_distribution']:.4f}, "
+            f"longer {summary['longer']:.4f}, all {summary['all']:.4f}"
+        )
         print(f"wrote {out}/result.json, {out}/eval.json and {out}/eval.png")
 
 
 def print_evaluation(evaluation: dict[str, Any]) -> None:
     summary = evaluation["summary"]
-    print(f"{evaluation['task']}: {evaluation['metric']} in-distribution {summary['in_distribution']:.4f}, "
-          f"longer {summary['longer']:.4f}, all {summary['all']:.4f}")
-    print("by length (" + evaluation["x_label"] + "): "
-          + ", ".join(f"{k}: {v:.3f}" for k, v in summary["by_length"].items()))
+    print(
+        f"{evaluation['task']}: {evaluation['metric']} in-distribution {summary['in_distribution']:.4f}, "
+        f"longer {summary['longer']:.4f}, all {summary['all']:.4f}"
+    )
+    print(
+        "by length ("
+        + evaluation["x_label"]
+        + "): "
+        + ", ".join(f"{k}: {v:.3f}" for k, v in summary["by_length"].items())
+    )
 
 
-def evaluate_run(run_dir: str | Path, n: int | None = None, batch_size: int | None = None,
-                 seed: int = EVAL_SEED, progress: bool = True) -> dict[str, Any]:
+def evaluate_run(
+    run_dir: str | Path,
+    n: int | None = None,
+    batch_size: int | None = None,
+    seed: int = EVAL_SEED,
+    progress: bool = True,
+) -> dict[str, Any]:
     """`tapelm eval RUN_DIR`: evaluate the run's final model; writes eval.json and eval.png in the run directory
     (and the new numbers into result.json when this is the run's own evaluation)."""
     run = load_run(run_dir)
@@ -220,23 +307,33 @@ def _eval_command(args) -> None:
 
 def _add_compare(commands) -> None:
     parser = commands.add_parser(
-        "compare", help="train and evaluate one model per encoding and seed with identical budgets; table + figures")
+        "compare", help="train and evaluate one model per encoding and seed with identical budgets; table + figures"
+    )
     parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--pe", nargs="+", default=list(DEFAULT_PES), metavar="PE",
-                        help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(PE_TYPES)}, or 'all'")
+    parser.add_argument(
+        "--pe",
+        nargs="+",
+        default=list(DEFAULT_PES),
+        metavar="PE",
+        help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(PE_TYPES)}, or 'all'",
+    )
     _add_comparison_arguments(parser, seeds=[0])
     parser.set_defaults(handler=_compare_command)
 
 
 def _add_comparison_arguments(parser, seeds: list[int]) -> None:
     """Seeds, cache folder and parallel jobs of a comparison, then the run options."""
-    parser.add_argument("--seeds", nargs="+", type=int, default=seeds,
-                        help=f"training seeds (default: {' '.join(map(str, seeds))})")
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=seeds, help=f"training seeds (default: {' '.join(map(str, seeds))})"
+    )
     parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
-    parser.add_argument("--archive", metavar="DIR",
-                        help="count as done the finished runs of this comparison that `tapelm report` archived in "
-                             "DIR (docs/results/compare), copying their results into --root: continues a "
-                             "comparison on a machine without its runs/ cache")
+    parser.add_argument(
+        "--archive",
+        metavar="DIR",
+        help="count as done the finished runs of this comparison that `tapelm report` archived in "
+        "DIR (docs/results/compare), copying their results into --root: continues a "
+        "comparison on a machine without its runs/ cache",
+    )
     add_launch_arguments(parser)
     add_run_arguments(parser)
 
@@ -246,16 +343,32 @@ def _compare_command(args) -> None:
     base = spec_from_args(args, pes[0] if pes else "tape", 0)
     launcher = launcher_from_args(args)
     apply_threads(args)
-    compare(base, pes, args.seeds, root=args.root, progress=not args.no_progress, compile_layers=args.compile,
-            archive=args.archive, launcher=launcher, data_workers=args.data_workers, report_to=args.report_to)
+    compare(
+        base,
+        pes,
+        args.seeds,
+        root=args.root,
+        progress=not args.no_progress,
+        compile_layers=args.compile,
+        archive=args.archive,
+        launcher=launcher,
+        data_workers=args.data_workers,
+        report_to=args.report_to,
+    )
 
 
 def _add_ablate(commands) -> None:
     parser = commands.add_parser(
-        "ablate", help="TAPE's ablations (the paper's table) as one comparison: same budget, paired by seed")
+        "ablate", help="TAPE's ablations (the paper's table) as one comparison: same budget, paired by seed"
+    )
     parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--variants", nargs="+", default=list(ABLATIONS), metavar="VARIANT",
-                        help=f"variants (default: all of {', '.join(ABLATIONS)})")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(ABLATIONS),
+        metavar="VARIANT",
+        help=f"variants (default: all of {', '.join(ABLATIONS)})",
+    )
     _add_comparison_arguments(parser, seeds=[0, 1, 2])
     parser.set_defaults(handler=_ablate_command)
 
@@ -267,18 +380,34 @@ def _ablate_command(args) -> None:
     base = spec_from_args(args, "tape", 0)
     launcher = launcher_from_args(args)
     apply_threads(args)
-    compare(base, args.variants, args.seeds, root=args.root, progress=not args.no_progress, ablation=True,
-            compile_layers=args.compile, archive=args.archive, launcher=launcher, data_workers=args.data_workers,
-            report_to=args.report_to)
+    compare(
+        base,
+        args.variants,
+        args.seeds,
+        root=args.root,
+        progress=not args.no_progress,
+        ablation=True,
+        compile_layers=args.compile,
+        archive=args.archive,
+        launcher=launcher,
+        data_workers=args.data_workers,
+        report_to=args.report_to,
+    )
 
 
 def _add_sweep(commands) -> None:
     parser = commands.add_parser(
-        "sweep", help="learning curves over encodings, seeds, learning rates and schedules (JSON + PNG), to choose "
-                      "a recipe that learns on every seed")
+        "sweep",
+        help="learning curves over encodings, seeds, learning rates and schedules (JSON + PNG), to choose "
+        "a recipe that learns on every seed",
+    )
     parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--pe", nargs="+", default=["rope"], help=f"positional encodings (default: %(default)s); "
-                                                                  f"from: {', '.join(PE_TYPES)}")
+    parser.add_argument(
+        "--pe",
+        nargs="+",
+        default=["rope"],
+        help=f"positional encodings (default: %(default)s); from: {', '.join(PE_TYPES)}",
+    )
     parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="training seeds (default: 0)")
     parser.add_argument("--lr", type=float, nargs="+", required=True, help="peak learning rates to try")
     parser.add_argument("--schedule", nargs="+", help="learning-rate schedules to try (default: the preset's)")
@@ -294,29 +423,55 @@ def _sweep_command(args) -> None:
     for pe in args.pe:
         resolve(spec_from_args(swept, pe, args.seeds[0]))  # refuses a bad task, encoding or option before any run
     apply_threads(args)
-    sweep(spec_from_args(swept, args.pe[0], args.seeds[0]), args.lr, root=args.root, out=args.out,
-          progress=not args.no_progress, pes=args.pe, seeds=args.seeds, schedules=args.schedule, name=args.name,
-          compile_layers=args.compile)
+    sweep(
+        spec_from_args(swept, args.pe[0], args.seeds[0]),
+        args.lr,
+        root=args.root,
+        out=args.out,
+        progress=not args.no_progress,
+        pes=args.pe,
+        seeds=args.seeds,
+        schedules=args.schedule,
+        name=args.name,
+        compile_layers=args.compile,
+    )
 
 
 def _add_stage(commands) -> None:
     parser = commands.add_parser(
-        "stage", help="the comparisons owed at GPU scale, in pieces: the next planned runs that fit in "
-                      "--budget-seconds, each finished run's results written into --out (merge them into the archive "
-                      "with `tapelm report --root OUT`)")
-    parser.add_argument("--budget-seconds", type=float, required=True,
-                        help="wall-clock seconds the stage may take; a run expected to take longer is not started")
-    parser.add_argument("--out", default="runs/stage", help="folder for the finished runs' result files and "
-                                                            "stage.json (default: %(default)s)")
-    parser.add_argument("--archive", metavar="DIR", help="count the runs archived in DIR (docs/results/compare) as "
-                                                         "done, and continue after them")
+        "stage",
+        help="the comparisons owed at GPU scale, in pieces: the next planned runs that fit in "
+        "--budget-seconds, each finished run's results written into --out (merge them into the archive "
+        "with `tapelm report --root OUT`)",
+    )
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        required=True,
+        help="wall-clock seconds the stage may take; a run expected to take longer is not started",
+    )
+    parser.add_argument(
+        "--out",
+        default="runs/stage",
+        help="folder for the finished runs' result files and stage.json (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--archive",
+        metavar="DIR",
+        help="count the runs archived in DIR (docs/results/compare) as done, and continue after them",
+    )
     parser.add_argument("--root", default="runs", help="results cache folder, where runs train (default: %(default)s)")
     add_launch_arguments(parser)
     parser.add_argument("--tasks", nargs="+", metavar="TASK", help="only the comparisons of these tasks")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan and its predicted GPU minutes; "
-                                                               "train nothing")
-    parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                        help="a TapeConfig field over every planned recipe's: another comparison (tests, trials)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the plan and its predicted GPU minutes; train nothing"
+    )
+    parser.add_argument(
+        "--model-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a TapeConfig field over every planned recipe's: another comparison (tests, trials)",
+    )
     add_train_flags(parser)
     parser.add_argument("--eval-n", type=int, help="examples per evaluation condition over the recipes'")
     parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size over the recipes'")
@@ -325,12 +480,25 @@ def _add_stage(commands) -> None:
 
 
 def _stage_command(args) -> int:
-    overrides = {"model_options": parse_options(args.model_option, "--model-option"),
-                 "train_options": train_options(args), "eval_n": args.eval_n, "eval_batch_size": args.eval_batch_size}
-    return run_stage(args.budget_seconds, args.out, root=args.root, archive=args.archive,
-                     data_workers=args.data_workers, tasks=args.tasks, progress=not args.no_progress,
-                     dry_run=args.dry_run, overrides={k: v for k, v in overrides.items() if v not in (None, {})},
-                     launcher=launcher_from_args(args), report_to=args.report_to)
+    overrides = {
+        "model_options": parse_options(args.model_option, "--model-option"),
+        "train_options": train_options(args),
+        "eval_n": args.eval_n,
+        "eval_batch_size": args.eval_batch_size,
+    }
+    return run_stage(
+        args.budget_seconds,
+        args.out,
+        root=args.root,
+        archive=args.archive,
+        data_workers=args.data_workers,
+        tasks=args.tasks,
+        progress=not args.no_progress,
+        dry_run=args.dry_run,
+        overrides={k: v for k, v in overrides.items() if v not in (None, {})},
+        launcher=launcher_from_args(args),
+        report_to=args.report_to,
+    )
 
 
 def add_commands(commands) -> None:

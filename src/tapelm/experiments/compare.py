@@ -67,9 +67,16 @@ class Comparison:
         return (self.run_dir(pe, seed) / RESULT_FILE).exists()
 
 
-def open_comparison(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs",
-                    command: str | None = None, ablation: bool = False, compile_layers: bool = False,
-                    archive: str | Path | None = None) -> Comparison:
+def open_comparison(
+    base: RunSpec,
+    pes: list[str],
+    seeds: list[int],
+    root: str | Path = "runs",
+    command: str | None = None,
+    ablation: bool = False,
+    compile_layers: bool = False,
+    archive: str | Path | None = None,
+) -> Comparison:
     """Validate and resolve every (encoding, seed) of `base`, copy in the finished runs archived in `archive` (see
     `restore_archived`) and record the comparison in its folder; nothing is trained. ValueError before any write
     when an argument is wrong."""
@@ -81,8 +88,10 @@ def open_comparison(base: RunSpec, pes: list[str], seeds: list[int], root: str |
     if not seeds or bad_seeds:
         raise ValueError(f"seeds={seeds!r} is not allowed; give non-negative integers")
     if archive is not None and not Path(archive).is_dir():
-        raise ValueError(f"--archive folder '{archive}' does not exist; give the folder `tapelm report` archives "
-                         "comparisons in (docs/results/compare)")
+        raise ValueError(
+            f"--archive folder '{archive}' does not exist; give the folder `tapelm report` archives "
+            "comparisons in (docs/results/compare)"
+        )
     pes, seeds = list(dict.fromkeys(pes)), list(dict.fromkeys(seeds))
     specs = {(pe, seed): RunSpec(**{**vars(base), "pe": pe, "seed": seed}) for seed in seeds for pe in pes}
     directory = comparison_dir(Path(root), base.task, settings_hash(next(iter(specs.values()))))
@@ -92,17 +101,35 @@ def open_comparison(base: RunSpec, pes: list[str], seeds: list[int], root: str |
     if archive is not None:
         restore_archived(Path(archive), directory, runs)
     selection = ["ablate", base.task, "--variants", *pes] if ablation else ["compare", base.task, "--pe", *pes]
-    command = command or shlex.join(["tapelm", *selection, "--seeds", *map(str, seeds),
-                                     *(["--root", str(root)] if str(root) != "runs" else []),
-                                     *option_flags(base, compile_layers)])
+    command = command or shlex.join(
+        [
+            "tapelm",
+            *selection,
+            "--seeds",
+            *map(str, seeds),
+            *(["--root", str(root)] if str(root) != "runs" else []),
+            *option_flags(base, compile_layers),
+        ]
+    )
     _record(directory, base, pes, seeds, command, next(iter(runs.values())))
     return Comparison(directory, runs, command)
 
 
-def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = "runs", progress: bool = True,
-            command: str | None = None, jobs: int = 1, ablation: bool = False,
-            compile_layers: bool = False, archive: str | Path | None = None, launcher=None, data_workers: int = 0,
-            report_to: tuple[str, ...] = ()) -> dict[str, Any]:
+def compare(
+    base: RunSpec,
+    pes: list[str],
+    seeds: list[int],
+    root: str | Path = "runs",
+    progress: bool = True,
+    command: str | None = None,
+    jobs: int = 1,
+    ablation: bool = False,
+    compile_layers: bool = False,
+    archive: str | Path | None = None,
+    launcher=None,
+    data_workers: int = 0,
+    report_to: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
     `launcher` (`launchers`; default: local, `jobs` runs at once per device, each worker with torch's current thread
     count) trains the runs still to do. `ablation` records the command as `tapelm ablate` (the encodings are TAPE's
@@ -118,8 +145,10 @@ def compare(base: RunSpec, pes: list[str], seeds: list[int], root: str | Path = 
     for index, ((pe, seed), run) in enumerate(runs.items(), 1):
         run_dir = comparison.run_dir(pe, seed)
         cached = comparison.finished(pe, seed)
-        print(f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: "
-              f"{'cached' if cached else 'to run'} ({run_dir})", flush=True)
+        print(
+            f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: {'cached' if cached else 'to run'} ({run_dir})",
+            flush=True,
+        )
         if not cached:
             pending.append(Job(run, run_dir, command))
     for outcome in launcher.launch(pending, options):
@@ -150,22 +179,36 @@ def restore_archived(archive: Path, directory: Path, runs: dict[tuple[str, int],
             saved = json.loads((archived / RESULT_FILE).read_text())
             identity = saved["identity"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"archived run '{archived}' has an unreadable {RESULT_FILE}; remove it from the "
-                             "archive or leave out --archive") from None
+            raise ValueError(
+                f"archived run '{archived}' has an unreadable {RESULT_FILE}; remove it from the "
+                "archive or leave out --archive"
+            ) from None
         changed = identity_differences(identity, run)
         if changed:
-            raise ValueError(f"archived run '{archived}' was trained with other settings (different "
-                             f"{', '.join(changed)}); remove it from the archive or leave out --archive")
+            raise ValueError(
+                f"archived run '{archived}' was trained with other settings (different "
+                f"{', '.join(changed)}); remove it from the archive or leave out --archive"
+            )
         if saved.get("data", {}) not in ({}, run.task.data_record()):
-            raise ValueError(f"archived run '{archived}' was trained on other data ({saved['data']}, here "
-                             f"{run.task.data_record()}); remove it from the archive or leave out --archive")
+            raise ValueError(
+                f"archived run '{archived}' was trained on other data ({saved['data']}, here "
+                f"{run.task.data_record()}); remove it from the archive or leave out --archive"
+            )
         found[pe, seed] = (archived, cached)
-    remaining = [run for key, run in runs.items() if key not in found
-                 and not (directory / key[0] / f"seed{key[1]}" / RESULT_FILE).exists()]
-    if found and any(type(run.task).tokenizer_is_trained(run.task_options) for run in remaining) \
-            and comparison_tokenizer(directory) is None:
-        raise ValueError(f"the archive keeps no tokenizer, and the runs still to train in '{directory}' would train "
-                         "their own; run the whole comparison again, without --archive")
+    remaining = [
+        run
+        for key, run in runs.items()
+        if key not in found and not (directory / key[0] / f"seed{key[1]}" / RESULT_FILE).exists()
+    ]
+    if (
+        found
+        and any(type(run.task).tokenizer_is_trained(run.task_options) for run in remaining)
+        and comparison_tokenizer(directory) is None
+    ):
+        raise ValueError(
+            f"the archive keeps no tokenizer, and the runs still to train in '{directory}' would train "
+            "their own; run the whole comparison again, without --archive"
+        )
     for archived, cached in found.values():
         for name in sorted(RESULT_FILES, key=lambda n: n == RESULT_FILE):  # result.json last: it marks a run done
             if (archived / name).exists():
@@ -199,18 +242,30 @@ def merge_records(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     runs = requested_runs(old) if old else {}
     for pe, seeds in requested_runs(new).items():
         runs[pe] = sorted(set(runs.get(pe, [])) | set(seeds))
-    return {**new, "runs": runs, "pes": list(runs), "seeds": sorted({s for seeds in runs.values() for s in seeds}),
-            "commands": list(dict.fromkeys([*old.get("commands", []), *new["commands"]]))}
+    return {
+        **new,
+        "runs": runs,
+        "pes": list(runs),
+        "seeds": sorted({s for seeds in runs.values() for s in seeds}),
+        "commands": list(dict.fromkeys([*old.get("commands", []), *new["commands"]])),
+    }
 
 
 def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], command: str, run) -> None:
     """comparison.json: the shared settings, every command that added to this comparison and the runs it asked for."""
     path = directory / COMPARISON_FILE
-    new = {"commands": [command], "runs": {pe: sorted(seeds) for pe in pes},
-           "task": base.task, "preset": base.preset, "settings_hash": run.settings_hash,
-           "task_options": run.identity["task_options"],
-           "train": {k: v for k, v in run.identity["train"].items() if k != "seed"},  # shared: seeds are in "runs"
-           "eval": run.identity["eval"], "match_params": base.match_params, "model_options": base.model_options}
+    new = {
+        "commands": [command],
+        "runs": {pe: sorted(seeds) for pe in pes},
+        "task": base.task,
+        "preset": base.preset,
+        "settings_hash": run.settings_hash,
+        "task_options": run.identity["task_options"],
+        "train": {k: v for k, v in run.identity["train"].items() if k != "seed"},  # shared: seeds are in "runs"
+        "eval": run.identity["eval"],
+        "match_params": base.match_params,
+        "model_options": base.model_options,
+    }
     record = merge_records(json.loads(path.read_text()) if path.exists() else {}, new)
     directory.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
@@ -219,10 +274,12 @@ def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], co
 
 
 def _summary_stats(summaries: list[dict[str, Any]], lengths: list[str]) -> dict[str, Any]:
-    return {"all": interval([s["all"] for s in summaries]),
-            "in_distribution": interval([s["in_distribution"] for s in summaries]),
-            "longer": interval([s["longer"] for s in summaries]),
-            "by_length": {x: interval([s["by_length"][x] for s in summaries]) for x in lengths}}
+    return {
+        "all": interval([s["all"] for s in summaries]),
+        "in_distribution": interval([s["in_distribution"] for s in summaries]),
+        "longer": interval([s["longer"] for s in summaries]),
+        "by_length": {x: interval([s["by_length"][x] for s in summaries]) for x in lengths},
+    }
 
 
 HEADLINES = ("in_distribution", "longer", "all")
@@ -245,8 +302,11 @@ def paired_differences(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if REFERENCE not in rows:
         return {}
     tape = rows[REFERENCE]["per_seed"]
-    return {pe: {key: paired_difference(tape[key], row["per_seed"][key]) for key in HEADLINES}
-            for pe, row in rows.items() if pe != REFERENCE}
+    return {
+        pe: {key: paired_difference(tape[key], row["per_seed"][key]) for key in HEADLINES}
+        for pe, row in rows.items()
+        if pe != REFERENCE
+    }
 
 
 def evaluation_error(summary: dict[str, Any], key: str, metric: str) -> float:
@@ -282,27 +342,45 @@ def aggregate(directory: Path, write: bool = True, only: list[str] | None = None
         by_seed = results[pe]
         first = next(iter(by_seed.values()))
         lengths = list(first["summary"]["by_length"])
-        rows[pe] = {"seeds": sorted(by_seed), "parameters": first["parameters"],
-                    "per_seed": per_seed_headlines(by_seed, first["metric"]),
-                    **_summary_stats([r["summary"] for r in by_seed.values()], lengths),
-                    "evaluation_error": {key: interval([evaluation_error(r["summary"], key, r["metric"])
-                                                        for r in by_seed.values()])["mean"] for key in HEADLINES},
-                    "final_loss": interval([r["final_loss"] for r in by_seed.values()]),
-                    "seconds": interval([r.get("session_seconds") for r in by_seed.values()])}
+        rows[pe] = {
+            "seeds": sorted(by_seed),
+            "parameters": first["parameters"],
+            "per_seed": per_seed_headlines(by_seed, first["metric"]),
+            **_summary_stats([r["summary"] for r in by_seed.values()], lengths),
+            "evaluation_error": {
+                key: interval([evaluation_error(r["summary"], key, r["metric"]) for r in by_seed.values()])["mean"]
+                for key in HEADLINES
+            },
+            "final_loss": interval([r["final_loss"] for r in by_seed.values()]),
+            "seconds": interval([r.get("session_seconds") for r in by_seed.values()]),
+        }
         if all(r.get("token_accuracy_summary") for r in by_seed.values()):
-            rows[pe]["token_accuracy"] = _summary_stats([r["token_accuracy_summary"] for r in by_seed.values()],
-                                                        lengths)
+            rows[pe]["token_accuracy"] = _summary_stats(
+                [r["token_accuracy_summary"] for r in by_seed.values()], lengths
+            )
     any_result = next((r for by_seed in results.values() for r in by_seed.values()), None)
     metric = any_result["metric"] if any_result else "?"
     evaluation = any_result["evaluation"] if any_result else None
-    summary = {"task": record["task"], "settings_hash": record["settings_hash"], "metric": metric,
-               "record": record, "rows": rows, "figures": [],
-               "x_label": evaluation["x_label"] if evaluation else "", "training_edge":
-               evaluation["training_edge"] if evaluation else None,
-               "missing": [f"{pe}/seed{s}" for pe, seeds in requested_runs(record).items()
-                           if pe in record["pes"] for s in seeds if s not in results.get(pe, {})],
-               "paired": paired_differences(rows), "state_norms": mean_state_norms(directory, rows),
-               "learning_curves": learning_curves(directory, rows)}
+    summary = {
+        "task": record["task"],
+        "settings_hash": record["settings_hash"],
+        "metric": metric,
+        "record": record,
+        "rows": rows,
+        "figures": [],
+        "x_label": evaluation["x_label"] if evaluation else "",
+        "training_edge": evaluation["training_edge"] if evaluation else None,
+        "missing": [
+            f"{pe}/seed{s}"
+            for pe, seeds in requested_runs(record).items()
+            if pe in record["pes"]
+            for s in seeds
+            if s not in results.get(pe, {})
+        ],
+        "paired": paired_differences(rows),
+        "state_norms": mean_state_norms(directory, rows),
+        "learning_curves": learning_curves(directory, rows),
+    }
     summary["table"] = format_table(summary)
     if write and results:
         summary["figures"] = write_figures(summary, results, directory)
@@ -333,19 +411,28 @@ def format_table(summary: dict[str, Any]) -> str:
     if tokens:
         header += ["token acc. in-distribution (%)", "token acc. longer (%)"]
     header += ["final train loss"]
-    errors = metric != "perplexity" and rows and all(
-        not math.isnan(row["evaluation_error"]["all"]) for row in rows.values())
+    errors = (
+        metric != "perplexity" and rows and all(not math.isnan(row["evaluation_error"]["all"]) for row in rows.values())
+    )
     if errors:
         header += ["test-set s.e. all (%)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     for pe, row in rows.items():
-        cells = [pe, f"{row['parameters'] / 1e6:.3f}M", ",".join(map(str, row["seeds"])),
-                 _format(row["in_distribution"], metric), _format(row["longer"], metric), _format(row["all"], metric)]
+        cells = [
+            pe,
+            f"{row['parameters'] / 1e6:.3f}M",
+            ",".join(map(str, row["seeds"])),
+            _format(row["in_distribution"], metric),
+            _format(row["longer"], metric),
+            _format(row["all"], metric),
+        ]
         if per_length:
             cells += [_format(row["by_length"][x], metric) for x in lengths]
         if tokens:
-            cells += [_format(row["token_accuracy"]["in_distribution"], "accuracy"),
-                      _format(row["token_accuracy"]["longer"], "accuracy")]
+            cells += [
+                _format(row["token_accuracy"]["in_distribution"], "accuracy"),
+                _format(row["token_accuracy"]["longer"], "accuracy"),
+            ]
         loss = row["final_loss"]
         cells.append(f"{loss['mean']:.3f}" if loss["n"] else "–")
         if errors:
@@ -353,12 +440,21 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     direction = "higher" if higher_is_better(metric) else "lower"
     lines.append("")
-    lines.append(f"{metric.replace('_', ' ')}, {direction} is better; mean ± half-width of the 95% confidence "
-                 "interval across seeds (t distribution)."
-                 + (" Token accuracy: the share of answer tokens predicted right (teacher-forced), from the same "
-                    "logits." if tokens else "")
-                 + (" Test-set s.e.: the binomial standard error of one run's 'all' from its number of test "
-                    "examples, to set beside the spread across seeds." if errors else ""))
+    lines.append(
+        f"{metric.replace('_', ' ')}, {direction} is better; mean ± half-width of the 95% confidence "
+        "interval across seeds (t distribution)."
+        + (
+            " Token accuracy: the share of answer tokens predicted right (teacher-forced), from the same logits."
+            if tokens
+            else ""
+        )
+        + (
+            " Test-set s.e.: the binomial standard error of one run's 'all' from its number of test "
+            "examples, to set beside the spread across seeds."
+            if errors
+            else ""
+        )
+    )
     if summary.get("paired"):
         lines += ["", format_paired(summary)]
     return "\n".join(lines)
@@ -381,10 +477,19 @@ def format_paired(summary: dict[str, Any]) -> str:
             text = format_difference(d, log)
             cells.append(f"{text} ({verdict(d, higher)})")
         lines.append("| " + " | ".join(cells) + " |")
-    unit = ("perplexity ratio TAPE / baseline with its 95% interval" if log
-            else "difference in points, ± half-width of the 95% interval")
-    return "\n".join(lines + ["", f"Paired by seed (same training data stream and test set): {unit}; 'better' / "
-                                   f"'worse' when the interval excludes {'1' if log else 'zero'}."])
+    unit = (
+        "perplexity ratio TAPE / baseline with its 95% interval"
+        if log
+        else "difference in points, ± half-width of the 95% interval"
+    )
+    return "\n".join(
+        lines
+        + [
+            "",
+            f"Paired by seed (same training data stream and test set): {unit}; 'better' / "
+            f"'worse' when the interval excludes {'1' if log else 'zero'}.",
+        ]
+    )
 
 
 def state_norm_history(run_dir: Path) -> tuple[list[int], np.ndarray] | None:
@@ -404,8 +509,7 @@ def mean_state_norms(directory: Path, rows: dict[str, Any]) -> dict[str, dict[st
     for pe, row in rows.items():
         histories = [h for seed in row["seeds"] if (h := state_norm_history(directory / pe / f"seed{seed}"))]
         if histories and len({len(steps) for steps, _ in histories}) == 1:
-            found[pe] = {"steps": histories[0][0],
-                         "norms": np.mean([norms for _, norms in histories], axis=0).tolist()}
+            found[pe] = {"steps": histories[0][0], "norms": np.mean([norms for _, norms in histories], axis=0).tolist()}
     return found
 
 
@@ -415,15 +519,19 @@ def learning_curves(directory: Path, rows: dict[str, Any]) -> dict[str, dict[str
     found = {}
     for pe, row in rows.items():
         runs = {str(seed): directory / pe / f"seed{seed}" for seed in row["seeds"]}
-        curves = {seed: [list(point) for point in learning_curve(path)["in_distribution"]]
-                  for seed, path in runs.items() if (path / "metrics.jsonl").exists()}
+        curves = {
+            seed: [list(point) for point in learning_curve(path)["in_distribution"]]
+            for seed, path in runs.items()
+            if (path / "metrics.jsonl").exists()
+        }
         if any(curves.values()):
             found[pe] = {seed: points for seed, points in curves.items() if points}
     return found
 
 
-def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str, Any]]],
-                  directory: Path, prefix: str = "") -> list[str]:
+def write_figures(
+    summary: dict[str, Any], results: dict[str, dict[int, dict[str, Any]]], directory: Path, prefix: str = ""
+) -> list[str]:
     """Heatmaps (addition), the metric-against-length curves, the learning curves (`summary["learning_curves"]`, with
     the bar at which a run counts as learned) and, for variants with a positional state, its norm over training
     (`summary["state_norms"]`); returns the file names written."""
@@ -433,17 +541,24 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
     names = []
     tokens = all("token_accuracy" in row for row in summary["rows"].values())
     if task == "addition":
-        variants = [("value", "exact match", "")] + ([("token_accuracy", "token accuracy", "-tokens")]
-                                                      if tokens else [])
+        variants = [("value", "exact match", "")] + (
+            [("token_accuracy", "token accuracy", "-tokens")] if tokens else []
+        )
         for field, label, suffix in variants:
             grids = {}
             for pe in summary["rows"]:
-                cells = [[{**c, "value": c[field]} for c in r["evaluation"]["conditions"]]
-                         for r in results[pe].values()]
+                cells = [
+                    [{**c, "value": c[field]} for c in r["evaluation"]["conditions"]] for r in results[pe].values()
+                ]
                 grids[pe] = np.mean([heatmap_grid(c) for c in cells], axis=0)
             name = f"{prefix}{task}-heatmaps{suffix}.png"
-            heatmaps(grids, directory / name, f"{task}: {label} per operand-length cell (mean over seeds; dashed: "
-                                              "training range)", edge=summary["training_edge"], label=label)
+            heatmaps(
+                grids,
+                directory / name,
+                f"{task}: {label} per operand-length cell (mean over seeds; dashed: training range)",
+                edge=summary["training_edge"],
+                label=label,
+            )
             names.append(name)
     variants = [(lambda row: row, metric, "")]
     if tokens:
@@ -452,28 +567,57 @@ def write_figures(summary: dict[str, Any], results: dict[str, dict[int, dict[str
         series = {}
         for pe, row in summary["rows"].items():
             by_length = pick(row)["by_length"]
-            series[pe] = ([float(x) for x in by_length], [s["mean"] for s in by_length.values()],
-                          [s["std"] for s in by_length.values()])
+            series[pe] = (
+                [float(x) for x in by_length],
+                [s["mean"] for s in by_length.values()],
+                [s["std"] for s in by_length.values()],
+            )
         name = f"{prefix}{task}-by-length{suffix}.png"
-        curves(series, directory / name, f"{task}: {label.replace('_', ' ')} against length (mean ± std over "
-                                         "seeds)", summary["x_label"], label, edge=summary["training_edge"])
+        curves(
+            series,
+            directory / name,
+            f"{task}: {label.replace('_', ' ')} against length (mean ± std over seeds)",
+            summary["x_label"],
+            label,
+            edge=summary["training_edge"],
+        )
         names.append(name)
     if summary.get("learning_curves"):
         name = f"{prefix}{task}-learning.png"
         label = metric.replace("_", " ")
-        learning_panels(summary["learning_curves"], directory / name, f"{task}: in-distribution {label} over "
-                        "training, a line per seed (quick evaluations; dashed: the bar at which a run counts as "
-                        "learned)", metric, bar=learned_threshold(task))
+        learning_panels(
+            summary["learning_curves"],
+            directory / name,
+            f"{task}: in-distribution {label} over "
+            "training, a line per seed (quick evaluations; dashed: the bar at which a run counts as "
+            "learned)",
+            metric,
+            bar=learned_threshold(task),
+        )
         names.append(name)
     panels = {pe: (found["steps"], np.array(found["norms"])) for pe, found in summary["state_norms"].items()}
     if panels:
         name = f"{prefix}{task}-state-norm.png"
-        state_norm_panels(panels, directory / name, f"{task}: norm of TAPE's positional state E per layer over "
-                                                    "training (mean over seeds)")
+        state_norm_panels(
+            panels,
+            directory / name,
+            f"{task}: norm of TAPE's positional state E per layer over training (mean over seeds)",
+        )
         names.append(name)
     return names
 
 
-__all__ = ["Comparison", "compare", "open_comparison", "restore_archived", "copy_atomically", "aggregate",
-           "format_table", "load_results",
-           "comparison_dir", "learning_curves", "mean_state_norms", "write_figures"]
+__all__ = [
+    "Comparison",
+    "compare",
+    "open_comparison",
+    "restore_archived",
+    "copy_atomically",
+    "aggregate",
+    "format_table",
+    "load_results",
+    "comparison_dir",
+    "learning_curves",
+    "mean_state_norms",
+    "write_figures",
+]

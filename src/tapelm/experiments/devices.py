@@ -26,9 +26,11 @@ def describe_device(device: torch.device) -> dict[str, Any]:
     """What result.json records of the device a run computed on: its name in the process, the accelerator's model
     name (CUDA) and the GPUs the process was given (CUDA_VISIBLE_DEVICES, as a launcher pinned it)."""
     device = torch.device(device)
-    return {"device": str(device),
-            "name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {
+        "device": str(device),
+        "name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

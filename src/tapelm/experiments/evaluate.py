@@ -69,8 +69,11 @@ def summarize(task: Task, conditions: list[dict[str, Any]], metric: str) -> dict
     """Headline numbers: the mean over all conditions ('all', the paper's heatmap average for addition), over the
     in-distribution ones and over the longer ones, the metric per length (mean over other condition fields), and how
     many test examples each headline number rests on."""
-    headlines = {"all": conditions, "in_distribution": [c for c in conditions if task.in_distribution(c)],
-                 "longer": [c for c in conditions if not task.in_distribution(c)]}
+    headlines = {
+        "all": conditions,
+        "in_distribution": [c for c in conditions if task.in_distribution(c)],
+        "longer": [c for c in conditions if not task.in_distribution(c)],
+    }
     groups: dict[int, list[float]] = defaultdict(list)
     for c in conditions:
         groups[length_key(task, c)].append(c["value"])
@@ -82,8 +85,9 @@ def summarize(task: Task, conditions: list[dict[str, Any]], metric: str) -> dict
 
 
 @torch.no_grad()
-def evaluate_model(model: torch.nn.Module, task: Task, n: int, batch_size: int, seed: int = EVAL_SEED,
-                   progress: bool = True) -> dict[str, Any]:
+def evaluate_model(
+    model: torch.nn.Module, task: Task, n: int, batch_size: int, seed: int = EVAL_SEED, progress: bool = True
+) -> dict[str, Any]:
     """Every condition of `task` on `model` (put in eval mode here): {"task", "metric", "conditions", "mean",
     "summary", "seed", "n"}; the same data as `tasks.evaluate_task` with the same seed, plus a progress bar."""
     model.eval()
@@ -96,8 +100,9 @@ def evaluate_model(model: torch.nn.Module, task: Task, n: int, batch_size: int, 
     conditions = []
     secondary = isinstance(task, SyntheticTask) and task.metric_name == "exact_match"
     with seeded_torch_rng(seed, device):
-        for condition in tqdm(task.eval_conditions(), desc=f"eval {task.name}", disable=not progress,
-                              dynamic_ncols=True):
+        for condition in tqdm(
+            task.eval_conditions(), desc=f"eval {task.name}", disable=not progress, dynamic_ncols=True
+        ):
             if secondary:
                 row = _score_both(task, logits_fn, condition, seed, n, batch_size)
             else:
@@ -105,9 +110,17 @@ def evaluate_model(model: torch.nn.Module, task: Task, n: int, batch_size: int, 
                 row = {"value": value, "n": count}
             conditions.append({**condition, **row})
     mean = float(np.mean([row["value"] for row in conditions]))
-    evaluation = {"task": task.name, "metric": task.metric_name, "seed": seed, "n": n, "conditions": conditions,
-                  "mean": mean, "summary": summarize(task, conditions, task.metric_name),
-                  "x_label": length_label(task), "training_edge": training_edge(task)}
+    evaluation = {
+        "task": task.name,
+        "metric": task.metric_name,
+        "seed": seed,
+        "n": n,
+        "conditions": conditions,
+        "mean": mean,
+        "summary": summarize(task, conditions, task.metric_name),
+        "x_label": length_label(task),
+        "training_edge": training_edge(task),
+    }
     if secondary:
         tokens = [{**c, "value": c["token_accuracy"]} for c in conditions]
         evaluation["token_accuracy_summary"] = summarize(task, tokens, "accuracy")
@@ -122,8 +135,11 @@ def _score_both(task: SyntheticTask, logits_fn, condition, seed: int, n: int, ba
         logits = logits_fn(batch.input_ids, batch.attention_mask)
         exact.append(exact_match_per_example(logits, batch))
         tokens.append(target_accuracy_per_example(logits, batch))
-    return {"value": torch.cat(exact).float().mean().item(), "n": n,
-            "token_accuracy": torch.cat(tokens).float().mean().item()}
+    return {
+        "value": torch.cat(exact).float().mean().item(),
+        "n": n,
+        "token_accuracy": torch.cat(tokens).float().mean().item(),
+    }
 
 
 def plot_evaluation(evaluation: dict[str, Any], path: Path, title: str) -> Path:
@@ -135,8 +151,14 @@ def plot_evaluation(evaluation: dict[str, Any], path: Path, title: str) -> Path:
     else:
         by_length = evaluation["summary"]["by_length"]
         xs = [float(x) for x in by_length]
-        curves({title: (xs, list(by_length.values()), None)}, path, title, evaluation["x_label"],
-               evaluation["metric"], edge=evaluation["training_edge"])
+        curves(
+            {title: (xs, list(by_length.values()), None)},
+            path,
+            title,
+            evaluation["x_label"],
+            evaluation["metric"],
+            edge=evaluation["training_edge"],
+        )
     return path
 
 

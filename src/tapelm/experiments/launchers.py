@@ -69,21 +69,32 @@ class Outcome:
     error: BaseException | None = None
 
 
-def run_one(job: Job, options: RunOptions, launch: dict[str, Any] | None = None,
-            threads: int | None = None) -> dict[str, Any] | None:
+def run_one(
+    job: Job, options: RunOptions, launch: dict[str, Any] | None = None, threads: int | None = None
+) -> dict[str, Any] | None:
     """Train and evaluate one run (in this process, or in a worker with `threads` torch threads); its result."""
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
     run, started = job.run, time.time()
-    result = run_task(run, job.run_dir, resume=True, progress=options.progress, command=job.command,
-                      compile_layers=options.compile_layers, data_workers=options.data_workers,
-                      report_to=options.report_to, launch=launch)
+    result = run_task(
+        run,
+        job.run_dir,
+        resume=True,
+        progress=options.progress,
+        command=job.command,
+        compile_layers=options.compile_layers,
+        data_workers=options.data_workers,
+        report_to=options.report_to,
+        launch=launch,
+    )
     if result is not None:
-        print(f"    {run.spec.pe} / seed {run.spec.seed} done in {time.time() - started:.0f} s: {result['metric']} "
-              f"in-distribution {result['summary']['in_distribution']:.4f}, all {result['summary']['all']:.4f}",
-              flush=True)
+        print(
+            f"    {run.spec.pe} / seed {run.spec.seed} done in {time.time() - started:.0f} s: {result['metric']} "
+            f"in-distribution {result['summary']['in_distribution']:.4f}, all {result['summary']['all']:.4f}",
+            flush=True,
+        )
     return result
 
 
@@ -104,7 +115,7 @@ def visible_devices() -> list[str]:
     if not torch.cuda.is_available():
         return ["cpu"]
     named = [name.strip() for name in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if name.strip()]
-    return named[:torch.cuda.device_count()] if named else [str(i) for i in range(torch.cuda.device_count())]
+    return named[: torch.cuda.device_count()] if named else [str(i) for i in range(torch.cuda.device_count())]
 
 
 def device_slots(devices: list[str], per_device: int) -> list[str]:
@@ -196,7 +207,7 @@ class Session(ABC):
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exception: Any) -> None:
+    def __exit__(self, *exception: Any) -> None:  # noqa: B027 (a session without resources to free)
         pass
 
 
@@ -231,11 +242,16 @@ class _Workers(Session):
         queue = context.Queue()
         for device in slots:  # a worker takes the next one as it starts, so fewer runs still spread over devices
             queue.put((device, devices.index(device)))
-        self.options = replace(options, progress=False,
-                               data_workers=shared_data_workers(options.data_workers, len(slots)))
+        self.options = replace(
+            options, progress=False, data_workers=shared_data_workers(options.data_workers, len(slots))
+        )
         self.launch = {"launcher": "local", "runs_per_device": per_device}
-        self.pool = ProcessPoolExecutor(len(slots), mp_context=context, initializer=_start_worker,
-                                        initargs=(os.getpid(), queue, torch.get_num_threads()))
+        self.pool = ProcessPoolExecutor(
+            len(slots),
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(os.getpid(), queue, torch.get_num_threads()),
+        )
         self.futures: dict[Any, int] = {}
 
     def _start(self, keyed: list[tuple[int, Job]]) -> None:
@@ -260,8 +276,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self, jobs: int = 1, devices: list[str] | None = None) -> None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer (runs at once per "
-                             "device)")
+            raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer (runs at once per device)")
         if devices is not None and (not devices or len(set(devices)) != len(devices)):
             raise ValueError(f"devices={devices!r} is not allowed; give distinct device names")
         self.jobs, self.pinned = jobs, devices is not None
@@ -284,8 +299,9 @@ class SubmittedRun:
         import submitit
 
         environment = submitit.JobEnvironment()
-        return run_one(job, options, {"launcher": "slurm", "job_id": environment.job_id,
-                                      "hostname": environment.hostname}, threads)
+        return run_one(
+            job, options, {"launcher": "slurm", "job_id": environment.job_id, "hostname": environment.hostname}, threads
+        )
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         from submitit.helpers import DelayedSubmission
@@ -302,26 +318,40 @@ class SlurmLauncher(Launcher):
     name = "slurm"
     slots = None  # every run that may start is submitted at once
 
-    def __init__(self, folder: str | Path, partition: str | None = None, time_minutes: int = 60,
-                 gpus_per_run: int = 1, cpus_per_run: int | None = None, cluster: str = "slurm",
-                 poll_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        partition: str | None = None,
+        time_minutes: int = 60,
+        gpus_per_run: int = 1,
+        cpus_per_run: int | None = None,
+        cluster: str = "slurm",
+        poll_seconds: float = 10.0,
+    ) -> None:
         try:
             import submitit  # noqa: F401
         except ImportError:
-            raise ValueError(f"--launcher slurm needs the submitit package, which is not installed: "
-                             f"{SUBMITIT_PIP}") from None
-        for name, value, low in (("--slurm-time", time_minutes, 1),
-                                 ("--slurm-cpus-per-run", 1 if cpus_per_run is None else cpus_per_run, 1)):
+            raise ValueError(
+                f"--launcher slurm needs the submitit package, which is not installed: {SUBMITIT_PIP}"
+            ) from None
+        for name, value, low in (
+            ("--slurm-time", time_minutes, 1),
+            ("--slurm-cpus-per-run", 1 if cpus_per_run is None else cpus_per_run, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r} is not allowed; it must be an integer >= {low}")
         if gpus_per_run not in (0, 1) or isinstance(gpus_per_run, bool):
-            raise ValueError(f"--slurm-gpus-per-run={gpus_per_run!r} is not allowed; give 1 (a run trains on one GPU: "
-                             "on several its batches, and so its result, would change) or 0 (CPU nodes)")
+            raise ValueError(
+                f"--slurm-gpus-per-run={gpus_per_run!r} is not allowed; give 1 (a run trains on one GPU: "
+                "on several its batches, and so its result, would change) or 0 (CPU nodes)"
+            )
         if cluster not in ("slurm", "local"):
             raise ValueError(f"cluster={cluster!r} is not allowed; choose slurm or local")
         if cluster == "slurm" and shutil.which("sbatch") is None:
-            raise ValueError("--launcher slurm submits with SLURM's sbatch, which this machine does not have; run the "
-                             "command on the cluster's login node")
+            raise ValueError(
+                "--launcher slurm submits with SLURM's sbatch, which this machine does not have; run the "
+                "command on the cluster's login node"
+            )
         self.folder, self.partition, self.time_minutes = Path(folder), partition, time_minutes
         self.gpus_per_run, self.cpus_per_run, self.cluster = gpus_per_run, cpus_per_run, cluster
         self.poll_seconds = poll_seconds
@@ -331,8 +361,13 @@ class SlurmLauncher(Launcher):
         import submitit
 
         executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster)
-        parameters: dict[str, Any] = {"name": "tapelm", "timeout_min": self.time_minutes, "nodes": 1,
-                                      "tasks_per_node": 1, "gpus_per_node": self.gpus_per_run}
+        parameters: dict[str, Any] = {
+            "name": "tapelm",
+            "timeout_min": self.time_minutes,
+            "nodes": 1,
+            "tasks_per_node": 1,
+            "gpus_per_node": self.gpus_per_run,
+        }
         if self.cpus_per_run is not None:
             parameters["cpus_per_task"] = self.cpus_per_run
         if self.partition is not None:
@@ -349,8 +384,11 @@ class SlurmLauncher(Launcher):
         with executor.batch():
             submitted = [executor.submit(SubmittedRun(), job, quiet, torch.get_num_threads()) for job in jobs]
         for job, handle in zip(jobs, submitted):
-            print(f"    submitted {job.run.spec.pe} / seed {job.run.spec.seed} as job {handle.job_id} "
-                  f"(log: {handle.paths.stdout})", flush=True)
+            print(
+                f"    submitted {job.run.spec.pe} / seed {job.run.spec.seed} as job {handle.job_id} "
+                f"(log: {handle.paths.stdout})",
+                flush=True,
+            )
         return submitted
 
     def session(self, options: RunOptions) -> Session:
@@ -378,33 +416,70 @@ class _Submitted(Session):
             outcome = Outcome(key, handle.result())
         except Exception as error:  # noqa: BLE001 (a failed, killed or cancelled job)
             outcome = Outcome(key, error=error)
-        print(f"    {job.run.spec.pe} / seed {job.run.spec.seed}: job {handle.job_id} " + (
-            "finished" if outcome.error is None else f"failed ({type(outcome.error).__name__}; log: "
-                                                     f"{handle.paths.stderr})"), flush=True)
+        print(
+            f"    {job.run.spec.pe} / seed {job.run.spec.seed}: job {handle.job_id} "
+            + (
+                "finished"
+                if outcome.error is None
+                else f"failed ({type(outcome.error).__name__}; log: {handle.paths.stderr})"
+            ),
+            flush=True,
+        )
         return outcome
 
 
-def make_launcher(name: str, jobs: int = 1, folder: str | Path = "runs/slurm", partition: str | None = None,
-                  time_minutes: int | None = None, gpus_per_run: int | None = None,
-                  cpus_per_run: int | None = None) -> Launcher:
+def make_launcher(
+    name: str,
+    jobs: int = 1,
+    folder: str | Path = "runs/slurm",
+    partition: str | None = None,
+    time_minutes: int | None = None,
+    gpus_per_run: int | None = None,
+    cpus_per_run: int | None = None,
+) -> Launcher:
     """The launcher `--launcher name` asks for, with its options; ValueError, before anything starts, for an unknown
     launcher or an option of the other one."""
     if name not in LAUNCHERS:
         raise ValueError(f"--launcher {name!r} is not allowed; choose from: {', '.join(LAUNCHERS)}")
-    slurm = {"--slurm-partition": partition, "--slurm-time": time_minutes, "--slurm-gpus-per-run": gpus_per_run,
-             "--slurm-cpus-per-run": cpus_per_run}
+    slurm = {
+        "--slurm-partition": partition,
+        "--slurm-time": time_minutes,
+        "--slurm-gpus-per-run": gpus_per_run,
+        "--slurm-cpus-per-run": cpus_per_run,
+    }
     if name == "local":
         given = [flag for flag, value in slurm.items() if value is not None]
         if given:
             raise ValueError(f"{given[0]} is an option of --launcher slurm; add --launcher slurm or leave it out")
         return LocalLauncher(jobs)
     if jobs != 1:
-        raise ValueError("--jobs is an option of --launcher local; on SLURM every run is a job of its own, with one "
-                         "GPU")
-    return SlurmLauncher(folder, partition, 60 if time_minutes is None else time_minutes,
-                         1 if gpus_per_run is None else gpus_per_run, cpus_per_run)
+        raise ValueError(
+            "--jobs is an option of --launcher local; on SLURM every run is a job of its own, with one GPU"
+        )
+    return SlurmLauncher(
+        folder,
+        partition,
+        60 if time_minutes is None else time_minutes,
+        1 if gpus_per_run is None else gpus_per_run,
+        cpus_per_run,
+    )
 
 
-__all__ = ["LAUNCHERS", "Job", "Launcher", "LocalLauncher", "Outcome", "RunOptions", "Session", "SlurmLauncher",
-           "SubmittedRun", "device_slots", "die_with_parent", "make_launcher", "pin", "run_one", "shared_data_workers",
-           "visible_devices"]
+__all__ = [
+    "LAUNCHERS",
+    "Job",
+    "Launcher",
+    "LocalLauncher",
+    "Outcome",
+    "RunOptions",
+    "Session",
+    "SlurmLauncher",
+    "SubmittedRun",
+    "device_slots",
+    "die_with_parent",
+    "make_launcher",
+    "pin",
+    "run_one",
+    "shared_data_workers",
+    "visible_devices",
+]

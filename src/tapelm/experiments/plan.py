@@ -50,8 +50,13 @@ class OwedComparison:
     preset: str = DEFAULT_PRESET
 
     def spec(self) -> RunSpec:
-        return RunSpec(task=self.task, pe="tape", preset=self.preset, task_options=dict(self.task_options),
-                       train_options=dict(self.train_options))
+        return RunSpec(
+            task=self.task,
+            pe="tape",
+            preset=self.preset,
+            task_options=dict(self.task_options),
+            train_options=dict(self.train_options),
+        )
 
     def settings_hash(self) -> str:
         return settings_hash(self.spec())
@@ -65,8 +70,17 @@ class OwedComparison:
     def command(self, rows: list[str], archive: str | None = None) -> str:
         """The command that runs `rows` on every owed seed (and reuses what is cached, or archived in `archive`)."""
         selection = ["ablate", self.task, "--variants"] if self.ablation else ["compare", self.task, "--pe"]
-        return shlex.join(["tapelm", *selection, *rows, "--seeds", *map(str, range(self.seeds)),
-                           *option_flags(self.spec()), *(["--archive", archive] if archive else [])])
+        return shlex.join(
+            [
+                "tapelm",
+                *selection,
+                *rows,
+                "--seeds",
+                *map(str, range(self.seeds)),
+                *option_flags(self.spec()),
+                *(["--archive", archive] if archive else []),
+            ]
+        )
 
 
 # Addition with index hints learns at half the plain format's steps (docs/RECIPES.md); its ablation table decides
@@ -77,12 +91,20 @@ OWED = (
     OwedComparison("addition", PAPER_FIVE, 5, "the paper's five encodings"),
     OwedComparison("addition", PAPER_FIVE, 5, "the paper's five encodings, index hints", **INDEX_HINTS),
     OwedComparison("addition", OTHER_ENCODINGS, 3, "the other encodings"),
-    *(OwedComparison(task, WITH_ALIBI, 3, "the paper's five and ALiBi")
-      for task in ("passkey", "mqar", "flipflop", "text")),
-    OwedComparison("word_problem", ("tape", "rope", "nope", "fox", "path", "grape-m", "grape-ap"), 3,
-                   "TAPE, RoPE, NoPE and the contextual peers"),
-    *(OwedComparison(task, CONTEXTUAL, 3, "TAPE and the contextual peers")
-      for task in ("mqar", "passkey", "flipflop", "text")),
+    *(
+        OwedComparison(task, WITH_ALIBI, 3, "the paper's five and ALiBi")
+        for task in ("passkey", "mqar", "flipflop", "text")
+    ),
+    OwedComparison(
+        "word_problem",
+        ("tape", "rope", "nope", "fox", "path", "grape-m", "grape-ap"),
+        3,
+        "TAPE, RoPE, NoPE and the contextual peers",
+    ),
+    *(
+        OwedComparison(task, CONTEXTUAL, 3, "TAPE and the contextual peers")
+        for task in ("mqar", "passkey", "flipflop", "text")
+    ),
     OwedComparison("addition", tuple(ABLATIONS), 3, "the ablation table, index hints", ablation=True, **INDEX_HINTS),
     OwedComparison("passkey", tuple(ABLATIONS), 3, "the ablation table", ablation=True),
 )
@@ -96,9 +118,15 @@ AT_GPU_SCALE = (
     OwedComparison("mqar", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
     OwedComparison("passkey", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
     OwedComparison("text", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
-    OwedComparison("addition", PAPER_FIVE, 3, "the paper's five encodings, index hints", preset=GPU,
-                   task_options=INDEX_HINTS["task_options"],
-                   train_options=tuple(gpu_schedule(PRESETS[GPU]["addition"].train.steps // 2).items())),
+    OwedComparison(
+        "addition",
+        PAPER_FIVE,
+        3,
+        "the paper's five encodings, index hints",
+        preset=GPU,
+        task_options=INDEX_HINTS["task_options"],
+        train_options=tuple(gpu_schedule(PRESETS[GPU]["addition"].train.steps // 2).items()),
+    ),
     OwedComparison("addition", PAPER_FIVE, 3, "the paper's five encodings", preset=GPU),
 )
 
@@ -108,5 +136,16 @@ def at_laptop_scale(owed: OwedComparison) -> OwedComparison:
     return next(o for o in OWED if (o.task, o.task_options, o.ablation) == (owed.task, owed.task_options, False))
 
 
-__all__ = ["AT_GPU_SCALE", "CONTEXTUAL", "GPU", "INDEX_HINTS", "OWED", "OTHER_ENCODINGS", "OwedComparison",
-           "PAPER_FIVE", "WITH_ALIBI", "at_laptop_scale", "default_settings_hash"]
+__all__ = [
+    "AT_GPU_SCALE",
+    "CONTEXTUAL",
+    "GPU",
+    "INDEX_HINTS",
+    "OWED",
+    "OTHER_ENCODINGS",
+    "OwedComparison",
+    "PAPER_FIVE",
+    "WITH_ALIBI",
+    "at_laptop_scale",
+    "default_settings_hash",
+]

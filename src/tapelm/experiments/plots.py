@@ -43,11 +43,18 @@ def heatmap_grid(conditions: list[dict[str, Any]]) -> np.ndarray:
 
 
 def draw_heatmap(axis, grid: np.ndarray, title: str, edge: float | None = None, label: str = "exact match"):
-    image = axis.imshow(grid * 100, origin="lower", vmin=0, vmax=100, cmap="viridis",
-                        extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5))
+    image = axis.imshow(
+        grid * 100,
+        origin="lower",
+        vmin=0,
+        vmax=100,
+        cmap="viridis",
+        extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5),
+    )
     if edge is not None:
-        axis.plot([0.5, edge + 0.5, edge + 0.5], [edge + 0.5, edge + 0.5, 0.5], color="white", linewidth=1.2,
-                  linestyle="--")
+        axis.plot(
+            [0.5, edge + 0.5, edge + 0.5], [edge + 0.5, edge + 0.5, 0.5], color="white", linewidth=1.2, linestyle="--"
+        )
     axis.set_xlabel("digits of b")
     axis.set_ylabel("digits of a")
     axis.set_title(f"{title}\nmean {np.nanmean(grid) * 100:.1f}%", fontsize=9)
@@ -65,15 +72,17 @@ def heatmap(conditions: list[dict[str, Any]], path: Path, title: str, edge: floa
     return path
 
 
-def heatmaps(grids: dict[str, np.ndarray], path: Path, title: str, edge: float | None = None,
-             label: str = "exact match") -> Path:
+def heatmaps(
+    grids: dict[str, np.ndarray], path: Path, title: str, edge: float | None = None, label: str = "exact match"
+) -> Path:
     """Heatmaps side by side, one per encoding (each the mean over seeds)."""
     plt = _pyplot()
     count = len(grids)
     columns = min(count, 4)
     rows = -(-count // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns + 1, 3.4 * rows + 0.6), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(3.6 * columns + 1, 3.4 * rows + 0.6), squeeze=False, layout="constrained"
+    )
     image = None
     for axis, (name, grid) in zip(axes.flat, grids.items()):
         image = draw_heatmap(axis, grid, name, edge)
@@ -87,16 +96,23 @@ def heatmaps(grids: dict[str, np.ndarray], path: Path, title: str, edge: float |
     return path
 
 
-def curves(series: dict[str, tuple[list[float], list[float], list[float] | None]], path: Path, title: str,
-           x_label: str, metric: str, edge: float | None = None) -> Path:
+def curves(
+    series: dict[str, tuple[list[float], list[float], list[float] | None]],
+    path: Path,
+    title: str,
+    x_label: str,
+    metric: str,
+    edge: float | None = None,
+) -> Path:
     """Metric against length, one line per series (x, mean, std or None); the dotted line is the training edge."""
     plt = _pyplot()
     fig, axis = plt.subplots(figsize=(6.4, 4.6), layout="constrained")
     for index, (name, (xs, means, stds)) in enumerate(series.items()):
         xs, means = np.asarray(xs, float), np.asarray(means, float)
         shown = means * 100 if metric != "perplexity" else means
-        line, = axis.plot(xs, shown, marker="o", markersize=3, label=name,
-                          linestyle=LINE_STYLES[index // 10 % len(LINE_STYLES)])
+        (line,) = axis.plot(
+            xs, shown, marker="o", markersize=3, label=name, linestyle=LINE_STYLES[index // 10 % len(LINE_STYLES)]
+        )
         if stds is not None:
             spread = np.asarray(stds, float) * (100 if metric != "perplexity" else 1)
             low, high = shown - spread, shown + spread
@@ -129,8 +145,9 @@ def _panel_grid(count: int):
     columns = min(count, 4)
     rows = -(-count // columns)
     width = max(4.2 * columns, 6.0)
-    fig, axes = plt.subplots(rows, columns, figsize=(width, 3.4 * rows + 1.0), squeeze=False, sharey=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(width, 3.4 * rows + 1.0), squeeze=False, sharey=True, layout="constrained"
+    )
     for axis in list(axes.flat)[count:]:
         axis.axis("off")
     return fig, axes, width
@@ -161,8 +178,9 @@ def state_norm_panels(panels: dict[str, tuple[list[int], np.ndarray]], path: Pat
     return _finish_panels(fig, axes, path, title, width, "norm of E / norm of E0")
 
 
-def learning_panels(panels: dict[str, dict[str, list[list[float]]]], path: Path, title: str, metric: str,
-                    bar: float | None = None) -> Path:
+def learning_panels(
+    panels: dict[str, dict[str, list[list[float]]]], path: Path, title: str, metric: str, bar: float | None = None
+) -> Path:
     """One panel per encoding: its in-distribution metric against the training step, a line per seed; `panels`
     maps an encoding to {seed: [[step, value], ...]}; the dashed line is the bar at which a run counts as learned."""
     perplexity = metric == "perplexity"

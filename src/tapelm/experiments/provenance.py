@@ -38,8 +38,9 @@ def _git(*args: str) -> str | None:
 
 def _run_git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=SOURCE_ROOT).stdout.strip()
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=True, cwd=SOURCE_ROOT
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -73,15 +74,26 @@ def environment() -> dict:
     cpu = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
-    return {"commit": commit or "unknown", "source_differs_from_commit": None if changes is None else bool(changes),
-            "tapelm": installed_version("tapelm") or "source tree (not installed)", "source_sha256": source_digest(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda, "transformers": transformers.__version__,
-            "accelerate": installed_version("accelerate"), "triton": installed_version("triton"),
-            "fla": installed_version("flash-linear-attention"), "python": sys.version.split()[0],
-            "device": device_name(),
-            "machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
-            "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "commit": commit or "unknown",
+        "source_differs_from_commit": None if changes is None else bool(changes),
+        "tapelm": installed_version("tapelm") or "source tree (not installed)",
+        "source_sha256": source_digest(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "accelerate": installed_version("accelerate"),
+        "triton": installed_version("triton"),
+        "fla": installed_version("flash-linear-attention"),
+        "python": sys.version.split()[0],
+        "device": device_name(),
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "load_average_before": os.getloadavg(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

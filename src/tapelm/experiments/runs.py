@@ -1,4 +1,5 @@
-"""Task runs: a model built from a task and a preset, trained by `tapelm.experiments.train.train` on the task's seeded batches,
+"""Task runs: a model built from a task and a preset, trained by `tapelm.experiments.train.train` on the task's
+seeded batches,
 then evaluated over lengths (`tapelm train`).
 
 A run directory holds, besides what `train` writes: run.json (the run's identity: task, options, encoding, seed,
@@ -83,8 +84,10 @@ class ResolvedRun:
     def load_model(self, run_dir: Path | None = None) -> TapeForCausalLM:
         directory = Path(run_dir or self.run_dir) / "model"
         if not (directory / "config.json").is_file():
-            raise ValueError(f"run '{directory.parent}' has no trained model yet (no {directory}/config.json); "
-                             "finish it with `tapelm train ... --resume`")
+            raise ValueError(
+                f"run '{directory.parent}' has no trained model yet (no {directory}/config.json); "
+                "finish it with `tapelm train ... --resume`"
+            )
         return load_saved_model(directory, TapeForCausalLM)
 
     run_dir: Path | None = None
@@ -105,8 +108,13 @@ def model_config(task: Task, pe: str, preset: Preset, options: dict[str, Any]) -
     check_encoding(pe)
     pe_type, variant_options = resolve_variant(pe)
     longest = max(task.max_eval_length, task.train_length)
-    kwargs: dict[str, Any] = dict(vocab_size=task.tokenizer.vocab_size, pad_token_id=task.tokenizer.pad_id,
-                                  max_position_embeddings=longest, randpe_max_position=longest, pe_type=pe_type)
+    kwargs: dict[str, Any] = dict(
+        vocab_size=task.tokenizer.vocab_size,
+        pad_token_id=task.tokenizer.pad_id,
+        max_position_embeddings=longest,
+        randpe_max_position=longest,
+        pe_type=pe_type,
+    )
     kwargs.update(preset.model.as_config_kwargs())
     kwargs.update(variant_options)
     kwargs.update(options)
@@ -131,8 +139,7 @@ def check_model_options(options: dict[str, Any]) -> None:
     known = [name for name in inspect.signature(TapeConfig.__init__).parameters if name not in ("self", "kwargs")]
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValueError(f"unknown model option '{unknown[0]}'; choose from the TapeConfig fields: "
-                         f"{', '.join(known)}")
+        raise ValueError(f"unknown model option '{unknown[0]}'; choose from the TapeConfig fields: {', '.join(known)}")
 
 
 def _recipe(spec: RunSpec) -> tuple[Preset, dict[str, Any], TrainSettings]:
@@ -152,20 +159,28 @@ def _recipe(spec: RunSpec) -> tuple[Preset, dict[str, Any], TrainSettings]:
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
     if spec.eval_n is not None or spec.eval_batch_size is not None:
-        preset = replace(preset, eval_n=spec.eval_n or preset.eval_n,
-                         eval_batch_size=spec.eval_batch_size or preset.eval_batch_size)
+        preset = replace(
+            preset, eval_n=spec.eval_n or preset.eval_n, eval_batch_size=spec.eval_batch_size or preset.eval_batch_size
+        )
     return preset, task_options, settings
 
 
 def _settings_hash(spec: RunSpec, preset: Preset, task_options: dict[str, Any], settings: TrainSettings) -> str:
     """What runs of one comparison share (all but the encoding, the seed and the model they make of it), hashed."""
-    return _hash(_jsonable({
-        "task": spec.task, "task_options": task_options, "preset": spec.preset,
-        "train": {k: v for k, v in settings.to_dict().items() if k != "seed"},
-        "eval": {"n": preset.eval_n, "batch_size": preset.eval_batch_size}, "match_params": spec.match_params,
-        "model_options": spec.model_options,
-        "model_size": preset.model.as_config_kwargs(),  # a preset's new size is a new comparison
-    }))
+    return _hash(
+        _jsonable(
+            {
+                "task": spec.task,
+                "task_options": task_options,
+                "preset": spec.preset,
+                "train": {k: v for k, v in settings.to_dict().items() if k != "seed"},
+                "eval": {"n": preset.eval_n, "batch_size": preset.eval_batch_size},
+                "match_params": spec.match_params,
+                "model_options": spec.model_options,
+                "model_size": preset.model.as_config_kwargs(),  # a preset's new size is a new comparison
+            }
+        )
+    )
 
 
 def settings_hash(spec: RunSpec) -> str:
@@ -191,16 +206,30 @@ def resolve(spec: RunSpec, tokenizer_dir: str | Path | None = None) -> ResolvedR
             config = model_config(task, spec.pe, preset, model_options)
     except TypeError as error:
         raise ValueError(f"bad model option: {error}") from None
-    identity = _jsonable({
-        "task": spec.task, "task_options": task_options, "pe": spec.pe, "seed": spec.seed, "preset": spec.preset,
-        "model": {k: v for k, v in config.to_dict().items() if k not in ("transformers_version",)},
-        "train": settings.to_dict(), "eval": {"n": preset.eval_n, "batch_size": preset.eval_batch_size},
-        "match_params": spec.match_params,
-    })
-    return ResolvedRun(spec=spec, preset=preset, task=task, task_options=task_options, config=config,
-                       settings=settings, identity=identity,
-                       settings_hash=_settings_hash(spec, preset, task_options, settings),
-                       parameters=count_parameters(config))
+    identity = _jsonable(
+        {
+            "task": spec.task,
+            "task_options": task_options,
+            "pe": spec.pe,
+            "seed": spec.seed,
+            "preset": spec.preset,
+            "model": {k: v for k, v in config.to_dict().items() if k not in ("transformers_version",)},
+            "train": settings.to_dict(),
+            "eval": {"n": preset.eval_n, "batch_size": preset.eval_batch_size},
+            "match_params": spec.match_params,
+        }
+    )
+    return ResolvedRun(
+        spec=spec,
+        preset=preset,
+        task=task,
+        task_options=task_options,
+        config=config,
+        settings=settings,
+        identity=identity,
+        settings_hash=_settings_hash(spec, preset, task_options, settings),
+        parameters=count_parameters(config),
+    )
 
 
 def _new_config_defaults(saved_model: dict[str, Any]) -> dict[str, Any]:
@@ -227,8 +256,10 @@ def _check_identity(run: ResolvedRun, run_dir: Path) -> None:
         raise CheckpointError(f"run directory '{run_dir}' has an unreadable {RUN_FILE}") from None
     changed = identity_differences(saved, run)
     if changed:
-        raise CheckpointError(f"run directory '{run_dir}' belongs to another configuration (different "
-                              f"{', '.join(changed)}); choose another run directory")
+        raise CheckpointError(
+            f"run directory '{run_dir}' belongs to another configuration (different "
+            f"{', '.join(changed)}); choose another run directory"
+        )
 
 
 def batch_stream(task: Task, seed: int, batch_size: int):
@@ -247,10 +278,19 @@ def _environment() -> dict[str, Any]:
     return environment()
 
 
-def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = False, progress: bool = True,
-             stop_after: int | None = None, command: str | None = None,
-             compile_layers: bool = False, data_workers: int = 0, report_to: tuple[str, ...] = (),
-             launch: dict[str, Any] | None = None, compile_step: bool | None = None) -> dict[str, Any] | None:
+def run_task(
+    spec: RunSpec | ResolvedRun,
+    run_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+    command: str | None = None,
+    compile_layers: bool = False,
+    data_workers: int = 0,
+    report_to: tuple[str, ...] = (),
+    launch: dict[str, Any] | None = None,
+    compile_step: bool | None = None,
+) -> dict[str, Any] | None:
     """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
     stopped early by `stop_after`. With resume, a finished run returns its cached result. `compile_layers`: train
     with torch.compile'd decoder layers (`compile_for_training`); `compile_step`: compile the whole model's training
@@ -262,8 +302,9 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if compile_step is None:
         compile_step = run.preset.compile_step and not compile_layers
     if compile_step and compile_layers:
-        raise ValueError("compile_layers (--compile) and compile_step (--compile-step) compile the same forward two "
-                         "ways; choose one")
+        raise ValueError(
+            "compile_layers (--compile) and compile_step (--compile-step) compile the same forward two ways; choose one"
+        )
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
     if resume and (run_dir / RESULT_FILE).exists():
@@ -276,12 +317,28 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if state.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / RUN_FILE).exists():
-            write_json_atomically(run_dir / RUN_FILE, {"identity": run.identity, "settings_hash": run.settings_hash,
-                                             "parameters": run.parameters,
-                                             "command": command or shlex.join(
-                                                 ["tapelm", "train", "--task", run.spec.task, "--pe", run.spec.pe,
-                                                  "--seed", str(run.spec.seed),
-                                                  *option_flags(run.spec, compile_layers, compile_step)])})
+            write_json_atomically(
+                run_dir / RUN_FILE,
+                {
+                    "identity": run.identity,
+                    "settings_hash": run.settings_hash,
+                    "parameters": run.parameters,
+                    "command": command
+                    or shlex.join(
+                        [
+                            "tapelm",
+                            "train",
+                            "--task",
+                            run.spec.task,
+                            "--pe",
+                            run.spec.pe,
+                            "--seed",
+                            str(run.spec.seed),
+                            *option_flags(run.spec, compile_layers, compile_step),
+                        ]
+                    ),
+                },
+            )
         if not has_saved_tokenizer(run_dir):
             save_tokenizer(run.task.tokenizer, run_dir)
     state.wait_for_everyone()
@@ -293,13 +350,24 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
     if run.settings.eval_every:
         evaluate_fn = eager(_quick_evaluation(run))
     started = time.time()
-    trackers.start(state, f"{run.spec.task}-{run.spec.pe}-seed{run.spec.seed}-{run.settings_hash}", run.settings_hash,
-                   run.identity)
+    trackers.start(
+        state, f"{run.spec.task}-{run.spec.pe}-seed{run.spec.seed}-{run.settings_hash}", run.settings_hash, run.identity
+    )
     try:
-        trained = train(model, stream, run.settings, run_dir, evaluate_fn=evaluate_fn, resume=resume,
-                        progress=progress, stop_after=stop_after, accelerator=state,
-                        evaluate_last=False, data_workers=data_workers,
-                        compile_step=compile_step)  # the full evaluation below: the last step
+        trained = train(
+            model,
+            stream,
+            run.settings,
+            run_dir,
+            evaluate_fn=evaluate_fn,
+            resume=resume,
+            progress=progress,
+            stop_after=stop_after,
+            accelerator=state,
+            evaluate_last=False,
+            data_workers=data_workers,
+            compile_step=compile_step,
+        )  # the full evaluation below: the last step
     finally:
         trackers.finish(state)
     if trained.start_step + len(trained.losses) < run.settings.steps:
@@ -308,21 +376,35 @@ def run_task(spec: RunSpec | ResolvedRun, run_dir: str | Path, resume: bool = Fa
         return None
     save_tokenizer(run.task.tokenizer, run_dir / "model")
     eval_started = time.time()
-    evaluation = eager(evaluate_model)(model, run.task, run.preset.eval_n, run.preset.eval_batch_size,
-                                       progress=progress)
+    evaluation = eager(evaluate_model)(
+        model, run.task, run.preset.eval_n, run.preset.eval_batch_size, progress=progress
+    )
     write_evaluation(run, run_dir, evaluation)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     losses = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
     result = {
-        "identity": run.identity, "settings_hash": run.settings_hash, "parameters": run.parameters,
-        "task": run.spec.task, "pe": run.spec.pe, "seed": run.spec.seed, "preset": run.spec.preset,
-        "metric": evaluation["metric"], "summary": evaluation["summary"], "mean": evaluation["mean"],
+        "identity": run.identity,
+        "settings_hash": run.settings_hash,
+        "parameters": run.parameters,
+        "task": run.spec.task,
+        "pe": run.spec.pe,
+        "seed": run.spec.seed,
+        "preset": run.spec.preset,
+        "metric": evaluation["metric"],
+        "summary": evaluation["summary"],
+        "mean": evaluation["mean"],
         "token_accuracy_summary": evaluation.get("token_accuracy_summary"),
-        "first_loss": losses[0][1] if losses else None, "final_loss": losses[-1][1] if losses else None,
-        "train_seconds_this_session": trained.seconds, "eval_seconds": time.time() - eval_started,
-        "session_seconds": time.time() - started, "world_size": trained.world_size,
-        "tokens_this_session": trained.tokens, "compiled_layers": compile_layers, "compiled_step": compile_step,
-        "data": run.task.data_record(), "device": describe_device(state.device),
+        "first_loss": losses[0][1] if losses else None,
+        "final_loss": losses[-1][1] if losses else None,
+        "train_seconds_this_session": trained.seconds,
+        "eval_seconds": time.time() - eval_started,
+        "session_seconds": time.time() - started,
+        "world_size": trained.world_size,
+        "tokens_this_session": trained.tokens,
+        "compiled_layers": compile_layers,
+        "compiled_step": compile_step,
+        "data": run.task.data_record(),
+        "device": describe_device(state.device),
         "launch": launch or {"launcher": "in-process"},
         "environment": _environment(),
     }
@@ -335,11 +417,15 @@ def _check_tokenizer(run: ResolvedRun, run_dir: Path) -> None:
     saved their tokenizer whose task learns one (finishing it with a tokenizer trained now could change its ids)."""
     if has_saved_tokenizer(run_dir):
         if not is_saved_in(run.task.tokenizer, run_dir):
-            raise CheckpointError(f"run directory '{run_dir}' saved another tokenizer than this run's; resolve the "
-                                  "run with the directory's tokenizer (`resolve(spec, run_dir)`)")
+            raise CheckpointError(
+                f"run directory '{run_dir}' saved another tokenizer than this run's; resolve the "
+                "run with the directory's tokenizer (`resolve(spec, run_dir)`)"
+            )
     elif (run_dir / RUN_FILE).exists() and type(run.task).tokenizer_is_trained(run.task_options):
-        raise CheckpointError(f"run directory '{run_dir}' was started before runs saved their tokenizer, and its "
-                              "task learns one from the corpus; start the run in a new directory")
+        raise CheckpointError(
+            f"run directory '{run_dir}' was started before runs saved their tokenizer, and its "
+            "task learns one from the corpus; start the run in a new directory"
+        )
 
 
 def compile_for_training(model: TapeForCausalLM) -> None:
@@ -384,8 +470,9 @@ def _quick_evaluation(run: ResolvedRun):
             return model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
 
         with seeded_torch_rng(4321, device):
-            values = [run.task.evaluate_condition(logits_fn, c, 4321, n, run.preset.eval_batch_size)[0]
-                      for c in conditions]
+            values = [
+                run.task.evaluate_condition(logits_fn, c, 4321, n, run.preset.eval_batch_size)[0] for c in conditions
+            ]
         record = {f"in_distribution_{run.task.metric_name}": float(np.mean(values))}
         batch = next(run.task.eval_batches(conditions[-1], 4321, n, run.preset.eval_batch_size))
         norms = state_norms(model, batch.input_ids.to(device), batch.attention_mask.to(device))
@@ -432,8 +519,10 @@ def load_run(run_dir: str | Path) -> ResolvedRun:
     saved = has_saved_tokenizer(run_dir)
     task = TASKS.get(identity["task"])
     if not saved and task is not None and task.tokenizer_is_trained(identity["task_options"]):
-        raise ValueError(f"run '{run_dir}' has no saved tokenizer (tokenizer.json): it was trained before runs saved "
-                         "theirs, and a tokenizer trained now from this machine's corpus may give other token ids")
+        raise ValueError(
+            f"run '{run_dir}' has no saved tokenizer (tokenizer.json): it was trained before runs saved "
+            "theirs, and a tokenizer trained now from this machine's corpus may give other token ids"
+        )
     run = run_from_identity(identity, run_dir if saved else None)
     run.run_dir = run_dir
     return run
@@ -443,10 +532,19 @@ def run_from_identity(identity: dict[str, Any], tokenizer_dir: str | Path | None
     """The resolved run a recorded identity (run.json's, result.json's) describes: its task, recipe and model as
     recorded, whatever the presets say today."""
     preset = get_preset(identity["preset"], identity["task"])
-    run = resolve(RunSpec(task=identity["task"], pe=identity["pe"], seed=identity["seed"],
-                          preset=identity["preset"], task_options=identity["task_options"],
-                          train_options=identity["train"], eval_n=identity["eval"]["n"],
-                          eval_batch_size=identity["eval"]["batch_size"]), tokenizer_dir)
+    run = resolve(
+        RunSpec(
+            task=identity["task"],
+            pe=identity["pe"],
+            seed=identity["seed"],
+            preset=identity["preset"],
+            task_options=identity["task_options"],
+            train_options=identity["train"],
+            eval_n=identity["eval"]["n"],
+            eval_batch_size=identity["eval"]["batch_size"],
+        ),
+        tokenizer_dir,
+    )
     run.config = TapeConfig.from_dict(identity["model"])
     run.preset = replace(preset, eval_n=identity["eval"]["n"], eval_batch_size=identity["eval"]["batch_size"])
     return run
@@ -458,8 +556,11 @@ def option_flags(spec: RunSpec, compile_layers: bool = False, compile_step: bool
     flags = [] if spec.preset == DEFAULT_PRESET else ["--preset", spec.preset]
     for flag, options in (("--task-option", spec.task_options), ("--model-option", spec.model_options)):
         for key, value in options.items():
-            text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else (
-                json.dumps(value) if isinstance(value, bool) or value is None else str(value))
+            text = (
+                ",".join(map(str, value))
+                if isinstance(value, (list, tuple))
+                else (json.dumps(value) if isinstance(value, bool) or value is None else str(value))
+            )
             flags += [flag, f"{key}={text}"]
     for key, value in spec.train_options.items():
         if key == "grad_checkpointing":
@@ -469,10 +570,28 @@ def option_flags(spec: RunSpec, compile_layers: bool = False, compile_step: bool
     for key in ("eval_n", "eval_batch_size"):
         if getattr(spec, key) is not None:
             flags += [f"--{key.replace('_', '-')}", str(getattr(spec, key))]
-    return (flags + (["--match-params"] if spec.match_params else []) + (["--compile"] if compile_layers else [])
-            + (["--compile-step"] if compile_step else []))
+    return (
+        flags
+        + (["--match-params"] if spec.match_params else [])
+        + (["--compile"] if compile_layers else [])
+        + (["--compile-step"] if compile_step else [])
+    )
 
 
-__all__ = ["RunSpec", "ResolvedRun", "resolve", "settings_hash", "run_task", "load_run", "run_from_identity",
-           "batch_stream", "model_config", "matched_intermediate", "count_parameters", "option_flags",
-           "identity_differences", "RESULT_FILE", "RESULT_FILES"]
+__all__ = [
+    "RunSpec",
+    "ResolvedRun",
+    "resolve",
+    "settings_hash",
+    "run_task",
+    "load_run",
+    "run_from_identity",
+    "batch_stream",
+    "model_config",
+    "matched_intermediate",
+    "count_parameters",
+    "option_flags",
+    "identity_differences",
+    "RESULT_FILE",
+    "RESULT_FILES",
+]

@@ -81,12 +81,20 @@ def ordered_runs(plan: list[OwedComparison] | tuple[OwedComparison, ...]) -> lis
     and TAPE's other seeds), then comparison by comparison seed by seed every other row."""
     for owed in plan:
         if not set(CHECK) <= set(owed.rows):
-            raise ValueError(f"a comparison at GPU scale needs the rows {', '.join(CHECK)} for its learning-curve "
-                             f"check; '{owed.label}' has {', '.join(owed.rows)}")
-    pairs = [PlannedRun(index, pe, seed) for index, owed in enumerate(plan) for seed in range(owed.seeds)
-             for pe in CHECK]
-    others = [PlannedRun(index, pe, seed) for index, owed in enumerate(plan) for seed in range(owed.seeds)
-              for pe in owed.rows if pe not in CHECK]
+            raise ValueError(
+                f"a comparison at GPU scale needs the rows {', '.join(CHECK)} for its learning-curve "
+                f"check; '{owed.label}' has {', '.join(owed.rows)}"
+            )
+    pairs = [
+        PlannedRun(index, pe, seed) for index, owed in enumerate(plan) for seed in range(owed.seeds) for pe in CHECK
+    ]
+    others = [
+        PlannedRun(index, pe, seed)
+        for index, owed in enumerate(plan)
+        for seed in range(owed.seeds)
+        for pe in owed.rows
+        if pe not in CHECK
+    ]
     return pairs + others
 
 
@@ -105,8 +113,11 @@ class Schedule:
     def cost(self, pe: str) -> tuple[float, str]:
         """The encoding's time against RoPE's: the largest ratio of their mean seconds in a comparison where both
         finished runs, else the bench's."""
-        ratios = [sum(mine) / len(mine) / (sum(rope) / len(rope)) for comparison in range(len(self.flops))
-                  if (mine := self._seconds(comparison, pe)) and (rope := self._seconds(comparison, "rope"))]
+        ratios = [
+            sum(mine) / len(mine) / (sum(rope) / len(rope))
+            for comparison in range(len(self.flops))
+            if (mine := self._seconds(comparison, pe)) and (rope := self._seconds(comparison, "rope"))
+        ]
         return (max(ratios), "measured") if ratios else (step_cost(pe), "bench")
 
     def rate(self) -> Rate:
@@ -121,8 +132,10 @@ class Schedule:
         if rope := self._seconds(run.comparison, "rope"):
             return max(rope) * cost, f"RoPE's runs here x {cost:.2f} ({source})"
         rate = self.rate()
-        return (self.flops[run.comparison] / rate.flops_per_second * cost,
-                f"FLOPs at {rate.flops_per_second:.3g} FLOP/s ({rate.source}) x {cost:.2f} ({source})")
+        return (
+            self.flops[run.comparison] / rate.flops_per_second * cost,
+            f"FLOPs at {rate.flops_per_second:.3g} FLOP/s ({rate.source}) x {cost:.2f} ({source})",
+        )
 
     def estimate(self, run: PlannedRun) -> tuple[float, str]:
         """The seconds a stage must have left to start `run` (OVERHEAD_SECONDS + MARGIN x expected), and their basis."""
@@ -152,8 +165,11 @@ class Schedule:
     def open_runs(self, comparison: int | None = None) -> list[PlannedRun]:
         """The runs still to do (of one comparison, or all), in order; a run that failed in this stage is not
         tried again in it."""
-        return [r for r in self.runs if not r.finished and not r.failed
-                and (comparison is None or r.comparison == comparison)]
+        return [
+            r
+            for r in self.runs
+            if not r.finished and not r.failed and (comparison is None or r.comparison == comparison)
+        ]
 
     def startable(self, seconds_left: float) -> Iterator[tuple[PlannedRun, float, str]]:
         """The runs in order that may start and are expected to finish within `seconds_left`, with their
@@ -170,8 +186,14 @@ class Schedule:
 
     def minutes_left(self, pairs: bool = False) -> float:
         """The expected GPU minutes of the runs still to do (of the pairs only, or all), stopped comparisons aside."""
-        return sum(self.expected(run)[0] for run in self.runs if not run.finished and (run.pair or not pairs)
-                   and self.stopped(run.comparison) is None) / 60
+        return (
+            sum(
+                self.expected(run)[0]
+                for run in self.runs
+                if not run.finished and (run.pair or not pairs) and self.stopped(run.comparison) is None
+            )
+            / 60
+        )
 
     def prediction(self) -> dict[str, Any]:
         """The plan's predicted GPU minutes against BUDGET_MINUTES, the rate they rest on, the gain each budget needs
@@ -179,20 +201,28 @@ class Schedule:
         rate = self.rate()
         minutes = {"pairs": self.minutes_left(pairs=True), "plan": self.minutes_left()}
         gain, what = UNMEASURED_GAIN
-        return {"rate": {"flops_per_second": rate.flops_per_second, "source": rate.source},
-                "minutes": minutes, "budget_minutes": dict(BUDGET_MINUTES),
-                "gain_needed": {part: minutes[part] / BUDGET_MINUTES[part] for part in minutes
-                                if minutes[part] > BUDGET_MINUTES[part]},
-                "assuming_unmeasured_gain": {"gain": gain, "what": what,
-                                             "minutes": {part: value / gain for part, value in minutes.items()}}}
+        return {
+            "rate": {"flops_per_second": rate.flops_per_second, "source": rate.source},
+            "minutes": minutes,
+            "budget_minutes": dict(BUDGET_MINUTES),
+            "gain_needed": {
+                part: minutes[part] / BUDGET_MINUTES[part] for part in minutes if minutes[part] > BUDGET_MINUTES[part]
+            },
+            "assuming_unmeasured_gain": {
+                "gain": gain,
+                "what": what,
+                "minutes": {part: value / gain for part, value in minutes.items()},
+            },
+        }
 
 
 def claims_of(owed: OwedComparison) -> list[str]:
     """The paper's claims (`claims.CLAIMS`) that a comparison decides: its task and design, its subject and every
     baseline among its rows."""
     summary = {"task": owed.task, "record": {"task_options": dict(owed.task_options)}}
-    return [claim.name for claim in CLAIMS
-            if claim.fits(summary) and {claim.subject, *claim.baselines} <= set(owed.rows)]
+    return [
+        claim.name for claim in CLAIMS if claim.fits(summary) and {claim.subject, *claim.baselines} <= set(owed.rows)
+    ]
 
 
 OVERRIDES = ("model_options", "train_options", "eval_n", "eval_batch_size")
@@ -205,15 +235,15 @@ def owed_spec(owed: OwedComparison, overrides: dict[str, Any]) -> RunSpec:
     if unknown:
         raise ValueError(f"override '{unknown[0]}' is not allowed; choose from: {', '.join(OVERRIDES)}")
     spec = owed.spec()
-    return replace(spec, **{**overrides, "train_options": {**spec.train_options,
-                                                          **overrides.get("train_options", {})}})
+    return replace(spec, **{**overrides, "train_options": {**spec.train_options, **overrides.get("train_options", {})}})
 
 
 def _open(owed: OwedComparison, overrides: dict[str, Any], root: Path, archive: Path | None) -> Comparison:
     spec = owed_spec(owed, overrides)
     seeds = list(range(owed.seeds))
-    command = shlex.join(["tapelm", "compare", owed.task, "--pe", *owed.rows, "--seeds", *map(str, seeds),
-                          *option_flags(spec)])
+    command = shlex.join(
+        ["tapelm", "compare", owed.task, "--pe", *owed.rows, "--seeds", *map(str, seeds), *option_flags(spec)]
+    )
     return open_comparison(spec, list(owed.rows), seeds, root, command=command, archive=archive)
 
 
@@ -227,11 +257,14 @@ def _known(comparison: Comparison, run: PlannedRun, task: str) -> None:
         run.rate = measured_rate(result, f"{task}/{comparison.directory.name}/{run.pe}/seed{run.seed}")
 
 
-def _check_arguments(budget_seconds: float, out: Path, tasks: list[str] | None,
-                     plan: tuple[OwedComparison, ...]) -> None:
+def _check_arguments(
+    budget_seconds: float, out: Path, tasks: list[str] | None, plan: tuple[OwedComparison, ...]
+) -> None:
     if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) or not budget_seconds > 0:
-        raise ValueError(f"--budget-seconds={budget_seconds!r} is not allowed; give the seconds the stage may take "
-                         "(a positive number)")
+        raise ValueError(
+            f"--budget-seconds={budget_seconds!r} is not allowed; give the seconds the stage may take "
+            "(a positive number)"
+        )
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out '{out}' is a file; give a folder for the stage's results")
     known = list(dict.fromkeys(owed.task for owed in plan))
@@ -240,10 +273,20 @@ def _check_arguments(budget_seconds: float, out: Path, tasks: list[str] | None,
         raise ValueError(f"--tasks '{unknown[0]}' is not planned at GPU scale; choose from: {', '.join(known)}")
 
 
-def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison, ...] = AT_GPU_SCALE,
-              root: str | Path = "runs", archive: str | Path | None = None, data_workers: int = 0,
-              tasks: list[str] | None = None, overrides: dict[str, Any] | None = None, progress: bool = True,
-              dry_run: bool = False, launcher=None, report_to: tuple[str, ...] = ()) -> int:
+def run_stage(
+    budget_seconds: float,
+    out: str | Path,
+    plan: tuple[OwedComparison, ...] = AT_GPU_SCALE,
+    root: str | Path = "runs",
+    archive: str | Path | None = None,
+    data_workers: int = 0,
+    tasks: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    progress: bool = True,
+    dry_run: bool = False,
+    launcher=None,
+    report_to: tuple[str, ...] = (),
+) -> int:
     """Run the next runs of `plan` (of `tasks`, or all) for at most `budget_seconds`, training in `root` and copying
     each finished run into `out`/compare; `archive`: the folder whose finished runs count as done (see module
     docstring). `dry_run`: plan and print, train nothing. `launcher` (`launchers`; default: local, one run at a
@@ -256,16 +299,25 @@ def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison
     launcher = launcher or LocalLauncher()
     chosen = [owed for owed in plan if tasks is None or owed.task in tasks]
     runs = ordered_runs(chosen)
-    comparisons = [_open(owed, overrides or {}, Path(root), None if archive is None else Path(archive))
-                   for owed in chosen]
+    comparisons = [
+        _open(owed, overrides or {}, Path(root), None if archive is None else Path(archive)) for owed in chosen
+    ]
     for run in runs:
         _known(comparisons[run.comparison], run, chosen[run.comparison].task)
-    schedule = Schedule(runs, [training_flops(c.runs["rope", 0]) for c in comparisons],
-                        [] if archive is None else archived_rates(Path(archive)))
-    record: dict[str, Any] = {"budget_seconds": budget_seconds, "data_workers": data_workers, "dry_run": dry_run,
-                              "launcher": {"name": launcher.name, "runs_at_once": launcher.slots},
-                              "runs": [], "environment": _environment(),
-                              "rope_runs": [_rope_run(owed, flops) for owed, flops in zip(chosen, schedule.flops)]}
+    schedule = Schedule(
+        runs,
+        [training_flops(c.runs["rope", 0]) for c in comparisons],
+        [] if archive is None else archived_rates(Path(archive)),
+    )
+    record: dict[str, Any] = {
+        "budget_seconds": budget_seconds,
+        "data_workers": data_workers,
+        "dry_run": dry_run,
+        "launcher": {"name": launcher.name, "runs_at_once": launcher.slots},
+        "runs": [],
+        "environment": _environment(),
+        "rope_runs": [_rope_run(owed, flops) for owed, flops in zip(chosen, schedule.flops)],
+    }
     if not dry_run:
         with launcher.session(options) as session:
             _dispatch(session, launcher, budget_seconds, started, schedule, chosen, comparisons, out, record)
@@ -274,8 +326,17 @@ def run_stage(budget_seconds: float, out: str | Path, plan: tuple[OwedComparison
     return 1 if any(run.failed for run in runs) else 0
 
 
-def _dispatch(session, launcher, budget_seconds: float, started: float, schedule: Schedule,
-              chosen: list[OwedComparison], comparisons: list[Comparison], out: Path, record: dict[str, Any]) -> None:
+def _dispatch(
+    session,
+    launcher,
+    budget_seconds: float,
+    started: float,
+    schedule: Schedule,
+    chosen: list[OwedComparison],
+    comparisons: list[Comparison],
+    out: Path,
+    record: dict[str, Any],
+) -> None:
     """Keep the launcher's slots busy: start the runs that may start and fit in the time left, as many as slots are
     free; as each ends, archive it (or note its failure: one run's, e.g. out of memory, stops no other) and start
     what may start now."""
@@ -284,18 +345,34 @@ def _dispatch(session, launcher, budget_seconds: float, started: float, schedule
         left = budget_seconds - (time.monotonic() - started)
         free = None if launcher.slots is None else launcher.slots - len(running)
         busy = [run for run, _, _ in running.values()]
-        new = list(islice((found for found in schedule.startable(left) if not any(found[0] is r for r in busy)),
-                          free)) if free != 0 else []
+        new = (
+            list(islice((found for found in schedule.startable(left) if not any(found[0] is r for r in busy)), free))
+            if free != 0
+            else []
+        )
         jobs, entries = [], []
         for run, expected, basis in new:
             comparison, owed = comparisons[run.comparison], chosen[run.comparison]
-            print(f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
-                  f"{left:.0f} s left", flush=True)
-            entries.append({"task": owed.task, "settings_hash": comparison.directory.name, "pe": run.pe,
-                            "seed": run.seed, "expected_seconds": expected, "expected_from": basis,
-                            "launcher": launcher.name, "at_once": len(running) + len(new)})
-            jobs.append(Job(comparison.runs[run.pe, run.seed], comparison.run_dir(run.pe, run.seed),
-                            comparison.command))
+            print(
+                f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
+                f"{left:.0f} s left",
+                flush=True,
+            )
+            entries.append(
+                {
+                    "task": owed.task,
+                    "settings_hash": comparison.directory.name,
+                    "pe": run.pe,
+                    "seed": run.seed,
+                    "expected_seconds": expected,
+                    "expected_from": basis,
+                    "launcher": launcher.name,
+                    "at_once": len(running) + len(new),
+                }
+            )
+            jobs.append(
+                Job(comparison.runs[run.pe, run.seed], comparison.run_dir(run.pe, run.seed), comparison.command)
+            )
         for key, (run, _, _), entry in zip(session.start(jobs), new, entries):
             running[key] = (run, entry, time.monotonic())
         if not running:
@@ -327,23 +404,35 @@ def _environment() -> dict[str, Any]:
     return environment()
 
 
-def _write(out: Path, record: dict[str, Any], schedule: Schedule, chosen: list[OwedComparison],
-           comparisons: list[Comparison], started: float) -> None:
+def _write(
+    out: Path,
+    record: dict[str, Any],
+    schedule: Schedule,
+    chosen: list[OwedComparison],
+    comparisons: list[Comparison],
+    started: float,
+) -> None:
     """stage.json: the record so far; per comparison what is done, what its remaining runs (its pair's apart) are
     expected to take and what the expectation of its next run rests on; the plan's prediction."""
     record["seconds"] = time.monotonic() - started
     record["comparisons"] = []
     for index, (owed, comparison) in enumerate(zip(chosen, comparisons)):
         open_runs = schedule.open_runs(index)
-        record["comparisons"].append({
-            "label": owed.label, "task": owed.task, "settings_hash": comparison.directory.name,
-            "claims": claims_of(owed), "runs": len([r for r in schedule.runs if r.comparison == index]),
-            "finished": len([r for r in schedule.runs if r.comparison == index and r.finished]),
-            "stopped": schedule.stopped(index),
-            "predicted_seconds_left": sum(schedule.expected(run)[0] for run in open_runs),
-            "pair_seconds_left": sum(schedule.expected(run)[0] for run in open_runs if run.pair),
-            "next": [f"{run.pe}/seed{run.seed}" for run in open_runs[:3]],
-            "next_expected_from": schedule.expected(open_runs[0])[1] if open_runs else None})
+        record["comparisons"].append(
+            {
+                "label": owed.label,
+                "task": owed.task,
+                "settings_hash": comparison.directory.name,
+                "claims": claims_of(owed),
+                "runs": len([r for r in schedule.runs if r.comparison == index]),
+                "finished": len([r for r in schedule.runs if r.comparison == index and r.finished]),
+                "stopped": schedule.stopped(index),
+                "predicted_seconds_left": sum(schedule.expected(run)[0] for run in open_runs),
+                "pair_seconds_left": sum(schedule.expected(run)[0] for run in open_runs if run.pair),
+                "next": [f"{run.pe}/seed{run.seed}" for run in open_runs[:3]],
+                "next_expected_from": schedule.expected(open_runs[0])[1] if open_runs else None,
+            }
+        )
     record["prediction"] = schedule.prediction()
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomically(out / STAGE_FILE, record)
@@ -351,17 +440,27 @@ def _write(out: Path, record: dict[str, Any], schedule: Schedule, chosen: list[O
 
 def format_status(record: dict[str, Any]) -> str:
     """The stage's comparisons as a markdown table: what is done, and the predicted GPU minutes of the rest."""
-    lines = ["| comparison | claims | settings hash | a RoPE run's training FLOPs (x laptop) | finished | "
-             "GPU minutes left: TAPE/RoPE pair, all (predicted) | next |", "|---|---|---|---|---:|---:|---|"]
+    lines = [
+        "| comparison | claims | settings hash | a RoPE run's training FLOPs (x laptop) | finished | "
+        "GPU minutes left: TAPE/RoPE pair, all (predicted) | next |",
+        "|---|---|---|---|---:|---:|---|",
+    ]
     for c, rope in zip(record["comparisons"], record["rope_runs"]):
         status = f" (stopped: {c['stopped']})" if c["stopped"] else ""
-        lines.append(f"| {c['task']}, {c['label']} | {', '.join(c['claims'])} | {c['settings_hash']} | "
-                     f"{rope['flops']:.2e} ({rope['flops'] / rope['laptop_flops']:,.0f}x) | "
-                     f"{c['finished']} of {c['runs']}{status} | {c['pair_seconds_left'] / 60:.1f}, "
-                     f"{c['predicted_seconds_left'] / 60:.1f} | {' '.join(c['next'])} |")
+        lines.append(
+            f"| {c['task']}, {c['label']} | {', '.join(c['claims'])} | {c['settings_hash']} | "
+            f"{rope['flops']:.2e} ({rope['flops'] / rope['laptop_flops']:,.0f}x) | "
+            f"{c['finished']} of {c['runs']}{status} | {c['pair_seconds_left'] / 60:.1f}, "
+            f"{c['predicted_seconds_left'] / 60:.1f} | {' '.join(c['next'])} |"
+        )
     ran = [r for r in record["runs"] if "seconds" in r]
-    lines += ["", f"This stage: {len(ran)} run(s) finished, {len(record['runs']) - len(ran)} failed, in "
-                  f"{record['seconds']:.0f} of {record['budget_seconds']:.0f} s.", "", *prediction_lines(record)]
+    lines += [
+        "",
+        f"This stage: {len(ran)} run(s) finished, {len(record['runs']) - len(ran)} failed, in "
+        f"{record['seconds']:.0f} of {record['budget_seconds']:.0f} s.",
+        "",
+        *prediction_lines(record),
+    ]
     return "\n".join(lines)
 
 
@@ -370,18 +469,35 @@ def prediction_lines(record: dict[str, Any]) -> list[str]:
     the gain a budget needs where it is exceeded, and apart, the minutes if the unmeasured gain holds."""
     prediction = record["prediction"]
     minutes, budget, rate = prediction["minutes"], prediction["budget_minutes"], prediction["rate"]
-    lines = [f"Predicted GPU minutes left: every claim's TAPE/RoPE pair {minutes['pairs']:.1f} (budget "
-             f"{budget['pairs']:.0f}), the whole plan {minutes['plan']:.1f} (budget {budget['plan']:.0f}); runs "
-             f"without a finished one in their comparison at {rate['flops_per_second']:.3g} RoPE FLOP/s "
-             f"({rate['source']})."]
+    lines = [
+        f"Predicted GPU minutes left: every claim's TAPE/RoPE pair {minutes['pairs']:.1f} (budget "
+        f"{budget['pairs']:.0f}), the whole plan {minutes['plan']:.1f} (budget {budget['plan']:.0f}); runs "
+        f"without a finished one in their comparison at {rate['flops_per_second']:.3g} RoPE FLOP/s "
+        f"({rate['source']})."
+    ]
     for part, gain in prediction["gain_needed"].items():
-        lines.append(f"Over budget: {'the pairs need' if part == 'pairs' else 'the whole plan needs'} {gain:.2f}x "
-                     "the throughput measured.")
+        lines.append(
+            f"Over budget: {'the pairs need' if part == 'pairs' else 'the whole plan needs'} {gain:.2f}x "
+            "the throughput measured."
+        )
     assumed = prediction["assuming_unmeasured_gain"]
-    lines.append(f"Apart, assuming {assumed['gain']:.0f}x from {assumed['what']}: pairs "
-                 f"{assumed['minutes']['pairs']:.1f}, whole plan {assumed['minutes']['plan']:.1f} GPU minutes.")
+    lines.append(
+        f"Apart, assuming {assumed['gain']:.0f}x from {assumed['what']}: pairs "
+        f"{assumed['minutes']['pairs']:.1f}, whole plan {assumed['minutes']['plan']:.1f} GPU minutes."
+    )
     return lines
 
 
-__all__ = ["BUDGET_MINUTES", "CHECK", "PlannedRun", "Schedule", "UNMEASURED_GAIN", "claims_of", "format_status",
-           "ordered_runs", "owed_spec", "prediction_lines", "run_stage"]
+__all__ = [
+    "BUDGET_MINUTES",
+    "CHECK",
+    "PlannedRun",
+    "Schedule",
+    "UNMEASURED_GAIN",
+    "claims_of",
+    "format_status",
+    "ordered_runs",
+    "owed_spec",
+    "prediction_lines",
+    "run_stage",
+]

@@ -31,8 +31,9 @@ def interval(values: Sequence[float | None], confidence: float = CONFIDENCE) -> 
     return {"mean": mean, "std": std, "n": n, "half_width": half}
 
 
-def paired_difference(first: Mapping[int, float], second: Mapping[int, float],
-                      confidence: float = CONFIDENCE) -> dict[str, float]:
+def paired_difference(
+    first: Mapping[int, float], second: Mapping[int, float], confidence: float = CONFIDENCE
+) -> dict[str, float]:
     """first - second over the seeds both have: the interval of the mean difference, and the seeds used."""
     seeds = sorted(set(first) & set(second))
     result = interval([first[s] - second[s] for s in seeds], confidence)

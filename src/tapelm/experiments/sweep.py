@@ -30,10 +30,18 @@ def _label(lr: float, schedule: str, seed: int, pe: str) -> str:
     return f"{pe} lr {lr:g} {schedule} seed {seed}"
 
 
-def sweep(base: RunSpec, learning_rates: list[float], root: str | Path = "runs", out: str | Path = "docs/sweeps",
-          progress: bool = True, pes: list[str] | None = None, seeds: list[int] | None = None,
-          schedules: list[str] | None = None, name: str | None = None,
-          compile_layers: bool = False) -> dict[str, Any]:
+def sweep(
+    base: RunSpec,
+    learning_rates: list[float],
+    root: str | Path = "runs",
+    out: str | Path = "docs/sweeps",
+    progress: bool = True,
+    pes: list[str] | None = None,
+    seeds: list[int] | None = None,
+    schedules: list[str] | None = None,
+    name: str | None = None,
+    compile_layers: bool = False,
+) -> dict[str, Any]:
     """Train `base` once per (encoding, learning rate, schedule, seed) (cached), then write OUT/NAME.json and .png;
     NAME defaults to TASK-PE[-PE...]-sweep. Encodings, seeds and schedules default to `base`'s. `compile_layers`: see
     `run_task`."""
@@ -51,30 +59,66 @@ def sweep(base: RunSpec, learning_rates: list[float], root: str | Path = "runs",
         runs[_label(lr, run.settings.schedule, seed, pe)] = run
     if not all(run.settings.eval_every for run in runs.values()):
         raise ValueError("a sweep needs in-training evaluations for its curves; pass --eval-every N")
-    command = shlex.join(["tapelm", "sweep", base.task, "--pe", *pes, "--seeds", *map(str, seeds), "--lr",
-                          *map(str, learning_rates), *(["--schedule", *schedules] if schedules[0] else []),
-                          *(["--name", name] if name else []), *option_flags(replace(base, train_options={
-                              k: v for k, v in base.train_options.items() if k != "schedule"}), compile_layers)])
+    command = shlex.join(
+        [
+            "tapelm",
+            "sweep",
+            base.task,
+            "--pe",
+            *pes,
+            "--seeds",
+            *map(str, seeds),
+            "--lr",
+            *map(str, learning_rates),
+            *(["--schedule", *schedules] if schedules[0] else []),
+            *(["--name", name] if name else []),
+            *option_flags(
+                replace(base, train_options={k: v for k, v in base.train_options.items() if k != "schedule"}),
+                compile_layers,
+            ),
+        ]
+    )
     entries = {}
     for index, (label, run) in enumerate(runs.items(), 1):
         spec = run.spec
-        run_dir = (Path(root) / "sweep" / base.task / spec.pe /
-                   f"lr{run.settings.lr:g}-{run.settings.schedule}-seed{spec.seed}-{run.settings_hash}")
+        run_dir = (
+            Path(root)
+            / "sweep"
+            / base.task
+            / spec.pe
+            / f"lr{run.settings.lr:g}-{run.settings.schedule}-seed{spec.seed}-{run.settings_hash}"
+        )
         print(f"[{index}/{len(runs)}] {base.task} / {label} ({run_dir})", flush=True)
-        result = run_task(run, run_dir, resume=True, progress=progress, command=command,
-                          compile_layers=compile_layers)
+        result = run_task(run, run_dir, resume=True, progress=progress, command=command, compile_layers=compile_layers)
         if result is None:
             continue
-        entries[label] = {"pe": spec.pe, "seed": spec.seed, "lr": run.settings.lr, "schedule": run.settings.schedule,
-                          "run_dir": str(run_dir), "curve": learning_curve(run_dir), "summary": result["summary"],
-                          "metric": result["metric"], "seconds": result.get("session_seconds"),
-                          "final_loss": result["final_loss"], "environment": result.get("environment")}
+        entries[label] = {
+            "pe": spec.pe,
+            "seed": spec.seed,
+            "lr": run.settings.lr,
+            "schedule": run.settings.schedule,
+            "run_dir": str(run_dir),
+            "curve": learning_curve(run_dir),
+            "summary": result["summary"],
+            "metric": result["metric"],
+            "seconds": result.get("session_seconds"),
+            "final_loss": result["final_loss"],
+            "environment": result.get("environment"),
+        }
     first = next(iter(runs.values()))
-    record = {"task": base.task, "pes": pes, "seeds": seeds, "command": command,
-              "settings": {k: v for k, v in first.identity["train"].items() if k not in ("lr", "schedule", "seed")},
-              "model": {k: first.identity["model"][k] for k in ("hidden_size", "intermediate_size",
-                                                                 "num_hidden_layers", "num_attention_heads")},
-              "task_options": first.identity["task_options"], "runs": entries}
+    record = {
+        "task": base.task,
+        "pes": pes,
+        "seeds": seeds,
+        "command": command,
+        "settings": {k: v for k, v in first.identity["train"].items() if k not in ("lr", "schedule", "seed")},
+        "model": {
+            k: first.identity["model"][k]
+            for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        },
+        "task_options": first.identity["task_options"],
+        "runs": entries,
+    }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / (name or f"{base.task}-{'-'.join(pes)}-sweep")
@@ -82,8 +126,10 @@ def sweep(base: RunSpec, learning_rates: list[float], root: str | Path = "runs",
     _plot(record, stem.with_suffix(".png"))
     for label, entry in entries.items():
         summary = entry["summary"]
-        print(f"{label}: {entry['metric']} in-distribution {summary['in_distribution']:.4f}, longer "
-              f"{summary['longer']:.4f}; final loss {entry['final_loss']:.4f}; {entry['seconds'] / 60:.1f} min")
+        print(
+            f"{label}: {entry['metric']} in-distribution {summary['in_distribution']:.4f}, longer "
+            f"{summary['longer']:.4f}; final loss {entry['final_loss']:.4f}; {entry['seconds'] / 60:.1f} min"
+        )
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
     return record
 
@@ -103,8 +149,11 @@ def _plot(record: dict[str, Any], path: Path) -> None:
     for column, pe in enumerate(pes):
         loss_axis, metric_axis = axes[0][column], axes[1][column]
         for entry in (e for e in record["runs"].values() if e["pe"] == pe):
-            style = {"color": colours[(entry["lr"], entry["schedule"])], "linestyle": styles[entry["seed"]],
-                     "label": f"lr {entry['lr']:g} {entry['schedule']} seed {entry['seed']}"}
+            style = {
+                "color": colours[(entry["lr"], entry["schedule"])],
+                "linestyle": styles[entry["seed"]],
+                "label": f"lr {entry['lr']:g} {entry['schedule']} seed {entry['seed']}",
+            }
             if entry["curve"]["loss"]:
                 loss_axis.plot(*zip(*entry["curve"]["loss"]), **style)
             if entry["curve"]["in_distribution"]:

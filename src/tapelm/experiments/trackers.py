@@ -10,8 +10,12 @@ from pathlib import Path
 from typing import Any
 
 # --report-to name -> (accelerate's availability check, the pip package that provides it)
-TRACKERS = {"tensorboard": ("is_tensorboard_available", "tensorboard"), "wandb": ("is_wandb_available", "wandb"),
-            "trackio": ("is_trackio_available", "trackio"), "mlflow": ("is_mlflow_available", "mlflow")}
+TRACKERS = {
+    "tensorboard": ("is_tensorboard_available", "tensorboard"),
+    "wandb": ("is_wandb_available", "wandb"),
+    "trackio": ("is_trackio_available", "trackio"),
+    "mlflow": ("is_mlflow_available", "mlflow"),
+}
 PROJECT = "tapelm"
 LOG_DIR = "tensorboard"  # a run folder's local tracker logs (TensorBoard's events under LOG_DIR/PROJECT)
 
@@ -27,8 +31,9 @@ def check_report_to(names: list[str] | tuple[str, ...] | None) -> tuple[str, ...
         import accelerate.utils
 
         if not getattr(accelerate.utils, check)():
-            raise ValueError(f"--report-to {name} needs the {package} package, which is not installed: "
-                             f"pip install {package}")
+            raise ValueError(
+                f"--report-to {name} needs the {package} package, which is not installed: pip install {package}"
+            )
     return tuple(dict.fromkeys(names))
 
 
@@ -40,8 +45,10 @@ def accelerator_options(report_to: tuple[str, ...], run_dir: Path | None) -> dic
 
     if run_dir is None:
         raise ValueError("reporting to trackers needs the run folder (their local logs go there)")
-    return {"log_with": list(report_to),
-            "project_config": ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(Path(run_dir) / LOG_DIR))}
+    return {
+        "log_with": list(report_to),
+        "project_config": ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(Path(run_dir) / LOG_DIR)),
+    }
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -56,8 +63,11 @@ def start(accelerator, name: str, group: str, config: dict[str, Any]) -> None:
     grouped by `group` (a comparison's settings hash) where the tracker groups runs, with `config` as its settings."""
     if not accelerator.log_with:
         return
-    named = {"wandb": {"name": name, "group": group}, "trackio": {"name": name},
-             "mlflow": {"run_name": name, "tags": {"group": group}}}
+    named = {
+        "wandb": {"name": name, "group": group},
+        "trackio": {"name": name},
+        "mlflow": {"run_name": name, "tags": {"group": group}},
+    }
     accelerator.init_trackers(PROJECT, config=_flat(config), init_kwargs=named)
 
 
@@ -69,8 +79,11 @@ def finish(accelerator) -> None:
 
 def log(accelerator, prefix: str, values: dict[str, Any], step: int) -> None:
     """Send a metric line's numbers (not lists, not None) to the trackers, as prefix/key at `step`."""
-    numbers = {f"{prefix}/{key}": value for key, value in values.items()
-               if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    numbers = {
+        f"{prefix}/{key}": value
+        for key, value in values.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
     if numbers:
         accelerator.log(numbers, step=step)
 

@@ -108,10 +108,15 @@ class TrainSettings:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r} is not allowed; choose one of: {', '.join(SCHEDULES)}")
         if self.mixed_precision not in MIXED_PRECISION:
-            raise ValueError(f"mixed_precision={self.mixed_precision!r} is not allowed; "
-                             f"choose one of: {', '.join(MIXED_PRECISION)}")
-        for name, low, high in (("lr", 0.0, 10.0), ("min_lr_ratio", 0.0, 1.0), ("weight_decay", 0.0, 10.0),
-                                ("clip", 0.0, 1e9)):
+            raise ValueError(
+                f"mixed_precision={self.mixed_precision!r} is not allowed; choose one of: {', '.join(MIXED_PRECISION)}"
+            )
+        for name, low, high in (
+            ("lr", 0.0, 10.0),
+            ("min_lr_ratio", 0.0, 1.0),
+            ("weight_decay", 0.0, 10.0),
+            ("clip", 0.0, 1e9),
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
                 raise ValueError(f"{name}={value!r} is not allowed; it must be a number in [{low}, {high}]")
@@ -191,8 +196,11 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(directory: Path, step: int, extra: Mapping[str, Any]) -> None:
     """Record every file of a checkpoint with its size and hash; written last, so its presence means complete."""
-    files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    files = {
+        p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
     payload = {"step": step, "files": files, **extra}
     temporary = directory / (MANIFEST + ".tmp")
     temporary.write_text(json.dumps(payload, indent=1))
@@ -215,8 +223,9 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
         if not path.is_file():
             raise CheckpointError(f"checkpoint '{directory}' is incomplete: {name} is missing")
         if path.stat().st_size != expected["bytes"] or _sha256(path) != expected["sha256"]:
-            raise CheckpointError(f"checkpoint '{directory}' is corrupt: {name} does not match its recorded "
-                                  f"size and hash")
+            raise CheckpointError(
+                f"checkpoint '{directory}' is corrupt: {name} does not match its recorded size and hash"
+            )
     return manifest
 
 
@@ -252,12 +261,17 @@ def newest_intact_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
             problems.append(str(error))
             continue
         for problem in problems:
-            logger.warning("tapelm: %s; resuming from the intact '%s' instead (removing the damaged folder "
-                           "silences this)", problem, path)
+            logger.warning(
+                "tapelm: %s; resuming from the intact '%s' instead (removing the damaged folder silences this)",
+                problem,
+                path,
+            )
         return step, path
     if problems:
-        raise CheckpointError(f"{problems[0]}, and no older checkpoint is intact; remove "
-                              f"'{Path(run_dir) / CHECKPOINT_DIR}' to start the run afresh")
+        raise CheckpointError(
+            f"{problems[0]}, and no older checkpoint is intact; remove "
+            f"'{Path(run_dir) / CHECKPOINT_DIR}' to start the run afresh"
+        )
     return None
 
 
@@ -327,16 +341,22 @@ def check_run_dir(run_dir: Path, settings: TrainSettings, resume: bool) -> tuple
         except json.JSONDecodeError:
             raise CheckpointError(f"run directory '{run_dir}' has an unreadable settings.json") from None
         if previous != settings.to_dict():
-            changed = sorted(k for k in set(previous) | set(settings.to_dict())
-                             if previous.get(k) != settings.to_dict().get(k))
-            raise CheckpointError(f"run directory '{run_dir}' belongs to another configuration (different "
-                                  f"{', '.join(changed)}); choose another run directory")
+            changed = sorted(
+                k for k in set(previous) | set(settings.to_dict()) if previous.get(k) != settings.to_dict().get(k)
+            )
+            raise CheckpointError(
+                f"run directory '{run_dir}' belongs to another configuration (different "
+                f"{', '.join(changed)}); choose another run directory"
+            )
         if not resume:
-            raise CheckpointError(f"run directory '{run_dir}' already holds a run; pass --resume to continue it "
-                                  "or choose another run directory")
+            raise CheckpointError(
+                f"run directory '{run_dir}' already holds a run; pass --resume to continue it "
+                "or choose another run directory"
+            )
     elif list_checkpoints(run_dir):
-        raise CheckpointError(f"run directory '{run_dir}' holds checkpoints but no settings.json; it is not a "
-                              "tapelm run to resume")
+        raise CheckpointError(
+            f"run directory '{run_dir}' holds checkpoints but no settings.json; it is not a tapelm run to resume"
+        )
     return newest_intact_checkpoint(run_dir) if resume else None
 
 
@@ -375,8 +395,10 @@ def load_saved_model(directory: Path, model_class, **kwargs):
         return model_class.from_pretrained(str(directory), **kwargs)
     except Exception as error:  # safetensors, json and torch each raise their own kinds
         reason = (str(error).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"the model in '{directory}' cannot be read ({type(error).__name__}: {reason}); it is "
-                         "truncated or corrupt: write it again (rerun or --resume the command that made it)") from None
+        raise ValueError(
+            f"the model in '{directory}' cannot be read ({type(error).__name__}: {reason}); it is "
+            "truncated or corrupt: write it again (rerun or --resume the command that made it)"
+        ) from None
 
 
 def make_accelerator(settings: TrainSettings, report_to: tuple[str, ...] = (), run_dir: Path | None = None):
@@ -386,8 +408,11 @@ def make_accelerator(settings: TrainSettings, report_to: tuple[str, ...] = (), r
     from accelerate.state import AcceleratorState, PartialState
 
     def build():
-        return Accelerator(mixed_precision=settings.mixed_precision, step_scheduler_with_optimizer=False,
-                           **trackers.accelerator_options(report_to, run_dir))
+        return Accelerator(
+            mixed_precision=settings.mixed_precision,
+            step_scheduler_with_optimizer=False,
+            **trackers.accelerator_options(report_to, run_dir),
+        )
 
     try:
         return check_world(build())
@@ -404,9 +429,11 @@ def check_world(accelerator):
     without ACCELERATE_USE_CPU=1 silently runs each process alone)."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
-        raise ValueError(f"the launcher started WORLD_SIZE={launched} processes but accelerate runs "
-                         f"{accelerator.num_processes}; on CPU set ACCELERATE_USE_CPU=1 (with accelerate launch "
-                         "--multi_gpu) so that the processes form one group")
+        raise ValueError(
+            f"the launcher started WORLD_SIZE={launched} processes but accelerate runs "
+            f"{accelerator.num_processes}; on CPU set ACCELERATE_USE_CPU=1 (with accelerate launch "
+            "--multi_gpu) so that the processes form one group"
+        )
     return accelerator
 
 
@@ -456,18 +483,31 @@ def train(
     model, optimizer, scheduler = _prepare(model, parameters, settings, accelerator, compile_step, graphs)
     start_step, micro, metrics_path = _restore(accelerator, run_dir, settings, checkpoint, resume)
 
-    result = TrainResult(run_dir=run_dir, steps=settings.steps, start_step=start_step,
-                         world_size=accelerator.num_processes)
+    result = TrainResult(
+        run_dir=run_dir, steps=settings.steps, start_step=start_step, world_size=accelerator.num_processes
+    )
     rank, world = accelerator.process_index, accelerator.num_processes
-    bar = tqdm(total=settings.steps, initial=start_step, desc=f"train {run_dir.name}", unit="step",
-               disable=not (progress and accelerator.is_main_process), dynamic_ncols=True)
+    bar = tqdm(
+        total=settings.steps,
+        initial=start_step,
+        desc=f"train {run_dir.name}",
+        unit="step",
+        disable=not (progress and accelerator.is_main_process),
+        dynamic_ncols=True,
+    )
     started = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
     unread: list[torch.Tensor] = []  # the mean losses of the steps since the last read, on the device
     last_step = settings.steps if stop_after is None else min(settings.steps, stop_after)
     pinned = accelerator.device.type == "cuda"
-    batches = micro_batches(batch_stream, micro * world + rank, world,
-                            (last_step - start_step) * settings.grad_accum, data_workers, pin_memory=pinned)
+    batches = micro_batches(
+        batch_stream,
+        micro * world + rank,
+        world,
+        (last_step - start_step) * settings.grad_accum,
+        data_workers,
+        pin_memory=pinned,
+    )
     model.train()
     step = start_step
     try:
@@ -476,15 +516,15 @@ def train(
             micro += settings.grad_accum
             for batch in host:
                 window_tokens = window_tokens + _token_count(batch)
-            on_device = [{k: v.to(accelerator.device, non_blocking=pinned) for k, v in batch.items()}
-                         for batch in host]
+            on_device = [{k: v.to(accelerator.device, non_blocking=pinned) for k, v in batch.items()} for batch in host]
             if graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are read already
             loss, grad_norm = training_step(model, on_device, accelerator, optimizer, scheduler, settings.clip)
             unread.append(loss)
             logged = step % settings.log_every == 0 or step in (1, last_step)  # the first loss is always logged
-            evaluated = evaluate_fn is not None and ((settings.eval_every and step % settings.eval_every == 0)
-                                                     or (step == settings.steps and evaluate_last))
+            evaluated = evaluate_fn is not None and (
+                (settings.eval_every and step % settings.eval_every == 0) or (step == settings.steps and evaluate_last)
+            )
             saved = settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.steps
             if logged or evaluated or saved:
                 result.losses += read_losses(unread, step - len(unread) + 1)
@@ -495,9 +535,14 @@ def train(
                 rate = tokens / max(now - window_start, 1e-9)
                 result.tokens += tokens
                 window_tokens, window_start = 0, now
-                record = {"step": step, "loss": result.losses[-1], "lr": scheduler.get_last_lr()[0],
-                          "grad_norm": None if grad_norm is None else float(grad_norm),
-                          "tokens_per_s": rate, "elapsed_s": now - started}
+                record = {
+                    "step": step,
+                    "loss": result.losses[-1],
+                    "lr": scheduler.get_last_lr()[0],
+                    "grad_norm": None if grad_norm is None else float(grad_norm),
+                    "tokens_per_s": rate,
+                    "elapsed_s": now - started,
+                }
                 _log(accelerator, metrics_path, record)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
             bar.update(1)
@@ -522,7 +567,8 @@ def _prepare(model, parameters, settings: TrainSettings, accelerator, compile_st
     optimizer and scheduler, prepared by `accelerator`."""
     if settings.grad_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
-            model, "gradient_checkpointing_enable", None)  # transformers v5 renamed it
+            model, "gradient_checkpointing_enable", None
+        )  # transformers v5 renamed it
         if enable is None:
             raise ValueError("grad_checkpointing=True needs a model with activation_checkpointing_enable()")
         enable()
@@ -545,8 +591,10 @@ def _restore(accelerator, run_dir: Path, settings: TrainSettings, checkpoint, re
         start_step, path = checkpoint
         manifest = verify_checkpoint(path)
         if manifest.get("world_size", 1) != accelerator.num_processes:
-            raise CheckpointError(f"checkpoint '{path}' was written by {manifest.get('world_size')} processes; "
-                                  f"resume it with the same number (now {accelerator.num_processes})")
+            raise CheckpointError(
+                f"checkpoint '{path}' was written by {manifest.get('world_size')} processes; "
+                f"resume it with the same number (now {accelerator.num_processes})"
+            )
         accelerator.load_state(str(path))
         micro = int(manifest["data_position"])
     metrics_path = run_dir / "metrics.jsonl"
@@ -567,13 +615,17 @@ def make_optimizer(params: list[torch.nn.Parameter], settings: TrainSettings, de
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     implementation = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=settings.betas,
-                             **implementation)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr,
+        betas=settings.betas,
+        **implementation,
+    )
 
 
-def training_step(model, batches: list[Mapping[str, torch.Tensor]], accelerator, optimizer, scheduler,
-                  clip: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+def training_step(
+    model, batches: list[Mapping[str, torch.Tensor]], accelerator, optimizer, scheduler, clip: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer update over `batches` (the micro-batches of the step, on the device): forward and backward of
     each (gradients synchronised across processes on the last only), clipping to global norm `clip` (0: none), the
     optimizer and scheduler steps. Returns the step's mean loss over micro-batches and processes and the gradient
@@ -599,8 +651,9 @@ def read_losses(losses: list[torch.Tensor], first_step: int) -> list[float]:
     values = torch.stack(losses).tolist() if losses else []
     for step, value in enumerate(values, first_step):
         if not math.isfinite(value):
-            raise FloatingPointError(f"training loss is {value} at step {step}; lower the learning rate or enable "
-                                     "clipping")
+            raise FloatingPointError(
+                f"training loss is {value} at step {step}; lower the learning rate or enable clipping"
+            )
     return values
 
 
@@ -641,8 +694,9 @@ class _Indexed(torch.utils.data.Dataset):
         return self.batch_stream(index)
 
 
-def micro_batches(batch_stream: BatchStream, first: int, stride: int, count: int, workers: int = 0,
-                  pin_memory: bool = False):
+def micro_batches(
+    batch_stream: BatchStream, first: int, stride: int, count: int, workers: int = 0, pin_memory: bool = False
+):
     """batch_stream(first), batch_stream(first + stride), ... (`count` of them); with `workers` > 0 made ahead, in
     order, by that many forked processes (the stream need not be picklable). `pin_memory`: the batches' tensors in
     page-locked memory, so that copies to a GPU run asynchronously (`.to(device, non_blocking=True)`)."""
@@ -652,8 +706,15 @@ def micro_batches(batch_stream: BatchStream, first: int, stride: int, count: int
         return ({k: v.pin_memory() for k, v in batch.items()} for batch in made) if pin_memory else made
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(_Indexed(batch_stream), batch_size=None, sampler=indices, num_workers=workers,
-                        prefetch_factor=4, multiprocessing_context="fork", pin_memory=pin_memory)
+    loader = DataLoader(
+        _Indexed(batch_stream),
+        batch_size=None,
+        sampler=indices,
+        num_workers=workers,
+        prefetch_factor=4,
+        multiprocessing_context="fork",
+        pin_memory=pin_memory,
+    )
     return (batch for batch in loader)
 
 
@@ -672,7 +733,25 @@ def _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result) -> No
     accelerator.wait_for_everyone()
 
 
-__all__ = ["TrainSettings", "TrainResult", "train", "make_accelerator", "check_world", "CheckpointError",
-           "latest_checkpoint", "newest_intact_checkpoint", "load_saved_model", "list_checkpoints", "verify_checkpoint",
-           "check_run_dir", "learning_rate_lambda", "micro_batches", "make_optimizer", "training_step", "read_losses",
-           "compile_for_steps", "SCHEDULES", "MIXED_PRECISION"]
+__all__ = [
+    "TrainSettings",
+    "TrainResult",
+    "train",
+    "make_accelerator",
+    "check_world",
+    "CheckpointError",
+    "latest_checkpoint",
+    "newest_intact_checkpoint",
+    "load_saved_model",
+    "list_checkpoints",
+    "verify_checkpoint",
+    "check_run_dir",
+    "learning_rate_lambda",
+    "micro_batches",
+    "make_optimizer",
+    "training_step",
+    "read_losses",
+    "compile_for_steps",
+    "SCHEDULES",
+    "MIXED_PRECISION",
+]

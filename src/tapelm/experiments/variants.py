@@ -25,8 +25,9 @@ VARIANTS = {name: spec for name, spec in ABLATIONS.items() if name not in ("tape
 def check_encoding(name: str) -> None:
     """Refuse a name that is neither an encoding nor a variant, listing both."""
     if name not in PE_TYPES and name not in VARIANTS:
-        raise ValueError(f"unknown encoding '{name}'; choose from: {', '.join(PE_TYPES)}, or a variant: "
-                         f"{', '.join(VARIANTS)}")
+        raise ValueError(
+            f"unknown encoding '{name}'; choose from: {', '.join(PE_TYPES)}, or a variant: {', '.join(VARIANTS)}"
+        )
 
 
 def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:

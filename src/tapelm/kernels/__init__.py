@@ -128,5 +128,15 @@ def _installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-__all__ = ["AUTOTUNE_CONFIGS", "FLA_DTYPES", "Candidate", "bound_fla_autotuning", "candidates", "first", "fla_function",
-           "fla_runs_on", "fla_takes", "triton_takes"]
+__all__ = [
+    "AUTOTUNE_CONFIGS",
+    "FLA_DTYPES",
+    "Candidate",
+    "bound_fla_autotuning",
+    "candidates",
+    "first",
+    "fla_function",
+    "fla_runs_on",
+    "fla_takes",
+    "triton_takes",
+]

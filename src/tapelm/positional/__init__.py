@@ -37,4 +37,12 @@ def build_encoding(config) -> PositionalEncoding:
     return ENCODINGS[config.pe_type](config)
 
 
-__all__ = ["ENCODINGS", "CustomInit", "build_encoding", "PositionalEncoding", "LayerPositional", "PositionContext", "TapeLayer"]
+__all__ = [
+    "ENCODINGS",
+    "CustomInit",
+    "build_encoding",
+    "PositionalEncoding",
+    "LayerPositional",
+    "PositionContext",
+    "TapeLayer",
+]

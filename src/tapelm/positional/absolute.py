@@ -28,8 +28,10 @@ class LearnedAbsolute(PositionalEncoding):
     def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         limit = self.position_embeddings.num_embeddings
         if not tracing(ctx.query_positions) and int(ctx.query_positions.max()) >= limit:
-            raise ValueError(f"position {int(ctx.query_positions.max())} is beyond the learned table; "
-                             f"pe_type='learned' allows positions < max_position_embeddings={limit}")
+            raise ValueError(
+                f"position {int(ctx.query_positions.max())} is beyond the learned table; "
+                f"pe_type='learned' allows positions < max_position_embeddings={limit}"
+            )
         return hidden + self.position_embeddings(ctx.query_positions.clamp(min=0))
 
 

@@ -24,7 +24,8 @@ class PositionContext:
 
     `query_positions` (batch, N) are the positions of the new tokens, `key_positions` (batch, T) those of every key
     including the cached ones (only filled when the encoding asks for them). `paths` are the fast paths on for this
-    pass (`tapelm.fast_paths.resolve`): every hook with a fast path hands them to its operation's dispatcher. `tables` holds whatever the encoding
+    pass (`tapelm.fast_paths.resolve`): every hook with a fast path hands them to its operation's dispatcher.
+    `tables` holds whatever the encoding
     precomputed (e.g. cos/sin), `bias` an optional additive logit bias (batch or 1, heads, N, T) shared by all layers
     (a tensor or a `tapelm.kernels.attention.RowBias`).
     `token_mask` (batch, N) is True for the new tokens that are real and False for padding (None: no padding), so
@@ -74,12 +75,23 @@ class LayerPositional(CustomInit):
 
     def logit_bias(self, q: torch.Tensor, k: torch.Tensor, valid: torch.Tensor | None, ctx: PositionContext):
         """An extra additive bias (B, H, N, T) computed from q and all keys, or None: a tensor, or a
-        `tapelm.kernels.attention.RowBias` that builds it for any block of queries (so attention need not keep all of it).
+        `tapelm.kernels.attention.RowBias` that builds it for any block of queries (so attention need not keep all
+        of it).
         `valid` is the boolean mask."""
         return None
 
-    def attention_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor,
-                         value_width: int, cache, layer_idx: int, valid: torch.Tensor | None, ctx: PositionContext):
+    def attention_inputs(
+        self,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        stream: torch.Tensor,
+        value_width: int,
+        cache,
+        layer_idx: int,
+        valid: torch.Tensor | None,
+        ctx: PositionContext,
+    ):
         """Store the new keys and value stream in the cache (when there is one) and return what attention reads:
         q (B, H, N, d), every key (B, Hkv, T, d), every value (B, Hkv, T, F) and this layer's additive logit bias
         (B, H, N, T) or None. `x` (B, N, C) is the layer's attention input (after the norm); the first `value_width`
@@ -123,8 +135,9 @@ class PositionalEncoding(CustomInit):
     adds_logit_bias = False
     fixed_shape_cache = True
 
-    def positions(self, position_ids: torch.Tensor, past: int = 0,
-                  documents: torch.Tensor | None = None) -> torch.Tensor:
+    def positions(
+        self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The positions this encoding actually uses for tokens following `past` cached ones (RandPE resamples
         them); `documents` (B, N) numbers the packed documents of each row (None: one per row)."""
         return position_ids

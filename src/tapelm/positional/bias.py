@@ -89,9 +89,12 @@ class T5Bias(RelativeBias):
         else:
             distance = distance.clamp(min=0)
         exact = buckets // 2
-        log_bucket = exact + (
-            torch.log(distance.clamp(min=1) / exact) / math.log(self.max_distance / exact) * (buckets - exact)
-        ).long()
+        log_bucket = (
+            exact
+            + (
+                torch.log(distance.clamp(min=1) / exact) / math.log(self.max_distance / exact) * (buckets - exact)
+            ).long()
+        )
         log_bucket = log_bucket.clamp(max=buckets - 1)
         return offset + torch.where(distance < exact, distance.long(), log_bucket)
 
@@ -108,8 +111,9 @@ class T5Bias(RelativeBias):
 
 def t5_bias(table: nn.Embedding, buckets: torch.Tensor, dtype: torch.dtype) -> RowBias:
     """Bias (B, H, N, T) from bucket indices (B, N, T), looked up a block of queries at a time."""
-    return RowBias(lambda start, end, keys: table(buckets[:, start:end, :keys]).permute(0, 3, 1, 2).to(dtype),
-                   buckets.shape[1])
+    return RowBias(
+        lambda start, end, keys: table(buckets[:, start:end, :keys]).permute(0, 3, 1, 2).to(dtype), buckets.shape[1]
+    )
 
 
 class T5Layer(LayerPositional):
@@ -137,8 +141,11 @@ class FireFunction(CustomInit):
         super().__init__()
         self.init_c = float(config.fire_init_c)
         self.init_threshold = float(config.fire_init_threshold)
-        self.mlp = nn.Sequential(nn.Linear(1, config.fire_hidden_size), nn.ReLU(),
-                                 nn.Linear(config.fire_hidden_size, config.num_attention_heads))
+        self.mlp = nn.Sequential(
+            nn.Linear(1, config.fire_hidden_size),
+            nn.ReLU(),
+            nn.Linear(config.fire_hidden_size, config.num_attention_heads),
+        )
         # shape (1,), not scalars: FSDP2's fully_shard cannot shard a 0-dimensional parameter
         self.c = nn.Parameter(torch.full((1,), self.init_c))
         self.threshold_multiplier = nn.Parameter(torch.ones(1))
@@ -237,9 +244,12 @@ class CoPELayer(LayerPositional):
 
     def logit_bias(self, q, k, valid, ctx):
         k = k.repeat_interleave(self.kv_groups, dim=1)
-        return RowBias(lambda start, end, keys: self._bias(q[..., start:end, :], k[..., :keys, :],
-                                                           None if valid is None else valid[..., start:end, :keys]),
-                       q.shape[-2])
+        return RowBias(
+            lambda start, end, keys: self._bias(
+                q[..., start:end, :], k[..., :keys, :], None if valid is None else valid[..., start:end, :keys]
+            ),
+            q.shape[-2],
+        )
 
     def _bias(self, q, k, valid):
         """The bias (B, H, n, T) of a block of queries q (B, H, n, d) over every key k (B, H, T, d)."""

@@ -50,8 +50,9 @@ def last_seen(valid: torch.Tensor) -> torch.Tensor:
     return valid.shape[-1] - 1 - valid.flip(-1).to(torch.uint8).argmax(-1, keepdim=True)
 
 
-def path_integral_bias(p: torch.Tensor, rotated: torch.Tensor, slopes: torch.Tensor, last: torch.Tensor,
-                       dtype: torch.dtype) -> RowBias:
+def path_integral_bias(
+    p: torch.Tensor, rotated: torch.Tensor, slopes: torch.Tensor, last: torch.Tensor, dtype: torch.dtype
+) -> RowBias:
     """The bias m_h sum_{j < l <= last_i} log sigmoid(p_i . rotated_l / d_p) of the new queries' p (B, P, N, d_p) over
     every key's rotated, normalised vector (B, P, T, d_p), P dividing the query heads (slopes (H,)), `last`
     (B or 1, 1, N, 1) the last key each query sees (`last_seen`). As the authors compute it, the difference of two
@@ -95,7 +96,7 @@ class GrapeAPLayer(LayerPositional):
         wide = torch.promote_types(p.dtype, torch.float32)
         normed = F.rms_norm(p.to(wide), (self.width,))
         exponents = torch.arange(0, self.width, 2, device=p.device, dtype=wide) / self.width
-        angles = positions.to(wide)[:, None, :, None] / self.base ** exponents
+        angles = positions.to(wide)[:, None, :, None] / self.base**exponents
         return rotate_halves(normed, angles.cos(), angles.sin())
 
     def attention_inputs(self, x, q, k, stream, value_width, cache, layer_idx, valid, ctx):

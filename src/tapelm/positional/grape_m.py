@@ -46,8 +46,11 @@ class Spectrum(CustomInit):
         self.scale = float(scale)
         self.theta = float(config.rope_parameters["rope_theta"])
         self.head_dim = config.head_dim
-        shape = (config.head_dim // 2,) if config.grape_share_across_heads else \
-            (config.num_key_value_heads, config.head_dim // 2)
+        shape = (
+            (config.head_dim // 2,)
+            if config.grape_share_across_heads
+            else (config.num_key_value_heads, config.head_dim // 2)
+        )
         self.log_freq_shift = nn.Parameter(torch.zeros(shape), requires_grad=config.grape_learnable_freq)
 
     def init_weights(self, init, std: float) -> None:
@@ -57,7 +60,7 @@ class Spectrum(CustomInit):
         """theta (1 or Hkv, d/2) in `dtype`."""
         shift = self.log_freq_shift.to(dtype)
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=shift.device).float() / self.head_dim
-        rope = (1.0 / self.theta ** exponents).to(dtype)
+        rope = (1.0 / self.theta**exponents).to(dtype)
         return (rope * (shift / self.scale).exp()).view(-1, self.head_dim // 2)
 
     def table(self, phase: torch.Tensor) -> torch.Tensor:

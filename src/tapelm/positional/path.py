@@ -72,8 +72,9 @@ class PaTHLayer(LayerPositional):
         kv_dim = self.kv_heads * self.head_dim
         rank = config.path_low_rank
         if rank:
-            self.w_proj = nn.Sequential(nn.Linear(config.hidden_size, rank, bias=False),
-                                        nn.Linear(rank, kv_dim, bias=False))
+            self.w_proj = nn.Sequential(
+                nn.Linear(config.hidden_size, rank, bias=False), nn.Linear(rank, kv_dim, bias=False)
+            )
         else:
             self.w_proj = nn.Linear(config.hidden_size, kv_dim, bias=False)
         self.conv_size = config.path_conv_size
@@ -101,10 +102,10 @@ class PaTHLayer(LayerPositional):
             before = inputs.new_zeros(batch, history, inputs.shape[-1])
             if past is not None:
                 kept = min(history, cached)
-                before[:, history - kept:] = past[:, 0, cached - kept:].to(inputs.dtype)
+                before[:, history - kept :] = past[:, 0, cached - kept :].to(inputs.dtype)
             sequence = torch.cat([before, inputs], dim=1)
             for offset in range(1, history + 1):
-                earlier = sequence[:, history - offset: history - offset + length]  # token s - offset
+                earlier = sequence[:, history - offset : history - offset + length]  # token s - offset
                 if valid is not None:
                     earlier = earlier * _diagonal(valid[:, 0], cached - offset)[..., None].to(inputs.dtype)
                 mixed = mixed + earlier * self.w_conv.weight[:, 0, history - offset]

@@ -73,20 +73,24 @@ class RandPE(RoPE):
         self.max_position = config.randpe_max_position
         self.random_at_eval = config.randpe_eval_positions == "random"
 
-    def positions(self, position_ids: torch.Tensor, past: int = 0,
-                  documents: torch.Tensor | None = None) -> torch.Tensor:
+    def positions(
+        self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Each packed document (each row, without packing) draws its own subset, sized by its own largest position,
         so that it gets the positions it would get alone (in distribution)."""
         if not (self.training or self.random_at_eval):
             return position_ids
         if past:
-            raise ValueError("RandPE draws new random positions in every forward pass, so it cannot continue a cache; "
-                             "pass use_cache=False, or set randpe_eval_positions='given' to decode with a cache")
+            raise ValueError(
+                "RandPE draws new random positions in every forward pass, so it cannot continue a cache; "
+                "pass use_cache=False, or set randpe_eval_positions='given' to decode with a cache"
+            )
         position_ids = position_ids.clamp(min=0)
         documents = torch.zeros_like(position_ids) if documents is None else documents
         count = int(documents.max()) + 1
         needed = position_ids.new_zeros(position_ids.shape[0], count).scatter_reduce(
-            1, documents, position_ids + 1, "amax")  # (B, documents)
+            1, documents, position_ids + 1, "amax"
+        )  # (B, documents)
         most = int(needed.max())
         if most > self.max_position:
             raise ValueError(f"RandPE needs {most} distinct positions but randpe_max_position={self.max_position}")
@@ -116,5 +120,7 @@ class XPos(RoPE):
         power = (ctx.query_positions.to(cos.dtype) - self.centre)[..., None] / self.scale_base
         half = self.head_dim // 2
         scale = ((torch.arange(half, dtype=power.dtype, device=power.device) / half + 0.4) / 1.4) ** power
-        ctx.tables.update(angles=torch.cat([cos * scale, sin * scale], dim=-1)[:, None].to(dtype),
-                          key_angles=torch.cat([cos / scale, sin / scale], dim=-1)[:, None].to(dtype))
+        ctx.tables.update(
+            angles=torch.cat([cos * scale, sin * scale], dim=-1)[:, None].to(dtype),
+            key_angles=torch.cat([cos / scale, sin / scale], dim=-1)[:, None].to(dtype),
+        )

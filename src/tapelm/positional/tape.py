@@ -188,8 +188,7 @@ class TapeLayer(LayerPositional):
         if pending is not None:
             state = pending.state
         if not self.mlp_update:
-            return state if pending is None else update_state(state, pending.attended, self.attn_mix, None,
-                                                               ctx.paths)
+            return state if pending is None else update_state(state, pending.attended, self.attn_mix, None, ctx.paths)
         mix = self._token_maps(F.silu(self.gate(mlp_out)))
         if self.dense:
             return state + state_delta(state, mix) @ self.mlp_dense

@@ -29,9 +29,25 @@ SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCa
 CONVERTIBLE_PE_TYPES = ("tape", "rope", "grape-m-fixed")
 # Options a caller may not override: they are read from the source checkpoint.
 _COPIED_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-    "rope_parameters", "attention_bias", "qkv_bias", "mlp_bias", "bos_token_id", "eos_token_id", "pad_token_id", "causal",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "attention_bias",
+    "qkv_bias",
+    "mlp_bias",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "causal",
 )
 
 
@@ -43,15 +59,21 @@ def check_source(config: PretrainedConfig) -> None:
     """Raise ValueError unless `config` is a RoPE model of a family tapelm converts exactly."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"cannot convert a {model_type!r} model ({', '.join(config.architectures or [])}); "
-                         f"supported: {_supported()}")
+        raise ValueError(
+            f"cannot convert a {model_type!r} model ({', '.join(config.architectures or [])}); "
+            f"supported: {_supported()}"
+        )
     rope = getattr(config, "rope_parameters", None)
     if not isinstance(rope, dict) or "rope_theta" not in rope:
-        raise ValueError(f"cannot convert a {model_type!r} model without RoPE (rope_parameters={rope!r}); "
-                         f"supported: RoPE models of {_supported()}")
+        raise ValueError(
+            f"cannot convert a {model_type!r} model without RoPE (rope_parameters={rope!r}); "
+            f"supported: RoPE models of {_supported()}"
+        )
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"cannot convert partial rotary embeddings (partial_rotary_factor="
-                         f"{rope['partial_rotary_factor']}); tapelm rotates the whole head dimension")
+        raise ValueError(
+            f"cannot convert partial rotary embeddings (partial_rotary_factor="
+            f"{rope['partial_rotary_factor']}); tapelm rotates the whole head dimension"
+        )
     if config.hidden_act != "silu":
         raise ValueError(f"cannot convert hidden_act={config.hidden_act!r}; tapelm's MLP is SwiGLU (silu)")
 
@@ -76,40 +98,61 @@ def _sliding_window(config: PretrainedConfig) -> int | None:
     return int(window)
 
 
-def tape_config_from(config: PretrainedConfig, pe_type: str = "tape", rope_overrides: dict | None = None,
-                     **options) -> TapeConfig:
+def tape_config_from(
+    config: PretrainedConfig, pe_type: str = "tape", rope_overrides: dict | None = None, **options
+) -> TapeConfig:
     """The `TapeConfig` of a Llama-family config: copied sizes/RoPE/ids, plus `pe_type`, TAPE options and changes to
     `rope_parameters` (`rope_overrides`, merged into the copied ones)."""
     check_source(config)
     if pe_type not in CONVERTIBLE_PE_TYPES:
-        raise ValueError(f"pe_type={pe_type!r} cannot be converted exactly; choose one of: "
-                         f"{', '.join(CONVERTIBLE_PE_TYPES)}")
+        raise ValueError(
+            f"pe_type={pe_type!r} cannot be converted exactly; choose one of: {', '.join(CONVERTIBLE_PE_TYPES)}"
+        )
     clash = sorted(set(options) & set(_COPIED_FIELDS))
     if clash:
-        raise ValueError(f"{', '.join(clash)} come from the source checkpoint and cannot be overridden; "
-                         "pass TAPE options (tape_*) or rope_parameters via `rope_overrides` instead")
+        raise ValueError(
+            f"{', '.join(clash)} come from the source checkpoint and cannot be overridden; "
+            "pass TAPE options (tape_*) or rope_parameters via `rope_overrides` instead"
+        )
     window = _sliding_window(config)
     if window is not None and window < config.max_position_embeddings:
-        logger.warning("tapelm: the source uses sliding_window=%d; the converted model attends to the full causal "
-                       "context, so it matches the source exactly only on sequences of at most %d tokens",
-                       window, window)
+        logger.warning(
+            "tapelm: the source uses sliding_window=%d; the converted model attends to the full causal "
+            "context, so it matches the source exactly only on sequences of at most %d tokens",
+            window,
+            window,
+        )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     fields = dict(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads or config.num_attention_heads, head_dim=head_dim,
-        hidden_act=config.hidden_act, max_position_embeddings=config.max_position_embeddings,
-        rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=bool(config.tie_word_embeddings),
-        rope_parameters={**config.rope_parameters, **(rope_overrides or {})}, mlp_bias=bool(getattr(config, "mlp_bias", False)),
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-        initializer_range=getattr(config, "initializer_range", 0.02), **_attention_biases(config),
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads or config.num_attention_heads,
+        head_dim=head_dim,
+        hidden_act=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=bool(config.tie_word_embeddings),
+        rope_parameters={**config.rope_parameters, **(rope_overrides or {})},
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        initializer_range=getattr(config, "initializer_range", 0.02),
+        **_attention_biases(config),
     )
     return TapeConfig(**fields, pe_type=pe_type, **options)
 
 
-def from_pretrained_llama(model_or_path: PreTrainedModel | str | Path, pe_type: str = "tape",
-                          dtype: torch.dtype | None = None, rope_overrides: dict | None = None,
-                          **tape_options) -> TapeForCausalLM:
+def from_pretrained_llama(
+    model_or_path: PreTrainedModel | str | Path,
+    pe_type: str = "tape",
+    dtype: torch.dtype | None = None,
+    rope_overrides: dict | None = None,
+    **tape_options,
+) -> TapeForCausalLM:
     """Convert a Llama-family causal LM (a model object, a local checkpoint folder, a ``.gguf`` file or a registered
     source name such as ``"smollm2-135m"``) to a `TapeForCausalLM` with every weight copied.
 
@@ -136,8 +179,10 @@ def copy_weights(source: torch.nn.Module, target: TapeForCausalLM) -> None:
     own = {name for name, _ in target.named_parameters() if ".positional." in f".{name}"}
     unexplained = sorted(set(missing) - own)
     if unexpected or unexplained:
-        raise ValueError(f"weights do not match: source weights with no place in the tapelm model: {unexpected}; "
-                         f"tapelm-model weights the source lacks: {unexplained}")
+        raise ValueError(
+            f"weights do not match: source weights with no place in the tapelm model: {unexpected}; "
+            f"tapelm-model weights the source lacks: {unexplained}"
+        )
 
 
 def _load_source(model_or_path) -> PreTrainedModel:
@@ -149,8 +194,9 @@ def _load_source(model_or_path) -> PreTrainedModel:
     return load_pretrained(str(model_or_path))[0]
 
 
-def convert(src: str | Path, dst: str | Path, pe_type: str = "tape", dtype: torch.dtype | None = None,
-            **tape_options) -> Path:
+def convert(
+    src: str | Path, dst: str | Path, pe_type: str = "tape", dtype: torch.dtype | None = None, **tape_options
+) -> Path:
     """Convert a checkpoint (folder, .gguf or registered name) and save model + tokenizer to `dst`."""
     from .sources import load_pretrained
 
@@ -176,12 +222,20 @@ def to_llama(model: TapeForCausalLM, max_position_embeddings: int | None = None)
 
     config = model.config
     if config.pe_type != "rope" or getattr(config, "qkv_bias", False) or not getattr(config, "causal", True):
-        raise ValueError(f"only a causal RoPE model without q/k/v-only biases converts to Llama (this one: pe_type="
-                         f"{config.pe_type!r}); convert the other way with from_pretrained_llama")
-    fields = {name: getattr(config, name) for name in _COPIED_FIELDS
-              if name not in ("qkv_bias", "causal", "max_position_embeddings")}
-    llama_config = LlamaConfig(**fields, max_position_embeddings=max_position_embeddings
-                               or config.max_position_embeddings, initializer_range=config.initializer_range)
+        raise ValueError(
+            f"only a causal RoPE model without q/k/v-only biases converts to Llama (this one: pe_type="
+            f"{config.pe_type!r}); convert the other way with from_pretrained_llama"
+        )
+    fields = {
+        name: getattr(config, name)
+        for name in _COPIED_FIELDS
+        if name not in ("qkv_bias", "causal", "max_position_embeddings")
+    }
+    llama_config = LlamaConfig(
+        **fields,
+        max_position_embeddings=max_position_embeddings or config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+    )
     weight = next(model.parameters())
     with torch.device(weight.device):
         llama = LlamaForCausalLM(llama_config).to(weight.dtype)

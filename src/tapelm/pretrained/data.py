@@ -32,8 +32,10 @@ def corpus_split(name: str, prose: str | None = None) -> tuple[list[Path], list[
     use as the prose corpus instead of python3.11-doc."""
     files = list(corpus_files(source_of(name, prose)))
     if len(files) < 2:
-        raise ValueError(f"the {name} corpus has {len(files)} file; it needs at least 2 (file i is held out when "
-                         f"i % {VAL_EVERY} == 0, the others are trained on)")
+        raise ValueError(
+            f"the {name} corpus has {len(files)} file; it needs at least 2 (file i is held out when "
+            f"i % {VAL_EVERY} == 0, the others are trained on)"
+        )
     return split_files(files)
 
 
@@ -81,8 +83,9 @@ def training_stream(tokenizer, name: str, train_tokens: int, seed: int = 0, pros
     return np.concatenate(pieces)
 
 
-def held_out_documents(tokenizer, name: str, min_tokens: int, count: int,
-                       prose: str | None = None) -> list[tuple[str, np.ndarray]]:
+def held_out_documents(
+    tokenizer, name: str, min_tokens: int, count: int, prose: str | None = None
+) -> list[tuple[str, np.ndarray]]:
     """Up to `count` held-out files of the corpus with at least `min_tokens` tokens: (relative name, ids)."""
     _, files = corpus_split(name, prose)
     documents = []
@@ -111,8 +114,16 @@ class TrainingText:
     seed: int = 0
 
     @classmethod
-    def build(cls, tokenizer, length: int, train_tokens: int, batch_size: int = 1, seed: int = 0,
-              corpora: tuple[str, ...] = CORPORA, prose: str | None = None) -> TrainingText:
+    def build(
+        cls,
+        tokenizer,
+        length: int,
+        train_tokens: int,
+        batch_size: int = 1,
+        seed: int = 0,
+        corpora: tuple[str, ...] = CORPORA,
+        prose: str | None = None,
+    ) -> TrainingText:
         streams = {name: training_stream(tokenizer, name, train_tokens, seed, prose) for name in corpora}
         for name, stream in streams.items():
             if len(stream) <= length:

@@ -115,14 +115,28 @@ def passkey(model, tokenizer, length: int, trials: int = 20, seed: int = 0) -> d
 def generation_sample(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
     """The greedy continuation of `prompt`."""
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]], device=model_device(model))
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def evaluate_model(model, tokenizer, documents: dict[str, list[np.ndarray]], lengths: list[int],
-                   passkey_lengths: list[int], scored: int, trials: int = 20, seed: int = 0,
-                   sample_prompt: str | None = None, log=print) -> dict:
+def evaluate_model(
+    model,
+    tokenizer,
+    documents: dict[str, list[np.ndarray]],
+    lengths: list[int],
+    passkey_lengths: list[int],
+    scored: int,
+    trials: int = 20,
+    seed: int = 0,
+    sample_prompt: str | None = None,
+    log=print,
+) -> dict:
     """Perplexity per corpus and length, passkey accuracy per length and a generation sample, as a JSON-able dict."""
     model.eval()
     context_from = max(lengths)
@@ -142,6 +156,5 @@ def evaluate_model(model, tokenizer, documents: dict[str, list[np.ndarray]], len
         result["seconds"][f"passkey-{length}"] = time.perf_counter() - started
         log(f"  passkey L={length}: {value['accuracy']:.2f}")
     if sample_prompt is not None:
-        result["sample"] = {"prompt": sample_prompt, "continuation": generation_sample(model, tokenizer,
-                                                                                        sample_prompt)}
+        result["sample"] = {"prompt": sample_prompt, "continuation": generation_sample(model, tokenizer, sample_prompt)}
     return result

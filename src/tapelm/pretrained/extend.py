@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from ..experiments.launchers import die_with_parent
 from ..experiments.devices import process_device
+from ..experiments.launchers import die_with_parent
 from ..experiments.runs import RunSpec, resolve, run_task
 from ..experiments.statistics import format_difference, interval, paired_difference, verdict
 from ..experiments.tasks.corpora import PYTHON_DOCS, STDLIB
@@ -52,12 +52,19 @@ CLAIM_BASELINES = ("lora", "longlora", "theta")  # the paper's table
 # extension": the size and budget from the curves in docs/sweeps/extend-base).
 BASE_WINDOW = 128
 BASE_SPEC = RunSpec(
-    task="text", pe="rope",
-    task_options={"corpus": [STDLIB, PYTHON_DOCS], "tokenizer": "bpe", "bpe_vocab_size": 2048,
-                  "train_length": BASE_WINDOW, "eval_multipliers": list(MULTIPLIERS)},
+    task="text",
+    pe="rope",
+    task_options={
+        "corpus": [STDLIB, PYTHON_DOCS],
+        "tokenizer": "bpe",
+        "bpe_vocab_size": 2048,
+        "train_length": BASE_WINDOW,
+        "eval_multipliers": list(MULTIPLIERS),
+    },
     model_options={"hidden_size": 128, "intermediate_size": 344, "num_attention_heads": 4, "num_key_value_heads": 4},
     train_options={"steps": 3000, "batch_size": 16, "lr": 1e-3, "eval_every": 500, "checkpoint_every": 250},
-    eval_n=64)
+    eval_n=64,
+)
 
 
 @dataclass(frozen=True)
@@ -77,8 +84,19 @@ class Budget:
 PRESETS = {
     "cpu-small": (Budget(), EvalPlan(documents=8, scored=512, trials=20)),
     # the paper's Llama2-7B recipe (TAPE.md §6): 1,000 steps of 64 x 8,192 tokens, lr 2e-5, 50 warm-up steps
-    "paper": (Budget(steps=1000, batch_size=1, grad_accum=64, lr=2e-5, warmup=50, eval_every=100,
-                     checkpoint_every=50, train_tokens=200_000_000), EvalPlan(documents=8, scored=512, trials=20)),
+    "paper": (
+        Budget(
+            steps=1000,
+            batch_size=1,
+            grad_accum=64,
+            lr=2e-5,
+            warmup=50,
+            eval_every=100,
+            checkpoint_every=50,
+            train_tokens=200_000_000,
+        ),
+        EvalPlan(documents=8, scored=512, trials=20),
+    ),
 }
 
 
@@ -110,8 +128,9 @@ class ExtendPlan:
         for name in ("window", "factor"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (2 if name == "factor" else 8):
-                raise ValueError(f"{name}={value!r} is not allowed; it must be an integer >= "
-                                 f"{2 if name == 'factor' else 8}")
+                raise ValueError(
+                    f"{name}={value!r} is not allowed; it must be an integer >= {2 if name == 'factor' else 8}"
+                )
         for row in self.rows:
             if row in TRAINED:
                 self.settings(row, self.seeds[0])  # every recipe's own checks, now
@@ -125,17 +144,35 @@ class ExtendPlan:
         budget = self.budget
         method = "tape" if row == "tape-no-lora" else row
         return FinetuneSettings(
-            method=method, train_length=self.target, steps=budget.steps, batch_size=budget.batch_size,
-            grad_accum=budget.grad_accum, lr=budget.lr, warmup=budget.warmup, seed=seed,
-            lora=row not in ("tape-no-lora", "full"), theta=ntk_theta(theta, self.factor, head_dim),
-            target_length=self.target, pretrained_length=self.window, train_tokens=budget.train_tokens,
-            checkpoint_every=budget.checkpoint_every, eval_every=budget.eval_every, prose_corpus=self.prose_corpus,
-            interpolate_positions=row == "longlora")
+            method=method,
+            train_length=self.target,
+            steps=budget.steps,
+            batch_size=budget.batch_size,
+            grad_accum=budget.grad_accum,
+            lr=budget.lr,
+            warmup=budget.warmup,
+            seed=seed,
+            lora=row not in ("tape-no-lora", "full"),
+            theta=ntk_theta(theta, self.factor, head_dim),
+            target_length=self.target,
+            pretrained_length=self.window,
+            train_tokens=budget.train_tokens,
+            checkpoint_every=budget.checkpoint_every,
+            eval_every=budget.eval_every,
+            prose_corpus=self.prose_corpus,
+            interpolate_positions=row == "longlora",
+        )
 
     def record(self) -> dict[str, Any]:
         """What every result of this plan belongs to (compared with plan.json: another base or budget is refused)."""
-        return {"base": self.base, "window": self.window, "factor": self.factor, "budget": asdict(self.budget),
-                "eval_plan": asdict(self.eval_plan), "prose_corpus": self.prose_corpus}
+        return {
+            "base": self.base,
+            "window": self.window,
+            "factor": self.factor,
+            "budget": asdict(self.budget),
+            "eval_plan": asdict(self.eval_plan),
+            "prose_corpus": self.prose_corpus,
+        }
 
 
 def ntk_theta(theta: float, factor: int, head_dim: int) -> float:
@@ -182,8 +219,11 @@ def train_base(out: Path, progress: bool = True) -> Path:
     if not (run_dir / RESULT_FILE).exists():
         run_task(run, run_dir, resume=True, progress=progress, command="tapelm extend (the cpu-small base)")
     model = TapeForCausalLM.from_pretrained(run_dir / "model")
-    save(to_llama(model, max_position_embeddings=BASE_WINDOW), AutoTokenizer.from_pretrained(run_dir / "model"),
-         folder.with_name("llama.tmp"))
+    save(
+        to_llama(model, max_position_embeddings=BASE_WINDOW),
+        AutoTokenizer.from_pretrained(run_dir / "model"),
+        folder.with_name("llama.tmp"),
+    )
     folder.with_name("llama.tmp").replace(folder)
     return folder
 
@@ -208,17 +248,23 @@ class _Documents:
 
     def __init__(self, tokenizer, eval_plan: EvalPlan) -> None:
         need = max(eval_plan.lengths) + eval_plan.scored
-        self.by_corpus = {c: [ids[:need] for _, ids in held_out_documents(tokenizer, c, need, eval_plan.documents,
-                                                                           eval_plan.prose_corpus)]
-                          for c in CORPORA}
+        self.by_corpus = {
+            c: [
+                ids[:need]
+                for _, ids in held_out_documents(tokenizer, c, need, eval_plan.documents, eval_plan.prose_corpus)
+            ]
+            for c in CORPORA
+        }
 
     def validation_fn(self, length: int, scored: int):
         """evaluate_fn(model, step) of the training loop: perplexity at `length` on the first document of each
         corpus (the validation curve)."""
 
         def evaluate(model, step: int) -> dict[str, float]:
-            return {f"ppl_{corpus}": perplexity(model, docs[:1], length, len(docs[0]) - scored, scored)["perplexity"]
-                    for corpus, docs in self.by_corpus.items()}
+            return {
+                f"ppl_{corpus}": perplexity(model, docs[:1], length, len(docs[0]) - scored, scored)["perplexity"]
+                for corpus, docs in self.by_corpus.items()
+            }
 
         return evaluate
 
@@ -233,25 +279,48 @@ def run_one(plan: ExtendPlan, row: str, seed: int, progress: bool = False, log=p
     started = time.perf_counter()
     source, tokenizer = load_pretrained(plan.base)
     documents = _Documents(tokenizer, plan.eval_plan)
-    record: dict[str, Any] = {"row": row, "seed": None if row in ZERO_TRAINING else seed, "plan": plan.record(),
-                              "threads": torch.get_num_threads()}
+    record: dict[str, Any] = {
+        "row": row,
+        "seed": None if row in ZERO_TRAINING else seed,
+        "plan": plan.record(),
+        "threads": torch.get_num_threads(),
+    }
     if row in ZERO_TRAINING:
         model = zero_training_model(source, row, plan).to(process_device())
         record["trainable"] = {}
     else:
-        head_dim = getattr(source.config, "head_dim", None) or source.config.hidden_size // \
-            source.config.num_attention_heads
+        head_dim = (
+            getattr(source.config, "head_dim", None) or source.config.hidden_size // source.config.num_attention_heads
+        )
         settings = plan.settings(row, seed, source.config.rope_parameters["rope_theta"], head_dim)
         run_dir = plan.out / "runs" / row / f"seed{seed}"
-        outcome = finetune(source, tokenizer, settings, run_dir, resume=True, progress=progress,
-                           source_name=plan.base, evaluate_fn=documents.validation_fn(plan.target, plan.eval_plan.scored))
+        outcome = finetune(
+            source,
+            tokenizer,
+            settings,
+            run_dir,
+            resume=True,
+            progress=progress,
+            source_name=plan.base,
+            evaluate_fn=documents.validation_fn(plan.target, plan.eval_plan.scored),
+        )
         model = outcome.model
-        record.update(settings=settings.to_dict(), trainable=outcome.trainable,
-                      train={"seconds_per_step": outcome.seconds_per_step, "curve": _curve(run_dir)})
-    record["eval"] = evaluate_model(model, tokenizer, documents.by_corpus, list(plan.eval_plan.lengths),
-                                    list(plan.eval_plan.passkey_lengths), plan.eval_plan.scored,
-                                    plan.eval_plan.trials, plan.eval_plan.seed,
-                                    log=lambda line: log(f"{row} / seed {seed}:{line}"))
+        record.update(
+            settings=settings.to_dict(),
+            trainable=outcome.trainable,
+            train={"seconds_per_step": outcome.seconds_per_step, "curve": _curve(run_dir)},
+        )
+    record["eval"] = evaluate_model(
+        model,
+        tokenizer,
+        documents.by_corpus,
+        list(plan.eval_plan.lengths),
+        list(plan.eval_plan.passkey_lengths),
+        plan.eval_plan.scored,
+        plan.eval_plan.trials,
+        plan.eval_plan.seed,
+        log=lambda line: log(f"{row} / seed {seed}:{line}"),
+    )
     record["seconds_total"] = time.perf_counter() - started
     _write_json(path, record)
     return record
@@ -287,8 +356,10 @@ def check_plan_folder(plan: ExtendPlan) -> None:
             raise ValueError(f"'{path}' is unreadable; choose another --out") from None
         differ = sorted(k for k, v in plan.record().items() if json.loads(json.dumps(v)) != saved.get(k))
         if differ:
-            raise ValueError(f"'{plan.results_dir}' holds an extension with other settings (different "
-                             f"{', '.join(differ)}); choose another --results (and --out)")
+            raise ValueError(
+                f"'{plan.results_dir}' holds an extension with other settings (different "
+                f"{', '.join(differ)}); choose another --results (and --out)"
+            )
 
 
 def check_cached_result(plan: ExtendPlan, row: str, seed: int) -> None:
@@ -302,8 +373,9 @@ def check_cached_result(plan: ExtendPlan, row: str, seed: int) -> None:
     expected = replace(plan.settings(row, seed), theta=saved["theta"]).to_dict()
     differ = sorted(k for k, v in expected.items() if saved.get(k) != v)
     if differ:
-        raise ValueError(f"'{path}' was fine-tuned with other settings (different {', '.join(differ)}); move it "
-                         "away to redo it")
+        raise ValueError(
+            f"'{path}' was fine-tuned with other settings (different {', '.join(differ)}); move it away to redo it"
+        )
 
 
 def check_passkey_lengths(plan: ExtendPlan) -> None:
@@ -320,8 +392,10 @@ def check_passkey_lengths(plan: ExtendPlan) -> None:
         try:
             passkey_prompt(tokenizer, length, KEY_HIGH - 1, 0.5)
         except ValueError:
-            raise ValueError(f"passkey length {length} cannot hold a passkey document with this tokenizer; "
-                             "extend a model with a longer window") from None
+            raise ValueError(
+                f"passkey length {length} cannot hold a passkey document with this tokenizer; "
+                "extend a model with a longer window"
+            ) from None
 
 
 def _worker(plan: ExtendPlan, row: str, seed: int, threads: int) -> str:
@@ -337,8 +411,12 @@ def run_extension(plan: ExtendPlan, jobs: int = 1, progress: bool = True, log=pr
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs={jobs!r} is not allowed; it must be a positive integer")
     check_plan_folder(plan)
-    tasks = [(row, plan.seeds[0] if row in ZERO_TRAINING else seed) for seed in plan.seeds for row in plan.rows
-             if row in TRAINED or seed == plan.seeds[0]]
+    tasks = [
+        (row, plan.seeds[0] if row in ZERO_TRAINING else seed)
+        for seed in plan.seeds
+        for row in plan.rows
+        if row in TRAINED or seed == plan.seeds[0]
+    ]
     for row, seed in tasks:
         check_cached_result(plan, row, seed)
     pending = [(row, seed) for row, seed in tasks if not result_path(plan.results_dir, row, seed).exists()]
@@ -357,8 +435,9 @@ def run_extension(plan: ExtendPlan, jobs: int = 1, progress: bool = True, log=pr
                 log(f"{row} / seed {seed}: FAILED\n{traceback.format_exc()}")
                 failed.append(f"{row}/seed{seed}")
     else:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
-                                 initargs=(os.getpid(),)) as pool:
+        with ProcessPoolExecutor(
+            jobs, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
+        ) as pool:
             futures = {pool.submit(_worker, plan, row, seed, 1): (row, seed) for row, seed in pending}
             for future in as_completed(futures):
                 row, seed = futures[future]
@@ -368,8 +447,10 @@ def run_extension(plan: ExtendPlan, jobs: int = 1, progress: bool = True, log=pr
                     log(f"{row} / seed {seed}: FAILED\n{traceback.format_exc()}")
                     failed.append(f"{row}/seed{seed}")
     if failed:
-        raise MethodsFailed(f"{len(failed)} of {len(tasks)} results failed ({', '.join(failed)}); see the "
-                            "tracebacks above; the others are done")
+        raise MethodsFailed(
+            f"{len(failed)} of {len(tasks)} results failed ({', '.join(failed)}); see the "
+            "tracebacks above; the others are done"
+        )
     return summarize(plan.results_dir)
 
 
@@ -412,10 +493,16 @@ def summarize(results_dir: str | Path) -> dict[str, Any]:
         first = next(iter(by_seed.values()))
         rows[row] = {
             "seeds": [] if None in by_seed else sorted(by_seed),
-            "perplexity": {c: {n: interval([r["eval"]["perplexity"][c][n]["perplexity"] for r in by_seed.values()])
-                               for n in lengths} for c in CORPORA},
-            "passkey": {n: interval([r["eval"]["passkey"][n]["accuracy"] for r in by_seed.values()])
-                        for n in passkey_lengths},
+            "perplexity": {
+                c: {
+                    n: interval([r["eval"]["perplexity"][c][n]["perplexity"] for r in by_seed.values()])
+                    for n in lengths
+                }
+                for c in CORPORA
+            },
+            "passkey": {
+                n: interval([r["eval"]["passkey"][n]["accuracy"] for r in by_seed.values()]) for n in passkey_lengths
+            },
             "trainable": sum(first.get("trainable", {}).values()),
             "seconds_per_step": interval([r["train"]["seconds_per_step"] for r in by_seed.values() if "train" in r]),
             "curve": _mean_curve(by_seed),
@@ -425,24 +512,44 @@ def summarize(results_dir: str | Path) -> dict[str, Any]:
         for row, by_seed in results.items():
             if row == "tape":
                 continue
-            paired[row] = {"log_perplexity": {c: {n: paired_difference(
-                _per_seed(results["tape"], lambda r: math.log(r["eval"]["perplexity"][c][n]["perplexity"]), seeds),
-                _per_seed(by_seed, lambda r: math.log(r["eval"]["perplexity"][c][n]["perplexity"]), seeds))
-                for n in lengths} for c in CORPORA},
+            paired[row] = {
+                "log_perplexity": {
+                    c: {
+                        n: paired_difference(
+                            _per_seed(results["tape"], _log_perplexity(c, n), seeds),
+                            _per_seed(by_seed, _log_perplexity(c, n), seeds),
+                        )
+                        for n in lengths
+                    }
+                    for c in CORPORA
+                },
                 "passkey_beyond": paired_difference(
                     _per_seed(results["tape"], _passkey_beyond(passkey_lengths, window), seeds),
-                    _per_seed(by_seed, _passkey_beyond(passkey_lengths, window), seeds))}
-    summary = {"plan": plan, "window": window, "target": factor * window, "lengths": lengths,
-               "passkey_lengths": passkey_lengths, "rows": rows, "paired": paired}
+                    _per_seed(by_seed, _passkey_beyond(passkey_lengths, window), seeds),
+                ),
+            }
+    summary = {
+        "plan": plan,
+        "window": window,
+        "target": factor * window,
+        "lengths": lengths,
+        "passkey_lengths": passkey_lengths,
+        "rows": rows,
+        "paired": paired,
+    }
     summary["claims"] = judge_claims(summary)
     return summary
+
+
+def _log_perplexity(corpus: str, length: str):
+    """A result's log perplexity on `corpus` at `length`."""
+    return lambda r: math.log(r["eval"]["perplexity"][corpus][length]["perplexity"])
 
 
 def _passkey_beyond(lengths: list[str], window: int):
     """A result's mean passkey accuracy over the lengths beyond the base window (nan when none was measured)."""
     beyond = [n for n in lengths if int(n) > window]
-    return lambda r: (sum(r["eval"]["passkey"][n]["accuracy"] for n in beyond) / len(beyond) if beyond
-                      else float("nan"))
+    return lambda r: sum(r["eval"]["passkey"][n]["accuracy"] for n in beyond) / len(beyond) if beyond else float("nan")
 
 
 def _mean_curve(by_seed: dict[int | None, dict[str, Any]]) -> list[dict[str, float]]:
@@ -452,15 +559,26 @@ def _mean_curve(by_seed: dict[int | None, dict[str, Any]]) -> list[dict[str, flo
         return []
     steps = sorted(set.intersection(*({point["step"] for point in curve} for curve in curves)))
     keys = [k for k in curves[0][0] if k != "step"]
-    return [{"step": step, **{k: float(sum(next(p[k] for p in c if p["step"] == step) for c in curves) / len(curves))
-                              for k in keys}} for step in steps]
+    return [
+        {
+            "step": step,
+            **{k: float(sum(next(p[k] for p in c if p["step"] == step) for c in curves) / len(curves)) for k in keys},
+        }
+        for step in steps
+    ]
 
 
 CLAIMS = (
-    ("extension-perplexity", "Context extension (4x a short RoPE window): TAPE's perplexity is the lowest at every "
-     "evaluated length (1x-8x the base window, both corpora), below LoRA, LongLoRA and theta scaling."),
-    ("extension-passkey", "Context extension: TAPE retrieves the passkey beyond the base window better than LoRA, "
-     "LongLoRA and theta scaling (mean accuracy over 2x-8x the base window)."),
+    (
+        "extension-perplexity",
+        "Context extension (4x a short RoPE window): TAPE's perplexity is the lowest at every "
+        "evaluated length (1x-8x the base window, both corpora), below LoRA, LongLoRA and theta scaling.",
+    ),
+    (
+        "extension-passkey",
+        "Context extension: TAPE retrieves the passkey beyond the base window better than LoRA, "
+        "LongLoRA and theta scaling (mean accuracy over 2x-8x the base window).",
+    ),
 )
 
 
@@ -482,8 +600,10 @@ def judge_claims(summary: dict[str, Any]) -> list[dict[str, Any]]:
                         difference = pair["log_perplexity"][corpus][n]
                         result = verdict(difference, higher_is_better=False)
                         verdicts.append(result)
-                        lines.append(f"{baseline}, {corpus} {n}: TAPE / {baseline} perplexity "
-                                     f"{format_difference(difference, log_ratio=True)}: {result}")
+                        lines.append(
+                            f"{baseline}, {corpus} {n}: TAPE / {baseline} perplexity "
+                            f"{format_difference(difference, log_ratio=True)}: {result}"
+                        )
             else:
                 difference = pair["passkey_beyond"]
                 result = verdict(difference)
@@ -493,7 +613,8 @@ def judge_claims(summary: dict[str, Any]) -> list[dict[str, Any]]:
         if name == "extension-passkey" and not beyond:
             lines, outcome = ["passkey retrieval beyond the base window was not measured"], "not run"
         elif name == "extension-passkey" and all(
-                row["passkey"][n]["mean"] == 0 for row in summary["rows"].values() for n in beyond):
+            row["passkey"][n]["mean"] == 0 for row in summary["rows"].values() for n in beyond
+        ):
             lines.append("no row retrieves a passkey beyond the base window: this design cannot show the claim")
             outcome = "inconclusive"
         elif verdicts and all(v == "better" for v in verdicts):
@@ -526,21 +647,40 @@ def write_figures(summary: dict[str, Any], figures: Path) -> list[str]:
     figures.mkdir(parents=True, exist_ok=True)
     names, lengths = [], [int(n) for n in summary["lengths"]]
     for corpus in CORPORA:
-        series = {row: (lengths, [stats["perplexity"][corpus][str(n)]["mean"] for n in lengths],
-                        [stats["perplexity"][corpus][str(n)]["std"] for n in lengths])
-                  for row, stats in summary["rows"].items()}
+        series = {
+            row: (
+                lengths,
+                [stats["perplexity"][corpus][str(n)]["mean"] for n in lengths],
+                [stats["perplexity"][corpus][str(n)]["std"] for n in lengths],
+            )
+            for row, stats in summary["rows"].items()
+        }
         name = f"extend-perplexity-{corpus}.png"
-        curves(series, figures / name, f"Held-out {corpus} perplexity, a {summary['window']}-token RoPE base "
-               f"extended to {summary['target']} (mean ± std over seeds; dotted: base window)",
-               "evaluation length (tokens)", "perplexity", edge=summary["window"])
+        curves(
+            series,
+            figures / name,
+            f"Held-out {corpus} perplexity, a {summary['window']}-token RoPE base "
+            f"extended to {summary['target']} (mean ± std over seeds; dotted: base window)",
+            "evaluation length (tokens)",
+            "perplexity",
+            edge=summary["window"],
+        )
         names.append(name)
     for corpus in CORPORA:
-        series = {row: ([p["step"] for p in stats["curve"]], [p[f"ppl_{corpus}"] for p in stats["curve"]], None)
-                  for row, stats in summary["rows"].items() if stats["curve"]}
+        series = {
+            row: ([p["step"] for p in stats["curve"]], [p[f"ppl_{corpus}"] for p in stats["curve"]], None)
+            for row, stats in summary["rows"].items()
+            if stats["curve"]
+        }
         if series:
             name = f"extend-training-{corpus}.png"
-            curves(series, figures / name, f"Validation {corpus} perplexity at {summary['target']} tokens while "
-                   "fine-tuning (mean over seeds)", "fine-tuning step", "perplexity")
+            curves(
+                series,
+                figures / name,
+                f"Validation {corpus} perplexity at {summary['target']} tokens while fine-tuning (mean over seeds)",
+                "fine-tuning step",
+                "perplexity",
+            )
             names.append(name)
     return names
 
@@ -554,31 +694,57 @@ def results_section(results_dir: Path, figures: Path, figures_link: str) -> str 
     budget = plan["budget"]
     seeds = sorted({s for row in rows.values() for s in row["seeds"]})
     head = " | ".join(f"{n} ({int(n) // summary['window']}x)" for n in lengths)
-    lines = [f"Produced by `{COMMAND}` (resumable; one JSON per row and seed in `{results_dir.as_posix()}`). Base: "
-             f"`{plan['base']}`, pretrained window {summary['window']} tokens, extended to {summary['target']}. "
-             f"Every trained row: {budget['steps']} steps x {budget['batch_size'] * budget['grad_accum']} sequences "
-             f"x {summary['target']} tokens, AdamW lr {budget['lr']} constant after {budget['warmup']} warm-up steps; "
-             f"seeds {', '.join(map(str, seeds))} (data order and new parameters). Held-out files: "
-             f"{plan['eval_plan']['documents']} per corpus, {plan['eval_plan']['scored']} tokens each scored at "
-             "every length (stride min(256, L/2)). Mean ± 95% interval over seeds.", ""]
+    lines = [
+        f"Produced by `{COMMAND}` (resumable; one JSON per row and seed in `{results_dir.as_posix()}`). Base: "
+        f"`{plan['base']}`, pretrained window {summary['window']} tokens, extended to {summary['target']}. "
+        f"Every trained row: {budget['steps']} steps x {budget['batch_size'] * budget['grad_accum']} sequences "
+        f"x {summary['target']} tokens, AdamW lr {budget['lr']} constant after {budget['warmup']} warm-up steps; "
+        f"seeds {', '.join(map(str, seeds))} (data order and new parameters). Held-out files: "
+        f"{plan['eval_plan']['documents']} per corpus, {plan['eval_plan']['scored']} tokens each scored at "
+        "every length (stride min(256, L/2)). Mean ± 95% interval over seeds.",
+        "",
+    ]
     for corpus in CORPORA:
-        lines += [f"**Perplexity, {corpus}** (lower is better)", "", f"| row | {head} |",
-                  "|---|" + "---|" * len(lengths)]
-        lines += [f"| {row} | " + " | ".join(_cell(stats["perplexity"][corpus][n], ".2f") for n in lengths) + " |"
-                  for row, stats in rows.items()]
+        lines += [
+            f"**Perplexity, {corpus}** (lower is better)",
+            "",
+            f"| row | {head} |",
+            "|---|" + "---|" * len(lengths),
+        ]
+        lines += [
+            f"| {row} | " + " | ".join(_cell(stats["perplexity"][corpus][n], ".2f") for n in lengths) + " |"
+            for row, stats in rows.items()
+        ]
         lines.append("")
-    lines += [f"**Passkey retrieval** ({plan['eval_plan']['trials']} trials per length, greedy, % correct)", "",
-              f"| row | {head} | trainable parameters | s / step |", "|---|" + "---|" * (len(lengths) + 2)]
-    lines += [f"| {row} | " + " | ".join(_cell(stats["passkey"][n], ".0f", 100) if n in stats["passkey"] else "–"
-                                        for n in lengths)
-              + f" | {stats['trainable']:,} | {_cell(stats['seconds_per_step'], '.2f')} |" for row, stats in rows.items()]
+    lines += [
+        f"**Passkey retrieval** ({plan['eval_plan']['trials']} trials per length, greedy, % correct)",
+        "",
+        f"| row | {head} | trainable parameters | s / step |",
+        "|---|" + "---|" * (len(lengths) + 2),
+    ]
+    lines += [
+        f"| {row} | "
+        + " | ".join(_cell(stats["passkey"][n], ".0f", 100) if n in stats["passkey"] else "–" for n in lengths)
+        + f" | {stats['trainable']:,} | {_cell(stats['seconds_per_step'], '.2f')} |"
+        for row, stats in rows.items()
+    ]
     if summary["paired"]:
-        lines += ["", "**TAPE against each row**, paired by seed: perplexity ratio TAPE / row [95% interval] (below 1: "
-                  "TAPE is better)", "", "| row | " + " | ".join(f"{c} {n}" for c in CORPORA for n in lengths) + " |",
-                  "|---|" + "---|" * (len(CORPORA) * len(lengths))]
+        lines += [
+            "",
+            "**TAPE against each row**, paired by seed: perplexity ratio TAPE / row [95% interval] (below 1: "
+            "TAPE is better)",
+            "",
+            "| row | " + " | ".join(f"{c} {n}" for c in CORPORA for n in lengths) + " |",
+            "|---|" + "---|" * (len(CORPORA) * len(lengths)),
+        ]
         for row, pair in summary["paired"].items():
-            lines.append(f"| {row} | " + " | ".join(format_difference(pair["log_perplexity"][c][n], log_ratio=True)
-                                                  for c in CORPORA for n in lengths) + " |")
+            lines.append(
+                f"| {row} | "
+                + " | ".join(
+                    format_difference(pair["log_perplexity"][c][n], log_ratio=True) for c in CORPORA for n in lengths
+                )
+                + " |"
+            )
     for claim in summary["claims"]:
         lines += ["", f"**{claim['name']}**: {claim['statement']} **{claim['verdict']}**.", ""]
         lines += [f"- {line}" for line in claim["details"]]

@@ -101,18 +101,31 @@ class FinetuneSettings:
             scale_factor(self, self.pretrained_length)  # the identity is refused now, not after loading the model
         group = self.s2_group()
         if self.method == "longlora" and (group < 2 or group % 2 or self.train_length % group):
-            raise ValueError(f"s2_group_fraction={self.s2_group_fraction} of train_length={self.train_length} must "
-                             "give an even group size that divides train_length")
+            raise ValueError(
+                f"s2_group_fraction={self.s2_group_fraction} of train_length={self.train_length} must "
+                "give an even group size that divides train_length"
+            )
         self.train_settings()  # the training loop's own checks, now
 
     def train_settings(self):
         """The `tapelm.experiments.train.TrainSettings` of this recipe."""
         from ..experiments.train import TrainSettings
 
-        return TrainSettings(steps=self.steps, lr=self.lr, warmup=self.warmup, schedule="constant", weight_decay=0.0,
-                             batch_size=self.batch_size, grad_accum=self.grad_accum, clip=1.0,
-                             checkpoint_every=self.checkpoint_every, eval_every=self.eval_every, keep_last=1,
-                             log_every=5, seed=self.seed)
+        return TrainSettings(
+            steps=self.steps,
+            lr=self.lr,
+            warmup=self.warmup,
+            schedule="constant",
+            weight_decay=0.0,
+            batch_size=self.batch_size,
+            grad_accum=self.grad_accum,
+            clip=1.0,
+            checkpoint_every=self.checkpoint_every,
+            eval_every=self.eval_every,
+            keep_last=1,
+            log_every=5,
+            seed=self.seed,
+        )
 
     def s2_group(self) -> int:
         return int(self.train_length * self.s2_group_fraction)
@@ -129,9 +142,11 @@ def scale_factor(settings: FinetuneSettings, pretrained_length: int) -> float:
         raise ValueError(f"method {settings.method!r} needs target_length (the context to reach by scaling)")
     factor = settings.target_length / pretrained
     if factor <= 1:
-        raise ValueError(f"target_length={settings.target_length} does not exceed the pretrained context "
-                         f"{pretrained}: linear interpolation would be the identity; raise target_length "
-                         "(--target-length) or lower pretrained_length (--pretrained-length)")
+        raise ValueError(
+            f"target_length={settings.target_length} does not exceed the pretrained context "
+            f"{pretrained}: linear interpolation would be the identity; raise target_length "
+            "(--target-length) or lower pretrained_length (--pretrained-length)"
+        )
     return factor
 
 
@@ -148,8 +163,9 @@ def build_model(source, settings: FinetuneSettings) -> TapeForCausalLM:
 
             source = load_pretrained(str(source))[0]
         scaling = "pi" if settings.interpolate_positions else settings.method
-        overrides = scaling_overrides(scaling, settings.target_length, settings.pretrained_length
-                                      or pretrained_window(source.config))
+        overrides = scaling_overrides(
+            scaling, settings.target_length, settings.pretrained_length or pretrained_window(source.config)
+        )
     return from_pretrained_llama(source, pe_type="rope", rope_overrides=overrides)
 
 
@@ -173,8 +189,12 @@ def scaling_overrides(method: str, target_length: int | None, pretrained_length:
 
 def lora_target_names(model: nn.Module) -> list[str]:
     """Full names of the q/k/v/o projections of every `TapeAttention` module."""
-    return [f"{name}.{proj}" for name, module in model.named_modules() if isinstance(module, TapeAttention)
-            for proj in LORA_PROJECTIONS]
+    return [
+        f"{name}.{proj}"
+        for name, module in model.named_modules()
+        if isinstance(module, TapeAttention)
+        for proj in LORA_PROJECTIONS
+    ]
 
 
 def _unique(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
@@ -198,8 +218,13 @@ def trainable_groups(model: nn.Module, settings: FinetuneSettings) -> dict[str, 
     if settings.method == "tape":
         groups["tape"] = _unique(p for m in modules if isinstance(m, TapeLayer) for p in m.parameters())
     if settings.lora:
-        groups["lora"] = _unique(p for m in modules if isinstance(m, LoraLayer)
-                                 for adapters in (m.lora_A, m.lora_B) for p in adapters.parameters())
+        groups["lora"] = _unique(
+            p
+            for m in modules
+            if isinstance(m, LoraLayer)
+            for adapters in (m.lora_A, m.lora_B)
+            for p in adapters.parameters()
+        )
     if settings.train_norms:
         groups["norms"] = _unique(p for m in modules if isinstance(m, LlamaRMSNorm) for p in m.parameters())
     if settings.train_embeddings:
@@ -214,8 +239,13 @@ def prepare(model: TapeForCausalLM, settings: FinetuneSettings):
     if settings.lora:
         from peft import LoraConfig, get_peft_model
 
-        config = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
-                            target_modules=lora_target_names(model), bias="none")
+        config = LoraConfig(
+            r=settings.lora_rank,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=lora_target_names(model),
+            bias="none",
+        )
         model = get_peft_model(model, config)
     for param in model.parameters():
         param.requires_grad_(False)
@@ -267,17 +297,29 @@ def check_run_folder(run_dir: str | Path, settings: FinetuneSettings, source_nam
         same_settings = False
     if saved.get("source") != source_name:
         previous = saved.get("source") or "an unrecorded source model"
-        raise ValueError(f"run folder '{run_dir}' holds a fine-tuning of {previous}, not of {source_name}; choose "
-                         "another --out")
+        raise ValueError(
+            f"run folder '{run_dir}' holds a fine-tuning of {previous}, not of {source_name}; choose another --out"
+        )
     if not same_settings:
         changed = sorted(k for k, v in settings.to_dict().items() if saved["settings"].get(k, v) != v)
-        raise ValueError(f"run folder '{run_dir}' holds a fine-tuning with other settings (different "
-                         f"{', '.join(changed) or 'settings'}); choose another --out")
+        raise ValueError(
+            f"run folder '{run_dir}' holds a fine-tuning with other settings (different "
+            f"{', '.join(changed) or 'settings'}); choose another --out"
+        )
 
 
-def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path, resume: bool = True,
-             batch_stream=None, progress: bool = True, stop_after: int | None = None,
-             source_name: str | None = None, evaluate_fn=None) -> FinetuneResult:
+def finetune(
+    source,
+    tokenizer,
+    settings: FinetuneSettings,
+    run_dir: str | Path,
+    resume: bool = True,
+    batch_stream=None,
+    progress: bool = True,
+    stop_after: int | None = None,
+    source_name: str | None = None,
+    evaluate_fn=None,
+) -> FinetuneResult:
     """Build the method's model from `source`, train it with `tapelm.experiments.train.train` on real text (or
     `batch_stream`), merge LoRA and save the merged model and tokenizer to `run_dir/merged`. Resumes from `run_dir`'s
     checkpoints when they are a fine-tuning of the same `source_name` (the model's name, recorded in RUN_RECORD)
@@ -294,19 +336,39 @@ def finetune(source, tokenizer, settings: FinetuneSettings, run_dir: str | Path,
     if batch_stream is None:
         from .data import TrainingText
 
-        batch_stream = TrainingText.build(tokenizer, settings.train_length, settings.train_tokens,
-                                          settings.batch_size, settings.seed, prose=settings.prose_corpus)
+        batch_stream = TrainingText.build(
+            tokenizer,
+            settings.train_length,
+            settings.train_tokens,
+            settings.batch_size,
+            settings.seed,
+            prose=settings.prose_corpus,
+        )
     train_settings = settings.train_settings()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_RECORD).write_text(json.dumps({"source": source_name, "settings": settings.to_dict()}, indent=2))
     has_run = (run_dir / "settings.json").exists()
     with _s2_context(model, settings):
-        outcome = train(model, batch_stream, train_settings, run_dir, evaluate_fn=evaluate_fn,
-                        resume=resume and has_run, parameters=params, progress=progress, stop_after=stop_after,
-                        evaluate_last=False)
+        outcome = train(
+            model,
+            batch_stream,
+            train_settings,
+            run_dir,
+            evaluate_fn=evaluate_fn,
+            resume=resume and has_run,
+            parameters=params,
+            progress=progress,
+            stop_after=stop_after,
+            evaluate_last=False,
+        )
     trained = outcome.steps - outcome.start_step if stop_after is None else len(outcome.losses)
-    result = FinetuneResult(merge(model), {k: sum(p.numel() for p in v) for k, v in groups.items()},
-                            outcome.losses, outcome.seconds, outcome.seconds / max(1, len(outcome.losses) or trained))
+    result = FinetuneResult(
+        merge(model),
+        {k: sum(p.numel() for p in v) for k, v in groups.items()},
+        outcome.losses,
+        outcome.seconds,
+        outcome.seconds / max(1, len(outcome.losses) or trained),
+    )
     if stop_after is None or stop_after >= settings.steps:
         result.model.save_pretrained(run_dir / "merged")
         if tokenizer is not None:

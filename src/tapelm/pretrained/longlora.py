@@ -18,7 +18,6 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-
 from transformers import AttentionInterface, PreTrainedModel
 
 from ..kernels.attention import padded_attention
@@ -30,8 +29,11 @@ def _grouped_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: in
     count = length // group
 
     def split(x: torch.Tensor) -> torch.Tensor:
-        return x.view(batch, heads, count, group, x.shape[-1]).transpose(1, 2).reshape(batch * count, heads, group,
-                                                                                        x.shape[-1])
+        return (
+            x.view(batch, heads, count, group, x.shape[-1])
+            .transpose(1, 2)
+            .reshape(batch * count, heads, group, x.shape[-1])
+        )
 
     out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True, scale=scale)
     return out.view(batch, count, heads, group, -1).transpose(1, 2).reshape(batch, heads, length, -1)
@@ -41,8 +43,9 @@ def s2_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, 
     """S²-Attn. q (B, H, N, d), k and v (B, Hkv, N, d) (GQA allowed); N must be a multiple of `group` (even)."""
     batch, heads, length, _ = q.shape
     if group % 2 or length % group:
-        raise ValueError(f"S²-Attn needs an even group size that divides the sequence length; got group={group}, "
-                         f"length={length}")
+        raise ValueError(
+            f"S²-Attn needs an even group size that divides the sequence length; got group={group}, length={length}"
+        )
     repeats = heads // k.shape[1]
     k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
     plain = heads - heads // 2
@@ -54,6 +57,7 @@ def s2_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, 
     parts = []
     if length > group:
         parts.append(_grouped_causal(qs[:, :, half:-half], ks[:, :, half:-half], vs[:, :, half:-half], group, scale))
+
     # The first and the last half-groups: two groups of their own, attended as one batch.
     def edges(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x[:, :, :half], x[:, :, -half:]], dim=0)
@@ -85,8 +89,10 @@ def attention_function(group: int):
         if not module.training:
             return padded_attention(query, key, value, attention_mask, is_causal, scaling).transpose(1, 2), None
         if attention_mask is not None or not is_causal or query.shape[2] != key.shape[2]:
-            raise ValueError("S²-Attn (LongLoRA) needs causal, unpadded, uncached batches without a logit bias; "
-                             "it is for training a RoPE model only")
+            raise ValueError(
+                "S²-Attn (LongLoRA) needs causal, unpadded, uncached batches without a logit bias; "
+                "it is for training a RoPE model only"
+            )
         return s2_attention(query, key, value, group, scaling).transpose(1, 2), None
 
     return attend

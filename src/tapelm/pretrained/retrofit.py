@@ -38,11 +38,16 @@ from .finetune import (
 SECTION, TITLE = "pretrained-model", "Pretrained model: TAPE retrofitted into SmolLM2-135M"
 ORDER = ("original", *METHODS, "converted")
 MORE_SUFFIX = "-more"
-COMMAND_MORE = ("tapelm finetune --model smollm2-135m --method all --pretrained-length 128 --threads 1 "
-                "--out runs/retrofit --results docs/results/pretrained-more --eval-lengths 128 1024 --passkey-lengths --eval-documents 8")
+COMMAND_MORE = (
+    "tapelm finetune --model smollm2-135m --method all --pretrained-length 128 --threads 1 "
+    "--out runs/retrofit --results docs/results/pretrained-more --eval-lengths 128 1024 --passkey-lengths "
+    "--eval-documents 8"
+)
 BUDGET_FIELDS = ("train_length", "steps", "batch_size", "grad_accum", "lr", "warmup", "seed")
-COMMAND = ("tapelm finetune --model smollm2-135m --method all --pretrained-length 128 --threads 1 "
-           "--out runs/retrofit --results docs/results/pretrained --markdown docs/RESULTS.md")
+COMMAND = (
+    "tapelm finetune --model smollm2-135m --method all --pretrained-length 128 --threads 1 "
+    "--out runs/retrofit --results docs/results/pretrained --markdown docs/RESULTS.md"
+)
 
 
 @dataclass(frozen=True)
@@ -70,14 +75,17 @@ class EvalPlan:
             raise ValueError(f"passkey lengths {list(self.passkey_lengths)} are not allowed; give positive integers")
         for length in self.lengths:
             if self.scored % stride_for(length):
-                raise ValueError(f"eval length {length} is not allowed: its stride min(256, {length} // 2) = "
-                                 f"{stride_for(length)} must divide the {self.scored} scored tokens (e.g. lengths "
-                                 "that are powers of two)")
+                raise ValueError(
+                    f"eval length {length} is not allowed: its stride min(256, {length} // 2) = "
+                    f"{stride_for(length)} must divide the {self.scored} scored tokens (e.g. lengths "
+                    "that are powers of two)"
+                )
 
     @classmethod
     def quick(cls, prose_corpus: str | None = None) -> EvalPlan:
-        return cls(lengths=(64, 128), passkey_lengths=(128,), scored=64, documents=1, trials=2,
-                   prose_corpus=prose_corpus)
+        return cls(
+            lengths=(64, 128), passkey_lengths=(128,), scored=64, documents=1, trials=2, prose_corpus=prose_corpus
+        )
 
 
 @dataclass
@@ -97,8 +105,9 @@ class RunPlan:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
     except OSError:
         return ""
 
@@ -158,8 +167,10 @@ def check_plan(plan: RunPlan, names: list[str], eval_plan: EvalPlan) -> dict[str
             raise ValueError(f"result file '{path}' is unreadable; move it away to redo {name}") from None
         differ = _record_mismatch(record, plan, name, eval_plan)
         if differ:
-            raise ValueError(f"'{path}' holds results of another configuration (different {'; '.join(differ)}); "
-                             "choose another --results folder (and --out)")
+            raise ValueError(
+                f"'{path}' holds results of another configuration (different {'; '.join(differ)}); "
+                "choose another --results folder (and --out)"
+            )
         if _reusable(record, plan):
             done[name] = record
     todo = [name for name in names if name not in done]
@@ -209,12 +220,18 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
             try:
                 passkey_prompt(tokenizer, length, KEY_HIGH - 1, 0.5)
             except ValueError:
-                raise ValueError(f"passkey length {length} cannot hold a passkey document with this tokenizer; "
-                                 "give longer --passkey-lengths") from None
+                raise ValueError(
+                    f"passkey length {length} cannot hold a passkey document with this tokenizer; "
+                    "give longer --passkey-lengths"
+                ) from None
         need = max(eval_plan.lengths) + eval_plan.scored
-        documents = {c: [ids[:need] for _, ids in held_out_documents(tokenizer, c, need, eval_plan.documents,
-                                                                      eval_plan.prose_corpus)]
-                     for c in CORPORA}
+        documents = {
+            c: [
+                ids[:need]
+                for _, ids in held_out_documents(tokenizer, c, need, eval_plan.documents, eval_plan.prose_corpus)
+            ]
+            for c in CORPORA
+        }
         sample_prompt = tokenizer.decode(documents["prose"][0][:48].tolist())
     failed = []
     for name in names:
@@ -223,8 +240,14 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
             log(f"{name}: done before ({path})")
             continue
         started = time.perf_counter()
-        record: dict = {"name": name, "model": plan.model, "commit": _commit(), "machine": platform.machine(),
-                        "torch": torch.__version__, "threads": torch.get_num_threads()}
+        record: dict = {
+            "name": name,
+            "model": plan.model,
+            "commit": _commit(),
+            "machine": platform.machine(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        }
         log(f"{name}: start")
         if name == "original":
             model = source
@@ -240,16 +263,31 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
                 failed.append(name)
                 continue
             model = outcome.model
-            record.update(settings=settings.to_dict(), trainable=outcome.trainable,
-                          train={"steps_this_session": len(outcome.losses), "seconds": outcome.seconds,
-                                 "seconds_per_step": outcome.seconds_per_step,
-                                 "losses": outcome.losses, **_metrics(plan.out / name)})
+            record.update(
+                settings=settings.to_dict(),
+                trainable=outcome.trainable,
+                train={
+                    "steps_this_session": len(outcome.losses),
+                    "seconds": outcome.seconds,
+                    "seconds_per_step": outcome.seconds_per_step,
+                    "losses": outcome.losses,
+                    **_metrics(plan.out / name),
+                },
+            )
         if plan.evaluate:
             record["eval_plan"] = asdict(eval_plan)
-            record["eval"] = evaluate_model(model, tokenizer, documents, list(eval_plan.lengths),
-                                            list(eval_plan.passkey_lengths), eval_plan.scored, eval_plan.trials,
-                                            eval_plan.seed, sample_prompt,
-                                            log=lambda line, n=name: log(f"{n}:{line}"))
+            record["eval"] = evaluate_model(
+                model,
+                tokenizer,
+                documents,
+                list(eval_plan.lengths),
+                list(eval_plan.passkey_lengths),
+                eval_plan.scored,
+                eval_plan.trials,
+                eval_plan.seed,
+                sample_prompt,
+                log=lambda line, n=name: log(f"{n}:{line}"),
+            )
         record["seconds_total"] = time.perf_counter() - started
         _write(path, record)
         done[name] = record
@@ -257,8 +295,10 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
         if markdown is not None:
             update_markdown(markdown, results_dir)
     if failed:
-        raise MethodsFailed(f"{len(failed)} of {len(names)} models failed ({', '.join(failed)}); see the "
-                            "tracebacks above; the others are done")
+        raise MethodsFailed(
+            f"{len(failed)} of {len(names)} models failed ({', '.join(failed)}); see the "
+            "tracebacks above; the others are done"
+        )
     return dict(sorted(done.items(), key=lambda item: names.index(item[0])))
 
 
@@ -284,8 +324,11 @@ def _logit_diff(source, converted, documents, tokenizer) -> float | None:
 
 
 def _load(results_dir: Path) -> dict[str, dict]:
-    return {name: json.loads((results_dir / f"{name}.json").read_text()) for name in ORDER
-            if (results_dir / f"{name}.json").exists()}
+    return {
+        name: json.loads((results_dir / f"{name}.json").read_text())
+        for name in ORDER
+        if (results_dir / f"{name}.json").exists()
+    }
 
 
 def _fmt(value, spec: str) -> str:
@@ -295,11 +338,14 @@ def _fmt(value, spec: str) -> str:
 def _perplexity_table(results: dict[str, dict]) -> list[str]:
     plan = next(r for r in results.values() if "eval" in r)["eval_plan"]
     lengths = [str(x) for x in plan["lengths"]]
-    lines = [f"Held-out files ({plan['documents']} per corpus, never trained on): the same {plan['scored']} tokens "
-             f"per file, after its first {max(plan['lengths'])} tokens, scored with windows of each length L moved "
-             "by min(256, L/2) (the paper's stride 256 where L allows).", "",
-             "| model | " + " | ".join(f"{c} {n}" for c in CORPORA for n in lengths) + " |",
-             "|" + "---|" * (1 + len(CORPORA) * len(lengths))]
+    lines = [
+        f"Held-out files ({plan['documents']} per corpus, never trained on): the same {plan['scored']} tokens "
+        f"per file, after its first {max(plan['lengths'])} tokens, scored with windows of each length L moved "
+        "by min(256, L/2) (the paper's stride 256 where L allows).",
+        "",
+        "| model | " + " | ".join(f"{c} {n}" for c in CORPORA for n in lengths) + " |",
+        "|" + "---|" * (1 + len(CORPORA) * len(lengths)),
+    ]
     for name, record in results.items():
         if "eval" not in record:
             continue
@@ -324,46 +370,70 @@ def results_section(results_dir: str | Path) -> str:
         more_dir = results_dir.parent / f"{results_dir.name}{MORE_SUFFIX}"
         more = _load(more_dir) if more_dir.is_dir() else {}
         if more:
-            lines += ["", "### The same models on more held-out text", "",
-                      f"`{COMMAND_MORE}` (evaluation only: the finished runs are reloaded).", "",
-                      *_perplexity_table(more)]
-        lines += ["", f"### Passkey retrieval accuracy against length ({plan['trials']} trials each, greedy)", "",
-                  "| model | " + " | ".join(f"{n} tokens" for n in keys) + " |",
-                  "|" + "---|" * (1 + len(keys))]
+            lines += [
+                "",
+                "### The same models on more held-out text",
+                "",
+                f"`{COMMAND_MORE}` (evaluation only: the finished runs are reloaded).",
+                "",
+                *_perplexity_table(more),
+            ]
+        lines += [
+            "",
+            f"### Passkey retrieval accuracy against length ({plan['trials']} trials each, greedy)",
+            "",
+            "| model | " + " | ".join(f"{n} tokens" for n in keys) + " |",
+            "|" + "---|" * (1 + len(keys)),
+        ]
         for name, record in results.items():
             if "eval" not in record:
                 continue
             passkey = record["eval"]["passkey"]
-            lines.append(f"| {name} | " + " | ".join(_fmt(passkey.get(n, {}).get("accuracy"), ".2f") for n in keys)
-                         + " |")
+            lines.append(
+                f"| {name} | " + " | ".join(_fmt(passkey.get(n, {}).get("accuracy"), ".2f") for n in keys) + " |"
+            )
     trained = {n: r for n, r in results.items() if "train" in r}
     if trained:
         first = next(iter(trained.values()))["settings"]
         budgets = {json.dumps({k: r["settings"][k] for k in BUDGET_FIELDS}) for r in trained.values()}
         tokens = first["steps"] * first["batch_size"] * first["grad_accum"] * first["train_length"]
-        lines += ["", "### Training", "",
-                  f"Budget, {'identical for every method' if len(budgets) == 1 else 'NOT identical across methods'}:"
-                  f" {first['steps']} steps x {first['batch_size'] * first['grad_accum']} x {first['train_length']} "
-                  f"tokens = {tokens:,} tokens of training text, AdamW lr {first['lr']} (constant after "
-                  f"{first['warmup']} warm-up steps), no weight decay, clip 1.0; LoRA rank {first['lora_rank']}, "
-                  f"alpha {first['lora_alpha']} on q/k/v/o. theta: rope_theta {first['theta']:g}; pi: linear "
-                  f"factor {first['target_length']}/{first['pretrained_length']}; longlora: S²-Attn groups of "
-                  f"{int(first['train_length'] * first['s2_group_fraction'])} tokens while training.", "", "| method | trainable parameters | steps | s/step | training loss, first 10 steps | "
-                  "training loss, last 10 steps |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "### Training",
+            "",
+            f"Budget, {'identical for every method' if len(budgets) == 1 else 'NOT identical across methods'}:"
+            f" {first['steps']} steps x {first['batch_size'] * first['grad_accum']} x {first['train_length']} "
+            f"tokens = {tokens:,} tokens of training text, AdamW lr {first['lr']} (constant after "
+            f"{first['warmup']} warm-up steps), no weight decay, clip 1.0; LoRA rank {first['lora_rank']}, "
+            f"alpha {first['lora_alpha']} on q/k/v/o. theta: rope_theta {first['theta']:g}; pi: linear "
+            f"factor {first['target_length']}/{first['pretrained_length']}; longlora: S²-Attn groups of "
+            f"{int(first['train_length'] * first['s2_group_fraction'])} tokens while training.",
+            "",
+            "| method | trainable parameters | steps | s/step | training loss, first 10 steps | "
+            "training loss, last 10 steps |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, record in trained.items():
             groups = ", ".join(f"{k} {v:,}" for k, v in record["trainable"].items())
             losses = record["train"]["losses"]
             first = sum(losses[:10]) / len(losses[:10]) if losses else None
             last = sum(losses[-10:]) / len(losses[-10:]) if losses else None
-            lines.append(f"| {name} | {groups} | {record['settings']['steps']} | "
-                         f"{record['train']['seconds_per_step']:.2f} | {_fmt(first, '.3f')} | {_fmt(last, '.3f')} |")
+            lines.append(
+                f"| {name} | {groups} | {record['settings']['steps']} | "
+                f"{record['train']['seconds_per_step']:.2f} | {_fmt(first, '.3f')} | {_fmt(last, '.3f')} |"
+            )
     converted = results.get("converted", {}).get("max_abs_logit_diff_vs_original")
     if converted is not None:
         lines += ["", f"Converted (TAPE at step 0) vs original: max |Δ logit| = {converted:.2e} over 512 tokens."]
     samples = [(n, r["eval"]["sample"]) for n, r in results.items() if "sample" in r.get("eval", {})]
     if samples:
-        lines += ["", "### Generation sample (greedy, 40 tokens)", "", "Prompt: `" +
-                  samples[0][1]["prompt"].replace("`", "'").replace("\n", "⏎") + "`", ""]
+        lines += [
+            "",
+            "### Generation sample (greedy, 40 tokens)",
+            "",
+            "Prompt: `" + samples[0][1]["prompt"].replace("`", "'").replace("\n", "⏎") + "`",
+            "",
+        ]
         for name, sample in samples:
             lines.append(f"- **{name}**: `" + sample["continuation"].replace("`", "'").replace("\n", "⏎") + "`")
     missing = [n for n in ORDER if n not in results]

@@ -145,9 +145,7 @@ def load_checkpoint(
     return model, AutoTokenizer.from_pretrained(folder)
 
 
-def load_gguf(
-    path: str | Path, dtype: torch.dtype = torch.float32
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a ``.gguf`` file as a plain dense model (no quantization settings left) and its tokenizer."""
     path = Path(path)
     model = AutoModelForCausalLM.from_pretrained(

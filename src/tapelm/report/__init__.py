@@ -15,14 +15,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..experiments.markdown import HEADER, has_section, splice
 from ..experiments.archive import archive_comparisons
+from ..experiments.markdown import HEADER, has_section, splice
 from .sections import SECTIONS, ReportContext, register_section
 
 
-def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
-                 figures: str | Path | None = None, sections: list[str] | None = None,
-                 readme: str | Path | None = None) -> list[str]:
+def build_report(
+    root: str | Path = "runs",
+    out: str | Path = "docs/RESULTS.md",
+    figures: str | Path | None = None,
+    sections: list[str] | None = None,
+    readme: str | Path | None = None,
+) -> list[str]:
     """Rebuild the sections (all registered ones, or `sections`) of `out` from the results under `root`, and the
     verdicts table of `readme` when given (only where that file already has the `verdicts` markers); returns the
     names of the sections written."""
@@ -47,7 +51,9 @@ def build_report(root: str | Path = "runs", out: str | Path = "docs/RESULTS.md",
         link = figures.resolve().relative_to(out.parent.resolve()).as_posix()
     except ValueError:
         link = figures.resolve().as_posix()
-    context = ReportContext(root=root, figures=figures, figures_link=link, comparisons=out.parent / "results" / "compare")
+    context = ReportContext(
+        root=root, figures=figures, figures_link=link, comparisons=out.parent / "results" / "compare"
+    )
     archive_comparisons(root, context.comparisons)
     contents = {}
     for name in chosen:
@@ -85,9 +91,11 @@ def add_commands(commands) -> None:
     parser.add_argument("--out", default="docs/RESULTS.md", help="markdown file (default: %(default)s)")
     parser.add_argument("--figures", help="figures folder (default: 'figures' next to --out)")
     parser.add_argument("--section", nargs="+", help="only these sections (default: every registered one)")
-    parser.add_argument("--readme", default="README.md",
-                        help="also rewrite the verdicts table of this file, where it has the markers (default: "
-                             "%(default)s)")
+    parser.add_argument(
+        "--readme",
+        default="README.md",
+        help="also rewrite the verdicts table of this file, where it has the markers (default: %(default)s)",
+    )
     parser.set_defaults(handler=_report_command)
 
 

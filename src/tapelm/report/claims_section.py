@@ -20,8 +20,9 @@ from .sections import ReportContext, register_section
 SCALES = {"laptop": DEFAULT_PRESET, "GPU": GPU}  # a scale's name and the preset its comparisons are run at
 
 
-def _best_comparison(summaries: list[dict[str, Any]], claim: claims.Claim,
-                     current_hash: str | None) -> dict[str, Any] | None:
+def _best_comparison(
+    summaries: list[dict[str, Any]], claim: claims.Claim, current_hash: str | None
+) -> dict[str, Any] | None:
     """Of one task's archived comparisons (oldest first) in the claim's design, the one at the current recipe's
     `current_hash` if it has the claim's subject, else the one with the subject that has the most finished runs
     (ties: the newest)."""
@@ -39,8 +40,16 @@ def _best_comparison(summaries: list[dict[str, Any]], claim: claims.Claim,
 
 def _planned(claim: claims.Claim, preset: str) -> OwedComparison | None:
     """The comparison `tapelm stage` plans at `preset` for the claim's task and design, if any."""
-    return next((owed for owed in AT_GPU_SCALE if owed.preset == preset and owed.task == claim.task
-                 and claim.fits({"task": owed.task, "record": {"task_options": dict(owed.task_options)}})), None)
+    return next(
+        (
+            owed
+            for owed in AT_GPU_SCALE
+            if owed.preset == preset
+            and owed.task == claim.task
+            and claim.fits({"task": owed.task, "record": {"task_options": dict(owed.task_options)}})
+        ),
+        None,
+    )
 
 
 def current_hash(claim: claims.Claim, preset: str) -> str | None:
@@ -66,26 +75,36 @@ def judge_at_scale(claim: claims.Claim, summary: dict[str, Any] | None, preset: 
     if all(complete) or not (complete[0] and seeds.get("rope", 0) >= planned.seeds):
         return claims.judge(claim, summary)
     result, lines = claims.judge(replace(claim, baselines=("rope",)), summary)
-    return result + PAIR_ONLY, lines + [f"the other baselines ({', '.join(b for b in claim.baselines if b != 'rope')})"
-                                        f" lack some of the planned {planned.seeds} seeds: judged on TAPE against "
-                                        "RoPE only"]
+    return result + PAIR_ONLY, lines + [
+        f"the other baselines ({', '.join(b for b in claim.baselines if b != 'rope')})"
+        f" lack some of the planned {planned.seeds} seeds: judged on TAPE against "
+        "RoPE only"
+    ]
 
 
 def _summaries(archive: Path, task: str) -> list[dict[str, Any]]:
     """The archived comparisons of `task`, aggregated, oldest first."""
-    return [aggregate(directory, write=False) for directory in
-            sorted(archived_comparisons(archive, task), key=lambda p: (p / COMPARISON_FILE).stat().st_mtime)]
+    return [
+        aggregate(directory, write=False)
+        for directory in sorted(
+            archived_comparisons(archive, task), key=lambda p: (p / COMPARISON_FILE).stat().st_mtime
+        )
+    ]
 
 
-def judge_all(context: ReportContext, preset: str = DEFAULT_PRESET
-              ) -> list[tuple[claims.Claim, dict[str, Any] | None, str, list[str]]] | None:
+def judge_all(
+    context: ReportContext, preset: str = DEFAULT_PRESET
+) -> list[tuple[claims.Claim, dict[str, Any] | None, str, list[str]]] | None:
     """Every claim with the comparison at `preset` it is judged on, its verdict and one line per baseline; None
     when no claim has results at that preset."""
     judged, by_task = [], {}
     for claim in claims.CLAIMS:
         if claim.task not in by_task:
-            by_task[claim.task] = [summary for summary in _summaries(context.comparisons, claim.task)
-                                   if summary["record"]["preset"] == preset]
+            by_task[claim.task] = [
+                summary
+                for summary in _summaries(context.comparisons, claim.task)
+                if summary["record"]["preset"] == preset
+            ]
         summary = _best_comparison(by_task[claim.task], claim, current_hash(claim, preset))
         judged.append((claim, summary, *judge_at_scale(claim, summary, preset)))
     if all(result == "not run" for _, _, result, _ in judged):
@@ -118,8 +137,10 @@ def build_verdicts(context: ReportContext) -> str | None:
     if by_scale is None and not extension:
         return None
     lines = ["| the paper's claim | " + " | ".join(SCALES) + " |", "|---|" + "---|" * len(SCALES)]
-    lines += [f"| {claim.statement} | " + " | ".join(_verdict(by_scale or {}, scale, index) for scale in SCALES) + " |"
-              for index, claim in enumerate(claims.CLAIMS)]
+    lines += [
+        f"| {claim.statement} | " + " | ".join(_verdict(by_scale or {}, scale, index) for scale in SCALES) + " |"
+        for index, claim in enumerate(claims.CLAIMS)
+    ]
     lines += [f"| {claim['statement']} | **{claim['verdict']}** | not run |" for claim in extension]
     return "\n".join(lines)
 
@@ -130,29 +151,39 @@ def build(context: ReportContext) -> str | None:
         return None
     by_scale = by_scale or {}
     doc = (claims.__doc__ or "").split("\n\n", 1)[1].strip().replace("\n", " ")
-    lines = [doc + " Each scale is judged on its own comparisons (laptop: the `cpu-small` preset; GPU: the `gpu` "
-             "preset, run in pieces by `tapelm stage`; docs/RECIPES.md says what each recipe is).", "",
-             "| claim | " + " | ".join(f"{scale} comparison | {scale}" for scale in SCALES) + " |",
-             "|---|" + "---|---|" * len(SCALES)]
+    lines = [
+        doc + " Each scale is judged on its own comparisons (laptop: the `cpu-small` preset; GPU: the `gpu` "
+        "preset, run in pieces by `tapelm stage`; docs/RECIPES.md says what each recipe is).",
+        "",
+        "| claim | " + " | ".join(f"{scale} comparison | {scale}" for scale in SCALES) + " |",
+        "|---|" + "---|---|" * len(SCALES),
+    ]
     for index, claim in enumerate(claims.CLAIMS):
         cells = []
         for scale in SCALES:
             summary = by_scale[scale][index][1] if scale in by_scale else None
-            cells += [f"`{claim.task}` {summary['settings_hash']}" if summary else "–",
-                      _verdict(by_scale, scale, index)]
+            cells += [
+                f"`{claim.task}` {summary['settings_hash']}" if summary else "–",
+                _verdict(by_scale, scale, index),
+            ]
         lines.append(f"| {claim.statement} | " + " | ".join(cells) + " |")
-    lines += [f"| {claim['statement']} | `tapelm extend` | **{claim['verdict']}** | – | not run |"
-              for claim in extension]
+    lines += [
+        f"| {claim['statement']} | `tapelm extend` | **{claim['verdict']}** | – | not run |" for claim in extension
+    ]
     for scale, judged in by_scale.items():
         for claim, summary, result, details in judged:
             if summary is None:
                 continue
             seeds = sorted({seed for row in summary["rows"].values() for seed in row["seeds"]})
-            lines += ["", f"**{claim.name}** at {scale} scale ({claim.headline.replace('_', '-')}, "
-                      f"{summary['metric'].replace('_', ' ')}, seeds {','.join(map(str, seeds))}): **{result}**.", ""]
+            lines += [
+                "",
+                f"**{claim.name}** at {scale} scale ({claim.headline.replace('_', '-')}, "
+                f"{summary['metric'].replace('_', ' ')}, seeds {','.join(map(str, seeds))}): **{result}**.",
+                "",
+            ]
             lines += [f"- {line}" for line in details]
     for claim in extension:
-        lines += ["", f"**{claim['name']}**: **{claim['verdict']}** (section \"Context extension\").", ""]
+        lines += ["", f'**{claim["name"]}**: **{claim["verdict"]}** (section "Context extension").', ""]
         lines += [f"- {line}" for line in claim["details"]]
     return "\n".join(lines)
 

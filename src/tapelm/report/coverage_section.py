@@ -17,11 +17,15 @@ def _status(owed: plan.OwedComparison, missing: dict[str, int]) -> str:
 
 
 def build(context: ReportContext) -> str:
-    lines = [f"{plan.__doc__.split(':', 1)[0].replace(chr(10), ' ')}: complete when every row has finished seeds "
-             "0 .. n-1 at its recipe (the folder named by its settings hash); the last column runs what is missing "
-             "and reuses every finished run, cached in runs/ or archived here. The comparisons at GPU scale run in "
-             "pieces on lent GPUs (`tapelm stage`, docs/RECIPES.md).", "",
-             "| comparison | rows | seeds each | status | to continue |", "|---|---|---:|---|---|"]
+    lines = [
+        f"{plan.__doc__.split(':', 1)[0].replace(chr(10), ' ')}: complete when every row has finished seeds "
+        "0 .. n-1 at its recipe (the folder named by its settings hash); the last column runs what is missing "
+        "and reuses every finished run, cached in runs/ or archived here. The comparisons at GPU scale run in "
+        "pieces on lent GPUs (`tapelm stage`, docs/RECIPES.md).",
+        "",
+        "| comparison | rows | seeds each | status | to continue |",
+        "|---|---|---:|---|---|",
+    ]
     for owed in (*plan.OWED, *plan.AT_GPU_SCALE):
         settings_hash = owed.settings_hash()
         directory = context.comparisons / owed.task / settings_hash
@@ -29,8 +33,10 @@ def build(context: ReportContext) -> str:
         missing = owed.missing(finished)
         command = f"`{owed.command(list(missing), context.comparisons.as_posix())}`" if missing else ""
         scale = ", GPU scale" if owed.preset == plan.GPU else ""
-        lines.append(f"| `{owed.task}` {settings_hash}, {owed.label}{scale} | {' '.join(owed.rows)} | {owed.seeds} | "
-                     f"{_status(owed, missing)} | {command} |")
+        lines.append(
+            f"| `{owed.task}` {settings_hash}, {owed.label}{scale} | {' '.join(owed.rows)} | {owed.seeds} | "
+            f"{_status(owed, missing)} | {command} |"
+        )
     return "\n".join(lines)
 
 

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..experiments.archive import archived_comparisons
 from ..experiments.claims import learned_threshold, seeds_reaching
 from ..experiments.evaluate import higher_is_better
 from ..experiments.plan import GPU, superseded_by
 from ..experiments.statistics import verdict
 from ..experiments.variants import ABLATIONS, VARIANTS
-from ..experiments.archive import archived_comparisons
 from .sections import ReportContext, register_section
 
 TASK_ORDER = ("addition", "passkey", "mqar", "flipflop", "text")
@@ -39,8 +39,9 @@ def build(context: ReportContext) -> str | None:
             results = {pe: by_seed for pe, by_seed in everything.items() if pe in names}
             prefix = f"{summary['settings_hash']}-{group + '-' if group else ''}"
             figures = write_figures(summary, results, context.figures, prefix=prefix)
-            (context.figures / f"{prefix}{summary['task']}-summary.json").write_text(json.dumps(
-                {k: v for k, v in summary.items() if k != "table"}, indent=1))
+            (context.figures / f"{prefix}{summary['task']}-summary.json").write_text(
+                json.dumps({k: v for k, v in summary.items() if k != "table"}, indent=1)
+            )
             parts.append(_subsection(summary, results, figures, context, group))
     if not parts:
         return None
@@ -67,7 +68,8 @@ INTRO = (
     "operands within the training digits; flip-flop: the training length and ignore rate), *longer* the rest "
     "(for flip-flop also its sparse and dense splits at the training length); *all* is the mean over every "
     "evaluation condition (for addition the paper's heatmap average). Perplexities are averaged as "
-    "log-perplexities.")
+    "log-perplexities."
+)
 
 
 def _settings_line(summary: dict[str, Any], results: dict) -> str:
@@ -77,13 +79,13 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
     train = record["train"]
     env = first.get("environment", {})
     device = env.get("device", "cpu")
-    seconds = [r.get("session_seconds") for by_seed in results.values() for r in by_seed.values()
-               if r.get("session_seconds")]
+    seconds = [
+        r.get("session_seconds") for by_seed in results.values() for r in by_seed.values() if r.get("session_seconds")
+    ]
     timing = ""
     if seconds:
         where = "this machine, shared with other jobs" if device == "cpu" else device
-        timing = (f" Wall time per run (train + eval, {where}): "
-                  f"{min(seconds) / 60:.1f}–{max(seconds) / 60:.1f} min.")
+        timing = f" Wall time per run (train + eval, {where}): {min(seconds) / 60:.1f}–{max(seconds) / 60:.1f} min."
     layers = model["num_hidden_layers"]
     matched = " (baselines widened to TAPE’s parameter count)" if record["match_params"] else ""
     return (
@@ -97,8 +99,8 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
         f"{' (spans of train_length tokens)' if summary['task'] == 'text' else ''}."
         f"{_corpus_note(summary['task'], record['task_options'])} "
         f"Commit `{env.get('commit', '?')[:10]}`, torch {env.get('torch', '?')}, "
-        f"{env.get('cpu', '?') if device == 'cpu' else device}."
-        + timing)
+        f"{env.get('cpu', '?') if device == 'cpu' else device}." + timing
+    )
 
 
 def _recipe_note(summary: dict[str, Any]) -> str:
@@ -113,17 +115,27 @@ def _corpus_note(task: str, options: dict[str, Any]) -> str:
     return f" Corpus: {corpus}, tokenizer {options.get('tokenizer', 'byte')}."
 
 
-def _subsection(summary: dict[str, Any], results: dict, figures: list[str], context: ReportContext,
-                group: str = "") -> str:
+def _subsection(
+    summary: dict[str, Any], results: dict, figures: list[str], context: ReportContext, group: str = ""
+) -> str:
     task = summary["task"]
     # The encodings' table lists the commands that ran encodings only; the ablation table every command that ran
     # one of its rows (its TAPE and RoPE rows usually come from the encodings' comparison).
-    commands = [c for c in summary["record"]["commands"] if set(c.split()) & set(summary["rows"])
-                and (group or not set(c.split()) & set(VARIANTS))]
+    commands = [
+        c
+        for c in summary["record"]["commands"]
+        if set(c.split()) & set(summary["rows"]) and (group or not set(c.split()) & set(VARIANTS))
+    ]
     title = f"{task} — {'ablation: ' if group else ''}{', '.join(summary['rows'])}"
-    lines = [f"### {title}", "", _settings_line(summary, results), "",
-             "Commands (run from the repository root; results are cached in `runs/`, so rerunning continues):", "",
-             "```bash"]
+    lines = [
+        f"### {title}",
+        "",
+        _settings_line(summary, results),
+        "",
+        "Commands (run from the repository root; results are cached in `runs/`, so rerunning continues):",
+        "",
+        "```bash",
+    ]
     lines += commands + ["tapelm report", "```", "", summary["table"], ""]
     if summary["missing"]:
         lines += [f"Not finished (no cached result yet): {', '.join(summary['missing'])}.", ""]
@@ -153,8 +165,10 @@ def _late_trend(curves: dict[str, list]) -> str:
     steps = steps[0]
     late = min(range(len(steps) - 1), key=lambda i: abs(steps[i] - 0.75 * steps[-1]))
     before, after = (sum(points[i][1] for points in curves.values()) / len(curves) for i in (late, -1))
-    return (f"learning curves, mean over seeds: {_pct(before)} at step {steps[late]:,}, {_pct(after)} at "
-            f"{steps[-1]:,}, {'still rising' if after - before > 0.02 else 'flat'}")
+    return (
+        f"learning curves, mean over seeds: {_pct(before)} at step {steps[late]:,}, {_pct(after)} at "
+        f"{steps[-1]:,}, {'still rising' if after - before > 0.02 else 'flat'}"
+    )
 
 
 def _seeds_learning(rows: dict[str, Any], floor: float) -> str:
@@ -174,20 +188,24 @@ def _versus_tape(summary: dict[str, Any], unlearned: list[str]) -> list[str]:
     for pe, differences in summary.get("paired", {}).items():
         groups.setdefault(verdict(differences["longer"], higher_is_better(metric)), []).append(pe)
     measure, unchanged = ("ratio", "1") if metric == "perplexity" else ("difference", "zero")
-    sentences = {"better": f"TAPE is ahead of {{}} on the longer lengths (the 95% interval of the paired {measure} "
-                           f"excludes {unchanged}).",
-                 "worse": f"TAPE is behind {{}} on the longer lengths (the 95% interval of the paired {measure} "
-                          f"excludes {unchanged}).",
-                 "no difference shown": f"On the longer lengths the paired 95% interval includes {unchanged} against "
-                                        "{}: no difference shown at this number of seeds.",
-                 "too few seeds": "Against {} there are fewer than two shared seeds: no interval."}
+    sentences = {
+        "better": f"TAPE is ahead of {{}} on the longer lengths (the 95% interval of the paired {measure} "
+        f"excludes {unchanged}).",
+        "worse": f"TAPE is behind {{}} on the longer lengths (the 95% interval of the paired {measure} "
+        f"excludes {unchanged}).",
+        "no difference shown": f"On the longer lengths the paired 95% interval includes {unchanged} against "
+        "{}: no difference shown at this number of seeds.",
+        "too few seeds": "Against {} there are fewer than two shared seeds: no interval.",
+    }
     out = []
     for name, pes in groups.items():
         out.append(sentences[name].format(", ".join(pes)))
         confounded = pes if "tape" in unlearned else [pe for pe in pes if pe in unlearned]
         if name in ("better", "worse") and confounded:
-            out[-1] += (f" {'TAPE' if 'tape' in unlearned else ', '.join(confounded)} did not learn the task in "
-                        "distribution, so this gap mixes learning with length generalisation.")
+            out[-1] += (
+                f" {'TAPE' if 'tape' in unlearned else ', '.join(confounded)} did not learn the task in "
+                "distribution, so this gap mixes learning with length generalisation."
+            )
     return out
 
 
@@ -197,8 +215,11 @@ def _ranking(rows: dict[str, Any], metric: str, label: str, higher: bool) -> str
         shown = _value(next(iter(rows.values()))["longer"], metric)
         return f"{label} longer than training: every encoding scores {shown}."
     ranked = sorted(rows, key=lambda pe: values[pe], reverse=higher)
-    return f"{label} longer than training, best first: " + ", ".join(
-        f"{pe} {_value(rows[pe]['longer'], metric)}" for pe in ranked) + "."
+    return (
+        f"{label} longer than training, best first: "
+        + ", ".join(f"{pe} {_value(rows[pe]['longer'], metric)}" for pe in ranked)
+        + "."
+    )
 
 
 def reading(summary: dict[str, Any]) -> list[str]:
@@ -215,74 +236,104 @@ def reading(summary: dict[str, Any]) -> list[str]:
         unlearned = [pe for pe, row in rows.items() if row["in_distribution"]["mean"] < floor]
         learned = [pe for pe in rows if pe not in unlearned]
         if learned:
-            out.append(f"Learned in distribution (≥ {_pct(floor)} {metric.replace('_', ' ')}): " + ", ".join(
-                f"{pe} {_value(rows[pe]['in_distribution'], metric)}" for pe in learned) + ".")
+            out.append(
+                f"Learned in distribution (≥ {_pct(floor)} {metric.replace('_', ' ')}): "
+                + ", ".join(f"{pe} {_value(rows[pe]['in_distribution'], metric)}" for pe in learned)
+                + "."
+            )
         if unlearned:
             trends = {pe: _late_trend(summary.get("learning_curves", {}).get(pe, {})) for pe in unlearned}
-            out.append(f"Below {_pct(floor)} {metric.replace('_', ' ')} in distribution, i.e. the task is not "
-                       f"learned at this budget and exact-match length generalisation cannot show: "
-                       + ", ".join(f"{pe} ({trends[pe]})" if trends[pe] else pe for pe in unlearned) + ".")
+            out.append(
+                f"Below {_pct(floor)} {metric.replace('_', ' ')} in distribution, i.e. the task is not "
+                f"learned at this budget and exact-match length generalisation cannot show: "
+                + ", ".join(f"{pe} ({trends[pe]})" if trends[pe] else pe for pe in unlearned)
+                + "."
+            )
         out.append(_seeds_learning(rows, floor))
         if tokens:
             chance = " (chance is about 10% per digit)" if task == "addition" else ""
-            out.append(f"Token accuracy in distribution / on longer inputs{chance}: " + ", ".join(
-                f"{pe} {_pct(t['in_distribution']['mean'])} / {_pct(t['longer']['mean'])}" for pe, t in tokens.items())
-                + ".")
+            out.append(
+                f"Token accuracy in distribution / on longer inputs{chance}: "
+                + ", ".join(
+                    f"{pe} {_pct(t['in_distribution']['mean'])} / {_pct(t['longer']['mean'])}"
+                    for pe, t in tokens.items()
+                )
+                + "."
+            )
     else:
         best = min(rows, key=lambda pe: rows[pe]["in_distribution"]["mean"])
         out.append(f"Lowest in-distribution perplexity: {best} ({_value(rows[best]['in_distribution'], metric)}).")
         blown = [pe for pe, row in rows.items() if row["longer"]["mean"] > 1.5 * row["in_distribution"]["mean"]]
         if blown:
-            out.append(f"Perplexity grows by more than 1.5x beyond the training length for: {', '.join(blown)} "
-                       "(they do not extrapolate); the others stay within 1.5x.")
+            out.append(
+                f"Perplexity grows by more than 1.5x beyond the training length for: {', '.join(blown)} "
+                "(they do not extrapolate); the others stay within 1.5x."
+            )
     out.append(_ranking(rows, metric, metric.replace("_", " ").capitalize(), higher))
     if tokens:
         out.append(_ranking(tokens, "accuracy", "Token accuracy", True))
     out += _versus_tape(summary, unlearned)
     if tokens and task in ("passkey", "multikey"):
-        out.append("Passkey token accuracy includes the space and the closing period of the answer ' K.', 2 of "
-                   "its (mostly 7) tokens: an encoding near 30% on it may retrieve no digit at all.")
+        out.append(
+            "Passkey token accuracy includes the space and the closing period of the answer ' K.', 2 of "
+            "its (mostly 7) tokens: an encoding near 30% on it may retrieve no digit at all."
+        )
     if tokens and task == "addition":
-        out.append("Token accuracy on longer operands counts mostly the first (least significant) answer digits, "
-                   "so it measures partial length generalisation, not the ability to add longer numbers.")
+        out.append(
+            "Token accuracy on longer operands counts mostly the first (least significant) answer digits, "
+            "so it measures partial length generalisation, not the ability to add longer numbers."
+        )
     if task == "flipflop":
         from ..experiments.tasks.flipflop import DENSE_P_IGNORE, SPARSE_P_IGNORE
 
-        out.append(f"Each 'len' column (and each point of the by-length figure) averages flip-flop's three "
-                   f"splits at that length: the training ignore rate, sparse (ignore rate {SPARSE_P_IGNORE}) and "
-                   f"dense ({DENSE_P_IGNORE}); so the column at the training length sits below the in-distribution "
-                   "number, which is the training split alone.")
+        out.append(
+            f"Each 'len' column (and each point of the by-length figure) averages flip-flop's three "
+            f"splits at that length: the training ignore rate, sparse (ignore rate {SPARSE_P_IGNORE}) and "
+            f"dense ({DENSE_P_IGNORE}); so the column at the training length sits below the in-distribution "
+            "number, which is the training split alone."
+        )
     if tokens and task == "word_problem":
         from ..experiments.tasks.word_problem import group_elements
 
         group = summary["record"]["task_options"].get("group", "S3")
-        out.append(f"Word-problem token accuracy is the share of running products right; guessing gives "
-                   f"1/|{group}| = {_pct(1 / len(group_elements(group)))}. A longer sequence starts with as many "
-                   "products as training had, so its token accuracy stays above chance even for a model that "
-                   "tracks nothing beyond the training length; exact match needs every product right.")
+        out.append(
+            f"Word-problem token accuracy is the share of running products right; guessing gives "
+            f"1/|{group}| = {_pct(1 / len(group_elements(group)))}. A longer sequence starts with as many "
+            "products as training had, so its token accuracy stays above chance even for a model that "
+            "tracks nothing beyond the training length; exact match needs every product right."
+        )
     if task == "mqar":
         options = summary.get("record", {}).get("task_options", {})
         pairs = [options.get("num_pairs", 8) * m for m in options.get("eval_multipliers", (1, 2, 4))]
-        out.append("MQAR accuracy is the share of queries answered. A model that has learned the format but not "
-                   "recall, answering each query with a value not yet asked for, scores H(n)/n for n pairs (H the "
-                   "harmonic number): " + ", ".join(
-                       f"{_pct(sum(1 / k for k in range(1, n + 1)) / n)} at {n}" for n in pairs) + ".")
+        out.append(
+            "MQAR accuracy is the share of queries answered. A model that has learned the format but not "
+            "recall, answering each query with a value not yet asked for, scores H(n)/n for n pairs (H the "
+            "harmonic number): "
+            + ", ".join(f"{_pct(sum(1 / k for k in range(1, n + 1)) / n)} at {n}" for n in pairs)
+            + "."
+        )
     if "tape-non-equivariant" in summary.get("state_norms", {}):
         out.append(_stability(summary["state_norms"]))
     if task == "addition":
         shown = ", ".join(f"{pe} {v}" for pe, v in PAPER_ADDITION.items() if pe in rows)
         if shown:
-            out.append(f"For scale: the paper's heatmap averages (train ≤ 40 digits, test ≤ 80, a much larger "
-                       f"model trained far longer) are {shown} (%). These runs are not a replication of that setting.")
-    scale = ("the models are tiny and briefly trained ({} seed(s), a few minutes of CPU each)"
-             if summary.get("record", {}).get("preset") != GPU else "the models are the laptop's six times wider, "
-             "trained with about 1,000x its compute ({} seed(s), minutes of a GPU each), still far from the paper's "
-             "12 x 768 models trained for hours")
+            out.append(
+                f"For scale: the paper's heatmap averages (train ≤ 40 digits, test ≤ 80, a much larger "
+                f"model trained far longer) are {shown} (%). These runs are not a replication of that setting."
+            )
+    scale = (
+        "the models are tiny and briefly trained ({} seed(s), a few minutes of CPU each)"
+        if summary.get("record", {}).get("preset") != GPU
+        else "the models are the laptop's six times wider, "
+        "trained with about 1,000x its compute ({} seed(s), minutes of a GPU each), still far from the paper's "
+        "12 x 768 models trained for hours"
+    )
     out.append(
         f"What this does not show: {scale.format(len(seeds))}, so differences in length generalisation here are "
         "weak evidence about the encodings at the paper's scale; a null result here is not evidence that TAPE does "
         "not help there. The test sets are small (see the settings line), so per-cell values in the figures are "
-        "noisy.")
+        "noisy."
+    )
     return out
 
 
@@ -293,10 +344,12 @@ def _stability(state_norms: dict[str, dict[str, list]]) -> str:
     for pe, found in state_norms.items():
         last = [norms[-1] for norms in found["norms"]]
         parts.append(f"{pe} {last[-1]:.3f} at step {found['steps'][-1]} (range {min(last):.3f}–{max(last):.3f})")
-    return ("Norm of TAPE's positional state leaving the last layer, relative to E0, at the last in-training "
-            "evaluation and its range over training: " + "; ".join(parts) + ". The paper reports that without "
-            "orthogonal equivariance the positions become unstable late in training: that would show as a norm "
-            "that keeps growing.")
+    return (
+        "Norm of TAPE's positional state leaving the last layer, relative to E0, at the last in-training "
+        "evaluation and its range over training: " + "; ".join(parts) + ". The paper reports that without "
+        "orthogonal equivariance the positions become unstable late in training: that would show as a norm "
+        "that keeps growing."
+    )
 
 
 register_section("task-comparison", "Task comparisons (`tapelm compare`)", build)

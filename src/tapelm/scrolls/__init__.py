@@ -11,5 +11,17 @@ from .data import Example, load_examples, load_rows, references
 from .metrics import average_score, normalize_answer, score
 from .tasks import ALL_TASKS, LAPTOP_TASKS, PAPER_RESULTS, TASKS, get_task
 
-__all__ = ["score", "average_score", "normalize_answer", "load_examples", "load_rows", "references", "Example",
-           "TASKS", "LAPTOP_TASKS", "ALL_TASKS", "PAPER_RESULTS", "get_task"]
+__all__ = [
+    "score",
+    "average_score",
+    "normalize_answer",
+    "load_examples",
+    "load_rows",
+    "references",
+    "Example",
+    "TASKS",
+    "LAPTOP_TASKS",
+    "ALL_TASKS",
+    "PAPER_RESULTS",
+    "get_task",
+]

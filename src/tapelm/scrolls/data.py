@@ -19,7 +19,6 @@ prediction and scoring use).
 from __future__ import annotations
 
 import json
-
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,11 +58,15 @@ def resolve_file(data: str | Path, split: str) -> Path:
         for suffix in (".jsonl", ".parquet", ".json"):
             if (path / f"{split}{suffix}").is_file():
                 return path / f"{split}{suffix}"
-        raise ValueError(f"data folder '{path}' has no {split}.jsonl or {split}.parquet; pass a file or a folder "
-                         "in the SCROLLS release layout")
+        raise ValueError(
+            f"data folder '{path}' has no {split}.jsonl or {split}.parquet; pass a file or a folder "
+            "in the SCROLLS release layout"
+        )
     if not path.is_file():
-        raise ValueError(f"data path '{path}' does not exist; pass a .jsonl, .json or .parquet file, a folder with "
-                         f"{split}.jsonl, or 'hub' to download {HUB_DATASET}")
+        raise ValueError(
+            f"data path '{path}' does not exist; pass a .jsonl, .json or .parquet file, a folder with "
+            f"{split}.jsonl, or 'hub' to download {HUB_DATASET}"
+        )
     if path.suffix not in FORMATS:
         raise ValueError(f"data file '{path}' has suffix {path.suffix!r}; allowed: {', '.join(FORMATS)}")
     return path
@@ -79,9 +82,11 @@ def _load_dataset(task: str, split: str, data: str | Path | None):
             try:  # the Hub's own Parquet conversion of the script-based repository
                 return datasets.load_dataset(HUB_DATASET, task, split=split, revision="refs/convert/parquet")
             except Exception:
-                raise ValueError(f"could not load {HUB_DATASET} '{task}' split '{split}' from the Hub "
-                                 f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); download the "
-                                 "task's release zip and pass its folder with --data") from None
+                raise ValueError(
+                    f"could not load {HUB_DATASET} '{task}' split '{split}' from the Hub "
+                    f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); download the "
+                    "task's release zip and pass its folder with --data"
+                ) from None
     path = resolve_file(data, split)
     logging_was = datasets.utils.logging.get_verbosity()
     bars_were_off = datasets.utils.are_progress_bars_disabled()
@@ -106,8 +111,10 @@ def _unreadable(path: Path, error: Exception) -> str:
                     if line.strip():
                         json.loads(line)
                 except json.JSONDecodeError as bad:
-                    return (f"data file '{path}' line {number} is not valid JSON ({bad.msg}); each line must be one "
-                            "JSON object with id, input and output")
+                    return (
+                        f"data file '{path}' line {number} is not valid JSON ({bad.msg}); each line must be one "
+                        "JSON object with id, input and output"
+                    )
     reason = (str(error).strip().splitlines() or [""])[0][:200]
     return f"data file '{path}' cannot be read as {path.suffix[1:]} ({type(error).__name__}: {reason})"
 
@@ -119,8 +126,10 @@ def load_rows(task: str, split: str, data: str | Path | None = None, limit: int 
     table = _load_dataset(task, split, data)
     missing = [name for name in FIELDS if name not in table.column_names]
     if missing:
-        raise ValueError(f"SCROLLS data for '{task}' ({split}) lacks the field '{missing[0]}'; each row needs "
-                         f"{', '.join(FIELDS)} (and usually pid); it has: {', '.join(table.column_names)}")
+        raise ValueError(
+            f"SCROLLS data for '{task}' ({split}) lacks the field '{missing[0]}'; each row needs "
+            f"{', '.join(FIELDS)} (and usually pid); it has: {', '.join(table.column_names)}"
+        )
     rows, seen = [], set()
     for record in table.select_columns(list(FIELDS)):
         key = str(record["id"])
@@ -156,5 +165,15 @@ def references(examples: list[Example]) -> dict[str, list[str]]:
     return {example.id: list(example.outputs) for example in examples}
 
 
-__all__ = ["HUB_DATASET", "SPLITS", "Row", "Example", "load_rows", "load_examples", "group_rows", "references",
-           "resolve_file", "check_split"]
+__all__ = [
+    "HUB_DATASET",
+    "SPLITS",
+    "Row",
+    "Example",
+    "load_rows",
+    "load_examples",
+    "group_rows",
+    "references",
+    "resolve_file",
+    "check_split",
+]

@@ -44,13 +44,43 @@ from .tasks import get_task
 logger = logging.getLogger(__name__)
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {"context": 8192, "train": TrainSettings(
-        steps=1000, lr=1e-5, warmup=100, schedule="polynomial", min_lr_ratio=0.0, weight_decay=0.0, batch_size=1,
-        grad_accum=64, clip=1.0, mixed_precision="bf16", grad_checkpointing=True, checkpoint_every=100, keep_last=2,
-        log_every=10)},
-    "cpu-small": {"context_multiplier": 4, "target_cap_share": 0.25, "train": TrainSettings(
-        steps=150, lr=1e-3, warmup=15, schedule="polynomial", min_lr_ratio=0.0, weight_decay=0.0, batch_size=8,
-        grad_accum=1, clip=1.0, checkpoint_every=50, keep_last=1, log_every=10)},
+    "paper": {
+        "context": 8192,
+        "train": TrainSettings(
+            steps=1000,
+            lr=1e-5,
+            warmup=100,
+            schedule="polynomial",
+            min_lr_ratio=0.0,
+            weight_decay=0.0,
+            batch_size=1,
+            grad_accum=64,
+            clip=1.0,
+            mixed_precision="bf16",
+            grad_checkpointing=True,
+            checkpoint_every=100,
+            keep_last=2,
+            log_every=10,
+        ),
+    },
+    "cpu-small": {
+        "context_multiplier": 4,
+        "target_cap_share": 0.25,
+        "train": TrainSettings(
+            steps=150,
+            lr=1e-3,
+            warmup=15,
+            schedule="polynomial",
+            min_lr_ratio=0.0,
+            weight_decay=0.0,
+            batch_size=8,
+            grad_accum=1,
+            clip=1.0,
+            checkpoint_every=50,
+            keep_last=1,
+            log_every=10,
+        ),
+    },
 }
 
 
@@ -149,14 +179,24 @@ class TrainingStream:
 
 
 def _identity(spec: FinetuneSpec, context: int, target_cap: int, source) -> dict[str, Any]:
-    return {"source": str(spec.source), "task": spec.task, "data": None if spec.data is None else str(spec.data),
-            "preset": spec.preset, "context": context, "target_cap": target_cap,
-            "position_interpolation": spec.position_interpolation, "pretrained_length": source.pretrained_length,
-            "pe": source.model.config.pe_type, "limit": spec.limit, "train": spec.settings().to_dict()}
+    return {
+        "source": str(spec.source),
+        "task": spec.task,
+        "data": None if spec.data is None else str(spec.data),
+        "preset": spec.preset,
+        "context": context,
+        "target_cap": target_cap,
+        "position_interpolation": spec.position_interpolation,
+        "pretrained_length": source.pretrained_length,
+        "pe": source.model.config.pe_type,
+        "limit": spec.limit,
+        "train": spec.settings().to_dict(),
+    }
 
 
-def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, progress: bool = True,
-             stop_after: int | None = None) -> dict[str, Any]:
+def finetune(
+    spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, progress: bool = True, stop_after: int | None = None
+) -> dict[str, Any]:
     """Fine-tune `spec.source` on `spec.task`'s training rows; returns the run record (also scrolls.json)."""
     check_spec(spec)
     run_dir = Path(run_dir)
@@ -173,9 +213,14 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
     sample = np.random.default_rng(spec.seed).permutation(len(rows))[:256]
     dropped = check_document_room(task, source.codec, [rows[int(i)].input for i in sample], prompts)
     if dropped:
-        logger.warning("tapelm: %d of %d sampled training rows keep no document token at context=%d with "
-                       "target_cap=%d; raise --context or lower --target-cap", dropped, len(sample), context,
-                       prompts.target_cap)
+        logger.warning(
+            "tapelm: %d of %d sampled training rows keep no document token at context=%d with "
+            "target_cap=%d; raise --context or lower --target-cap",
+            dropped,
+            len(sample),
+            context,
+            prompts.target_cap,
+        )
     if spec.position_interpolation:  # rebuilt with the interpolation factor context / pretraining length
         source = load_source(spec.source, context, True, spec.pretrained_length, spec.pe)
     identity = _identity(spec, context, prompts.target_cap, source)
@@ -183,18 +228,30 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
     if record_path.exists():
         saved = json.loads(record_path.read_text())
         if saved.get("identity") != identity:
-            changed = sorted(k for k in set(saved.get("identity", {})) | set(identity)
-                             if saved.get("identity", {}).get(k) != identity.get(k))
-            raise CheckpointError(f"run directory '{run_dir}' belongs to another fine-tuning (different "
-                                  f"{', '.join(changed)}); choose another run directory")
+            changed = sorted(
+                k
+                for k in set(saved.get("identity", {})) | set(identity)
+                if saved.get("identity", {}).get(k) != identity.get(k)
+            )
+            raise CheckpointError(
+                f"run directory '{run_dir}' belongs to another fine-tuning (different "
+                f"{', '.join(changed)}); choose another run directory"
+            )
         if resume and saved.get("finished"):
             return saved
     examples = TokenizedRows(task, source.codec, rows, prompts)
-    record = {"identity": identity, "settings_hash": hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
-              .hexdigest()[:10], "tokenizer": source.tokenizer, "pretrained_length": source.pretrained_length,
-              "context": context, "target_cap": prompts.cap(task), "task": spec.task,
-              "training_rows": len(examples), "source_description": source.description,
-              "mean_training_tokens_of_256_rows": float(np.mean([len(examples[int(i)].ids) for i in sample]))}
+    record = {
+        "identity": identity,
+        "settings_hash": hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10],
+        "tokenizer": source.tokenizer,
+        "pretrained_length": source.pretrained_length,
+        "context": context,
+        "target_cap": prompts.cap(task),
+        "task": spec.task,
+        "training_rows": len(examples),
+        "source_description": source.description,
+        "mean_training_tokens_of_256_rows": float(np.mean([len(examples[int(i)].ids) for i in sample])),
+    }
     # The Accelerator comes first (see tapelm.experiments.runs.run_task); only the main process writes.
     accelerator = make_accelerator(settings)
     if accelerator.is_main_process:
@@ -203,8 +260,16 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
     accelerator.wait_for_everyone()
     torch.manual_seed(spec.seed)
     stream = TrainingStream(examples, source.codec.pad_id, settings.batch_size, spec.seed)
-    result = train(source.model, stream, settings, run_dir, resume=resume, progress=progress, stop_after=stop_after,
-                   accelerator=accelerator)
+    result = train(
+        source.model,
+        stream,
+        settings,
+        run_dir,
+        resume=resume,
+        progress=progress,
+        stop_after=stop_after,
+        accelerator=accelerator,
+    )
     done = result.start_step + len(result.losses) >= settings.steps
     if accelerator.is_main_process:
         if done and source.hf_tokenizer is not None:
@@ -213,13 +278,25 @@ def finetune(spec: FinetuneSpec, run_dir: str | Path, resume: bool = False, prog
             save_tokenizer(source.codec.tokenizer, run_dir / "model")
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         losses = [m["loss"] for m in metrics if "loss" in m]
-        record.update(finished=done, first_loss=losses[0] if losses else None,
-                      final_loss=losses[-1] if losses else None, train_seconds_this_session=result.seconds,
-                      tokens_this_session=result.tokens)
+        record.update(
+            finished=done,
+            first_loss=losses[0] if losses else None,
+            final_loss=losses[-1] if losses else None,
+            train_seconds_this_session=result.seconds,
+            tokens_this_session=result.tokens,
+        )
         write_json_atomically(record_path, record)
     accelerator.wait_for_everyone()
     return record
 
 
-__all__ = ["FinetuneSpec", "PRESETS", "finetune", "TrainingStream", "TokenizedRows", "get_preset", "check_spec",
-           "resolve_context"]
+__all__ = [
+    "FinetuneSpec",
+    "PRESETS",
+    "finetune",
+    "TrainingStream",
+    "TokenizedRows",
+    "get_preset",
+    "check_spec",
+    "resolve_context",
+]

@@ -66,8 +66,16 @@ def _example_seed(seed: int, example_id: str) -> int:
 
 
 @torch.no_grad()
-def predict(model, codec, task: ScrollsTask, examples: list[Example], out: str | Path, prompts: PromptSettings,
-            decode: DecodeSettings = DecodeSettings(), progress: bool = True) -> dict[str, str]:
+def predict(
+    model,
+    codec,
+    task: ScrollsTask,
+    examples: list[Example],
+    out: str | Path,
+    prompts: PromptSettings,
+    decode: DecodeSettings = DecodeSettings(),
+    progress: bool = True,
+) -> dict[str, str]:
     """Generate a prediction for every example whose id is not yet in `out`; returns all predictions (id -> text)."""
     decode.check()
     out = Path(out)
@@ -78,8 +86,14 @@ def predict(model, codec, task: ScrollsTask, examples: list[Example], out: str |
     device = next(model.parameters()).device
     model.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=f"predict {task.name}", unit="doc",
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(examples),
+        initial=len(examples) - len(todo),
+        desc=f"predict {task.name}",
+        unit="doc",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     try:
         for start in range(0, len(todo), decode.batch_size):
             batch = todo[start : start + decode.batch_size]
@@ -99,8 +113,8 @@ def _generate_batch(model, codec, task, batch, prompts, max_new, top_k, seed, de
     input_ids = torch.full((len(ids), width), codec.pad_id, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for row, sequence in enumerate(ids):
-        input_ids[row, width - len(sequence):] = torch.tensor(sequence)
-        mask[row, width - len(sequence):] = 1
+        input_ids[row, width - len(sequence) :] = torch.tensor(sequence)
+        mask[row, width - len(sequence) :] = 1
     options = dict(max_new_tokens=max_new, eos_token_id=codec.eos_id, pad_token_id=codec.pad_id, use_cache=True)
     if top_k > 1:
         torch.manual_seed(_example_seed(seed, batch[0].id))

@@ -81,8 +81,14 @@ class LaptopPlan:
         for pe in self.pes:
             if pe not in PE_TYPES:
                 raise ValueError(f"pe={pe!r} is not allowed; choose from: {', '.join(PE_TYPES)}")
-        for name in ("context_multiplier", "train_examples", "validation_examples", "steps", "batch_size",
-                     "predict_batch_size"):
+        for name in (
+            "context_multiplier",
+            "train_examples",
+            "validation_examples",
+            "steps",
+            "batch_size",
+            "predict_batch_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
@@ -137,8 +143,9 @@ def _qa_input(function: _Function, budget: int, rng: np.random.Generator) -> str
         return None
     before = int(rng.integers(0, 6))
     start = function.first
-    while start > 0 and function.first - start < before and \
-            len("".join(lines[start - 1 : function.doc_line + 1])) <= room:
+    while (
+        start > 0 and function.first - start < before and len("".join(lines[start - 1 : function.doc_line + 1])) <= room
+    ):
         start -= 1
     window = "".join(lines[start:])[:room]
     if not window.isascii() or function.summary not in window:
@@ -164,8 +171,9 @@ def _candidates(files: list[Path]) -> list[tuple[Path, _Function]]:
     return candidates
 
 
-def _rows(candidates: list[tuple[Path, _Function]], task: str, count: int, seed: int,
-          qa_budget: int) -> list[dict[str, str]]:
+def _rows(
+    candidates: list[tuple[Path, _Function]], task: str, count: int, seed: int, qa_budget: int
+) -> list[dict[str, str]]:
     order = np.random.default_rng([seed, 0 if task == QA_TASK else 1]).permutation(len(candidates))
     rows, seen = [], set()
     for index in order:
@@ -184,8 +192,9 @@ def _rows(candidates: list[tuple[Path, _Function]], task: str, count: int, seed:
     return rows
 
 
-def build_data(folder: str | Path, plan: LaptopPlan, pretrained_length: int,
-               files: list[Path] | None = None) -> dict[str, Any]:
+def build_data(
+    folder: str | Path, plan: LaptopPlan, pretrained_length: int, files: list[Path] | None = None
+) -> dict[str, Any]:
     """Write both tasks' train.jsonl / validation.jsonl in the SCROLLS release format under `folder`/TASK
     (rebuilt only when its description changes); returns the description (counts, caps, sources). `files`: the
     sorted source files (default: the standard library's, as the text task finds them)."""
@@ -195,12 +204,18 @@ def build_data(folder: str | Path, plan: LaptopPlan, pretrained_length: int,
     files = list(corpus_files(None)) if files is None else sorted(files)
     train_files = [f for i, f in enumerate(files) if i % VAL_EVERY]
     held_out = files[::VAL_EVERY]
-    description = {"version": DATA_VERSION, "context": context, "caps": CAPS, "seed": plan.seed,
-                   "train_examples": plan.train_examples, "validation_examples": plan.validation_examples,
-                   "corpus": "the *.py files of this Python's standard library (tapelm.experiments.tasks.text."
-                             "corpus_files(None)); validation from the held-out files (every 20th, sorted)",
-                   "python": platform.python_version(), "files": {"train": len(train_files),
-                                                                   "validation": len(held_out)}}
+    description = {
+        "version": DATA_VERSION,
+        "context": context,
+        "caps": CAPS,
+        "seed": plan.seed,
+        "train_examples": plan.train_examples,
+        "validation_examples": plan.validation_examples,
+        "corpus": "the *.py files of this Python's standard library (tapelm.experiments.tasks.text."
+        "corpus_files(None)); validation from the held-out files (every 20th, sorted)",
+        "python": platform.python_version(),
+        "files": {"train": len(train_files), "validation": len(held_out)},
+    }
     marker = folder / "description.json"
     if marker.exists() and json.loads(marker.read_text()).get("request") == description:
         return json.loads(marker.read_text())
@@ -246,10 +261,21 @@ def run_laptop(plan: LaptopPlan = LaptopPlan()) -> dict[str, dict[str, Any]]:
         examples = load_examples(task_name, "validation", folder)
         for pe, source in sources.items():
             run_dir = root / "scrolls-laptop" / f"{task_name}-{pe}"
-            spec = FinetuneSpec(source=str(source), task=task_name, data=str(folder), preset="cpu-small",
-                                context=data["context"], target_cap=CAPS[task_name], seed=plan.seed,
-                                train_options={"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr,
-                                               "warmup": plan.warmup})
+            spec = FinetuneSpec(
+                source=str(source),
+                task=task_name,
+                data=str(folder),
+                preset="cpu-small",
+                context=data["context"],
+                target_cap=CAPS[task_name],
+                seed=plan.seed,
+                train_options={
+                    "steps": plan.steps,
+                    "batch_size": plan.batch_size,
+                    "lr": plan.lr,
+                    "warmup": plan.warmup,
+                },
+            )
             tuned_at = time.time()
             record = finetune(spec, run_dir, resume=(run_dir / "settings.json").exists(), progress=plan.progress)
             tuned = time.time() - tuned_at
@@ -259,29 +285,51 @@ def run_laptop(plan: LaptopPlan = LaptopPlan()) -> dict[str, dict[str, Any]]:
             prompts = PromptSettings(record["context"], record["target_cap"])
             predicted_at = time.time()
             predictions_path = Path(plan.results) / "predictions" / f"{task_name}-{pe}.json"
-            predictions = predict(loaded.model, loaded.codec, task, examples, predictions_path, prompts,
-                                  DecodeSettings(batch_size=plan.predict_batch_size, seed=plan.seed),
-                                  progress=plan.progress)
+            predictions = predict(
+                loaded.model,
+                loaded.codec,
+                task,
+                examples,
+                predictions_path,
+                prompts,
+                DecodeSettings(batch_size=plan.predict_batch_size, seed=plan.seed),
+                progress=plan.progress,
+            )
             scores = score(task_name, {e.id: predictions[e.id] for e in examples}, references(examples))
             result = {
-                "task": task_name, "pe": pe, "scores": scores, "metric": task.metric,
-                "source_run": str(source), "pretrained_length": pretrained_length, "context": record["context"],
-                "target_cap": record["target_cap"], "train": record["identity"]["train"],
-                "training_rows": record["training_rows"], "first_loss": record["first_loss"],
-                "final_loss": record["final_loss"], "finetune_seconds": tuned,
-                "predict_seconds": time.time() - predicted_at, "validation_examples": len(examples),
+                "task": task_name,
+                "pe": pe,
+                "scores": scores,
+                "metric": task.metric,
+                "source_run": str(source),
+                "pretrained_length": pretrained_length,
+                "context": record["context"],
+                "target_cap": record["target_cap"],
+                "train": record["identity"]["train"],
+                "training_rows": record["training_rows"],
+                "first_loss": record["first_loss"],
+                "final_loss": record["final_loss"],
+                "finetune_seconds": tuned,
+                "predict_seconds": time.time() - predicted_at,
+                "validation_examples": len(examples),
                 "distinct_predictions": len({predictions[e.id] for e in examples}),
                 "decoding": "greedy" if not task.is_summary else "top-k 3 sampling",
-                "samples": [{"id": e.id, "reference": e.outputs[0], "prediction": predictions[e.id]}
-                            for e in examples[:3]],
+                "samples": [
+                    {"id": e.id, "reference": e.outputs[0], "prediction": predictions[e.id]} for e in examples[:3]
+                ],
                 "parameters": sum(p.numel() for p in loaded.model.parameters()),
                 "pretrain_seconds": json.loads((source / "result.json").read_text()).get("session_seconds"),
-                "environment": _environment(), "data": {k: v for k, v in data.items() if k != "request"},
+                "environment": _environment(),
+                "data": {k: v for k, v in data.items() if k != "request"},
             }
             write_json_atomically(Path(plan.results) / f"{task_name}-{pe}.json", result)
             results[f"{task_name}-{pe}"] = result
-    summary = {"command": COMMAND, "seconds": time.time() - started, "torch_threads": torch.get_num_threads(),
-               "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()}}
+    summary = {
+        "command": COMMAND,
+        "seconds": time.time() - started,
+        "torch_threads": torch.get_num_threads(),
+        "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(plan).items()},
+    }
     write_json_atomically(Path(plan.results) / "run.json", summary)
     if plan.markdown is not None:
         update_markdown(plan.markdown, plan.results)
@@ -315,8 +363,11 @@ def results_section(results_dir: str | Path) -> str | None:
     lines = [
         f"Produced by `{COMMAND}` (one command; resumable; one JSON per task and encoding in "
         f"`{Path(results_dir).as_posix()}`, their predictions in `predictions/`)"
-        + (f", {run_info['seconds'] / 60:.1f} min with {run_info['torch_threads']} torch thread(s)."
-           if run_info.get("seconds") else "."),
+        + (
+            f", {run_info['seconds'] / 60:.1f} min with {run_info['torch_threads']} torch thread(s)."
+            if run_info.get("seconds")
+            else "."
+        ),
         "",
         "**What this is.** Two toy tasks in the SCROLLS release format, built from the Python standard library's "
         "sources (validation examples from files held out of the text models' pretraining): "
@@ -326,8 +377,10 @@ def results_section(results_dir: str | Path) -> str | None:
         "numbers say nothing about the paper's SCROLLS table.",
         "",
         "Models: the cpu-small `text` models (`tapelm train --task text --pe tape|rope`, trained by the command "
-        "when absent" + _pretraining(results, pes) + "; " + ", ".join(
-            f"{pe} {_first_of(results, pe)['parameters']:,} parameters" for pe in pes)
+        "when absent"
+        + _pretraining(results, pes)
+        + "; "
+        + ", ".join(f"{pe} {_first_of(results, pe)['parameters']:,} parameters" for pe in pes)
         + f"; bytes as tokens, pretrained on {first['pretrained_length']}-token windows), "
         f"each fine-tuned per task at {first['context']} tokens ({first['context'] // first['pretrained_length']}x "
         f"the pretraining length) for {train['steps']} steps x batch {train['batch_size']} "
@@ -344,21 +397,41 @@ def results_section(results_dir: str | Path) -> str | None:
         if not any(row):
             continue
         metric = get_task(task).metric
-        lines.append(f"| `{task}` | {metric} | " + " | ".join(
-            f"{r['scores'][metric]:.2f}" if r else "–" for r in row) + " |")
-    rouge = [(task, pe) for task in LAPTOP_TASKS for pe in pes if f"{task}-{pe}" in results
-             and "rouge/rouge1" in results[f"{task}-{pe}"]["scores"]]
+        lines.append(
+            f"| `{task}` | {metric} | " + " | ".join(f"{r['scores'][metric]:.2f}" if r else "–" for r in row) + " |"
+        )
+    rouge = [
+        (task, pe)
+        for task in LAPTOP_TASKS
+        for pe in pes
+        if f"{task}-{pe}" in results and "rouge/rouge1" in results[f"{task}-{pe}"]["scores"]
+    ]
     if rouge:
-        lines += ["", "ROUGE-1 / ROUGE-2 / ROUGE-L of the summary task: " + "; ".join(
-            f"{pe} {s['rouge/rouge1']:.2f} / {s['rouge/rouge2']:.2f} / {s['rouge/rougeL']:.2f}"
-            for task, pe in rouge for s in [results[f"{task}-{pe}"]["scores"]]) + "."]
+        lines += [
+            "",
+            "ROUGE-1 / ROUGE-2 / ROUGE-L of the summary task: "
+            + "; ".join(
+                f"{pe} {s['rouge/rouge1']:.2f} / {s['rouge/rouge2']:.2f} / {s['rouge/rougeL']:.2f}"
+                for task, pe in rouge
+                for s in [results[f"{task}-{pe}"]["scores"]]
+            )
+            + ".",
+        ]
         if not any("rouge/rougeLsum" in results[f"{t}-{p}"]["scores"] for t, p in rouge):
-            lines[-1] += (" ROUGE-Lsum is not reported: nltk's punkt data was not installed on this machine "
-                          "(it is outside the geometric mean).")
-    lines += ["", "Training loss (first logged -> last) and time per run: " + "; ".join(
-        f"{r['task'].replace('stdlib_docstring_', '')}/{r['pe']} {r['first_loss']:.3f} -> {r['final_loss']:.3f} "
-        f"({r['finetune_seconds']:.0f} s fine-tuning, {r['predict_seconds']:.0f} s generating)"
-        for r in results.values()) + "."]
+            lines[-1] += (
+                " ROUGE-Lsum is not reported: nltk's punkt data was not installed on this machine "
+                "(it is outside the geometric mean)."
+            )
+    lines += [
+        "",
+        "Training loss (first logged -> last) and time per run: "
+        + "; ".join(
+            f"{r['task'].replace('stdlib_docstring_', '')}/{r['pe']} {r['first_loss']:.3f} -> {r['final_loss']:.3f} "
+            f"({r['finetune_seconds']:.0f} s fine-tuning, {r['predict_seconds']:.0f} s generating)"
+            for r in results.values()
+        )
+        + ".",
+    ]
     lines += ["", "Samples (reference => prediction):", ""]
     for key, result in results.items():
         sample = result["samples"][0]
@@ -375,8 +448,11 @@ def _pretraining(results: dict[str, dict[str, Any]], pes: list[str]) -> str:
     seconds = {pe: _first_of(results, pe).get("pretrain_seconds") for pe in pes}
     if not all(seconds.values()):
         return ""
-    return " — their pretraining took " + ", ".join(
-        f"{value / 60:.1f} min ({pe})" for pe, value in seconds.items()) + " when they were trained, not counted above"
+    return (
+        " — their pretraining took "
+        + ", ".join(f"{value / 60:.1f} min ({pe})" for pe, value in seconds.items())
+        + " when they were trained, not counted above"
+    )
 
 
 def _inline(text: str) -> str:
@@ -388,17 +464,21 @@ def _reading(results: dict[str, dict[str, Any]], pes: list[str]) -> str:
     parts = [f"Every score here is between {min(values):.1f} and {max(values):.1f} out of 100."]
     distinct = [f"{key} {r['distinct_predictions']}" for key, r in results.items() if "distinct_predictions" in r]
     if distinct:
-        parts.append(f"Distinct predictions among the {next(iter(results.values()))['validation_examples']} "
-                     f"examples: {', '.join(distinct)}; where that number is small the model writes one generic "
-                     "docstring opening for every input, and its score comes from the words that opening shares "
-                     "with the references, not from reading the document.")
-    parts.append("These are byte-level models of under a million parameters trained for minutes; a score near zero "
-                 "is what they are expected to get, and a difference between encodings at this size is not evidence "
-                 "about TAPE or RoPE on long documents (one seed, 100 examples per task, no interval). What the run "
-                 "does show is that the whole SCROLLS pipeline — release-format data, truncated prompts with the "
-                 "loss on the target only, fine-tuning at 4x the pretraining length through tapelm's training loop, "
-                 "cached batched generation, SCROLLS' metrics — runs end to end on one CPU thread. The paper's "
-                 "protocol on GPUs is `tapelm scrolls run all --preset paper` (docs/SCROLLS.md).")
+        parts.append(
+            f"Distinct predictions among the {next(iter(results.values()))['validation_examples']} "
+            f"examples: {', '.join(distinct)}; where that number is small the model writes one generic "
+            "docstring opening for every input, and its score comes from the words that opening shares "
+            "with the references, not from reading the document."
+        )
+    parts.append(
+        "These are byte-level models of under a million parameters trained for minutes; a score near zero "
+        "is what they are expected to get, and a difference between encodings at this size is not evidence "
+        "about TAPE or RoPE on long documents (one seed, 100 examples per task, no interval). What the run "
+        "does show is that the whole SCROLLS pipeline — release-format data, truncated prompts with the "
+        "loss on the target only, fine-tuning at 4x the pretraining length through tapelm's training loop, "
+        "cached batched generation, SCROLLS' metrics — runs end to end on one CPU thread. The paper's "
+        "protocol on GPUs is `tapelm scrolls run all --preset paper` (docs/SCROLLS.md)."
+    )
     return " ".join(parts)
 
 
@@ -412,5 +492,15 @@ def update_markdown(markdown: str | Path, results_dir: str | Path) -> None:
     write_text_atomically(markdown, splice(document, SECTION, f"## {TITLE}\n\n{content}"))
 
 
-__all__ = ["LaptopPlan", "run_laptop", "build_data", "results_section", "update_markdown", "SECTION", "TITLE",
-           "CAPS", "QA_TASK", "SUMMARY_TASK"]
+__all__ = [
+    "LaptopPlan",
+    "run_laptop",
+    "build_data",
+    "results_section",
+    "update_markdown",
+    "SECTION",
+    "TITLE",
+    "CAPS",
+    "QA_TASK",
+    "SUMMARY_TASK",
+]

@@ -104,8 +104,11 @@ def _aligned(predictions, references) -> tuple[list[str], list[list[str]]]:
         missing = sorted(set(references) - set(predictions))
         extra = sorted(set(predictions) - set(references))
         if missing or extra:
-            what = f"{len(missing)} missing (e.g. {missing[0]!r})" if missing else f"{len(extra)} redundant " \
-                f"(e.g. {extra[0]!r})"
+            what = (
+                f"{len(missing)} missing (e.g. {missing[0]!r})"
+                if missing
+                else f"{len(extra)} redundant (e.g. {extra[0]!r})"
+            )
             raise ValueError(f"predictions do not match the references' ids: {what}; give one prediction per id")
         ids = list(references)
         predictions = [predictions[i] for i in ids]
@@ -118,13 +121,17 @@ def _aligned(predictions, references) -> tuple[list[str], list[list[str]]]:
     if not all(isinstance(p, str) for p in predictions):
         raise ValueError("every prediction must be a string")
     if not all(refs and all(isinstance(r, str) for r in refs) for refs in references):
-        raise ValueError("every example needs at least one reference string (test splits have none: score the "
-                         "validation split)")
+        raise ValueError(
+            "every example needs at least one reference string (test splits have none: score the validation split)"
+        )
     return predictions, references
 
 
-def score(task: str, predictions: Mapping[str, str] | Sequence[str],
-          references: Mapping[str, Sequence[str]] | Sequence[Sequence[str]]) -> dict[str, float]:
+def score(
+    task: str,
+    predictions: Mapping[str, str] | Sequence[str],
+    references: Mapping[str, Sequence[str]] | Sequence[Sequence[str]],
+) -> dict[str, float]:
     """SCROLLS' scores of one task, 0-100, under SCROLLS' own names (`f1`, `exact_match`, `rouge/rouge1`,
     `rouge/rouge2`, `rouge/rougeL`, `rouge/rougeLsum`, `rouge/geometric_mean`), plus `num_predicted`,
     `mean_prediction_length_characters` and `scrolls_score` (the task's headline metric).
@@ -154,5 +161,13 @@ def average_score(scores: Mapping[str, Mapping[str, float]]) -> float:
     return round(sum(values) / len(values), 4)
 
 
-__all__ = ["normalize_answer", "exact_match_score", "f1_score", "rouge_scores", "split_sentences", "score",
-           "average_score", "ROUGE_TYPES"]
+__all__ = [
+    "normalize_answer",
+    "exact_match_score",
+    "f1_score",
+    "rouge_scores",
+    "split_sentences",
+    "score",
+    "average_score",
+    "ROUGE_TYPES",
+]

@@ -84,8 +84,10 @@ class Source:
 def _text_run_identity(run_dir: Path) -> dict[str, Any]:
     identity = json.loads((run_dir / "run.json").read_text())["identity"]
     if identity.get("task") != "text":
-        raise ValueError(f"source run '{run_dir}' was trained on task '{identity.get('task')}'; SCROLLS needs a "
-                         "model trained with `tapelm train --task text` or a pretrained checkpoint")
+        raise ValueError(
+            f"source run '{run_dir}' was trained on task '{identity.get('task')}'; SCROLLS needs a "
+            "model trained with `tapelm train --task text` or a pretrained checkpoint"
+        )
     return identity
 
 
@@ -104,8 +106,10 @@ def text_task_codec(task_options: dict[str, Any], tokenizer_dir: str | Path) -> 
     from ..experiments.tasks import get_task, has_saved_tokenizer
 
     if not has_saved_tokenizer(tokenizer_dir):
-        raise ValueError(f"'{tokenizer_dir}' holds no saved tokenizer, and a BPE trained anew would give other ids; "
-                         "use a run made by this version of tapelm")
+        raise ValueError(
+            f"'{tokenizer_dir}' holds no saved tokenizer, and a BPE trained anew would give other ids; "
+            "use a run made by this version of tapelm"
+        )
     return TapeTextCodec(get_task("text", tokenizer_dir, **task_options).tokenizer)
 
 
@@ -115,8 +119,10 @@ def codec_from_spec(spec: dict[str, Any], model_dir: Path):
         return text_task_codec(spec["task_options"], model_dir), None
     if spec["kind"] == "tapelm-text-run":  # recorded by path before the task options were
         if not (Path(spec["run"]) / "run.json").is_file():
-            raise ValueError(f"the tokenizer of '{model_dir.parent}' is the one of text run '{spec['run']}', which "
-                             "is not there any more; fine-tune again to record it without a path")
+            raise ValueError(
+                f"the tokenizer of '{model_dir.parent}' is the one of text run '{spec['run']}', which "
+                "is not there any more; fine-tune again to record it without a path"
+            )
         return text_run_codec(spec["run"]), None
     from transformers import AutoTokenizer
 
@@ -127,12 +133,16 @@ def codec_from_spec(spec: dict[str, Any], model_dir: Path):
 def interpolated(config: TapeConfig, context: int, pretrained_length: int) -> TapeConfig:
     """`config` with linear position interpolation by context / pretrained_length (RoPE family only)."""
     if config.pe_type not in ROTARY_PE_TYPES:
-        raise ValueError(f"position interpolation is not allowed for pe_type={config.pe_type!r}; it applies to the "
-                         f"RoPE family: {', '.join(ROTARY_PE_TYPES)}")
+        raise ValueError(
+            f"position interpolation is not allowed for pe_type={config.pe_type!r}; it applies to the "
+            f"RoPE family: {', '.join(ROTARY_PE_TYPES)}"
+        )
     factor = context / pretrained_length
     if factor <= 1:
-        raise ValueError(f"position interpolation needs context={context} > the pretraining length "
-                         f"{pretrained_length}; drop --position-interpolation")
+        raise ValueError(
+            f"position interpolation needs context={context} > the pretraining length "
+            f"{pretrained_length}; drop --position-interpolation"
+        )
     data = config.to_dict()
     data["rope_parameters"] = {**(config.rope_parameters or {}), "rope_type": "linear", "factor": float(factor)}
     return TapeConfig.from_dict(data)
@@ -140,19 +150,28 @@ def interpolated(config: TapeConfig, context: int, pretrained_length: int) -> Ta
 
 def _check_context(config: TapeConfig, context: int) -> None:
     if config.pe_type == "learned" and context > config.max_position_embeddings:
-        raise ValueError(f"context={context} exceeds the learned position table (max_position_embeddings="
-                         f"{config.max_position_embeddings}); pe_type 'learned' cannot go beyond it")
+        raise ValueError(
+            f"context={context} exceeds the learned position table (max_position_embeddings="
+            f"{config.max_position_embeddings}); pe_type 'learned' cannot go beyond it"
+        )
 
 
 def _check_pe(pe_type: str | None, config: TapeConfig, where: Path) -> None:
     if pe_type is not None and pe_type != config.pe_type:
-        raise ValueError(f"--pe {pe_type} does not apply to '{where}': it is a tapelm model with pe_type "
-                         f"{config.pe_type!r}, kept as it is (--pe only chooses what a Llama-family model is "
-                         "converted to); drop --pe")
+        raise ValueError(
+            f"--pe {pe_type} does not apply to '{where}': it is a tapelm model with pe_type "
+            f"{config.pe_type!r}, kept as it is (--pe only chooses what a Llama-family model is "
+            "converted to); drop --pe"
+        )
 
 
-def load_source(source: str | Path, context: int | None = None, position_interpolation: bool = False,
-                pretrained_length: int | None = None, pe_type: str | None = None) -> Source:
+def load_source(
+    source: str | Path,
+    context: int | None = None,
+    position_interpolation: bool = False,
+    pretrained_length: int | None = None,
+    pe_type: str | None = None,
+) -> Source:
     """Load `source` (see the module docstring) for fine-tuning or prediction at `context` tokens. `pe_type`: the
     encoding a Llama-family model is converted to (None: tape); for a tapelm source, None or its own."""
     from transformers.utils import logging as hf_logging
@@ -172,8 +191,10 @@ def _load_source(source, context, position_interpolation, pretrained_length, pe_
         identity = _text_run_identity(path)
         model_dir = path / "model"
         if not (model_dir / "config.json").is_file():
-            raise ValueError(f"source run '{path}' has no trained model yet (no model/config.json); finish it with "
-                             "`tapelm train --task text ... --resume`")
+            raise ValueError(
+                f"source run '{path}' has no trained model yet (no model/config.json); finish it with "
+                "`tapelm train --task text ... --resume`"
+            )
         length = pretrained_length or int(identity["task_options"].get("train_length", 256))
         config = TapeConfig.from_pretrained(str(model_dir))
         _check_pe(pe_type, config, path)
@@ -182,24 +203,40 @@ def _load_source(source, context, position_interpolation, pretrained_length, pe_
         if context is not None:
             _check_context(config, context)
         model = load_saved_model(model_dir, TapeForCausalLM, config=config)
-        return Source(model, text_task_codec(identity["task_options"], path), length,
-                      {"kind": "tapelm-text-run", "task_options": identity["task_options"]},
-                      f"tapelm text run {path} (pe {config.pe_type}, pretrained at {length} tokens)")
+        return Source(
+            model,
+            text_task_codec(identity["task_options"], path),
+            length,
+            {"kind": "tapelm-text-run", "task_options": identity["task_options"]},
+            f"tapelm text run {path} (pe {config.pe_type}, pretrained at {length} tokens)",
+        )
     if path.is_dir() and (path / SCROLLS_RUN_FILE).is_file():
         record = json.loads((path / SCROLLS_RUN_FILE).read_text())
         model_dir = path / "model"
         if not (model_dir / "config.json").is_file():
-            raise ValueError(f"fine-tuning run '{path}' has no final model yet; finish it with "
-                             "`tapelm scrolls finetune ... --resume`")
+            raise ValueError(
+                f"fine-tuning run '{path}' has no final model yet; finish it with "
+                "`tapelm scrolls finetune ... --resume`"
+            )
         if position_interpolation:
             raise ValueError("--position-interpolation applies when fine-tuning; a fine-tuned run keeps its own")
         _check_pe(pe_type, TapeConfig.from_pretrained(str(model_dir)), path)
         model = load_saved_model(model_dir, TapeForCausalLM)
         codec, hf_tokenizer = codec_from_spec(record["tokenizer"], model_dir)
-        return Source(model, codec, record["pretrained_length"], record["tokenizer"],
-                      f"tapelm scrolls fine-tuning run {path}", hf_tokenizer, extra=record)
-    if path.is_dir() and (path / "config.json").is_file() and \
-            json.loads((path / "config.json").read_text()).get("model_type") == "tape":
+        return Source(
+            model,
+            codec,
+            record["pretrained_length"],
+            record["tokenizer"],
+            f"tapelm scrolls fine-tuning run {path}",
+            hf_tokenizer,
+            extra=record,
+        )
+    if (
+        path.is_dir()
+        and (path / "config.json").is_file()
+        and json.loads((path / "config.json").read_text()).get("model_type") == "tape"
+    ):
         from transformers import AutoTokenizer
 
         config = TapeConfig.from_pretrained(str(path))
@@ -217,20 +254,33 @@ def _load_source(source, context, position_interpolation, pretrained_length, pe_
 
     pe_type = pe_type or "tape"
     if pe_type not in CONVERTIBLE_PE_TYPES:
-        raise ValueError(f"pe={pe_type!r} is not allowed for converting a pretrained model; choose one of: "
-                         f"{', '.join(CONVERTIBLE_PE_TYPES)}")
+        raise ValueError(
+            f"pe={pe_type!r} is not allowed for converting a pretrained model; choose one of: "
+            f"{', '.join(CONVERTIBLE_PE_TYPES)}"
+        )
     original, tokenizer = load_pretrained(str(source))
     length = pretrained_length or original.config.max_position_embeddings
     overrides = None
     if position_interpolation:
         factor = (context or length) / length
         if factor <= 1:
-            raise ValueError(f"position interpolation needs context={context} > the pretraining length {length}; "
-                             "pass --pretrained-length or drop --position-interpolation")
+            raise ValueError(
+                f"position interpolation needs context={context} > the pretraining length {length}; "
+                "pass --pretrained-length or drop --position-interpolation"
+            )
         overrides = {"rope_type": "linear", "factor": float(factor)}
     model = from_pretrained_llama(original, pe_type=pe_type, rope_overrides=overrides).float()
     return Source(model, HFCodec(tokenizer), length, {"kind": "hf"}, f"{source} converted to {pe_type}", tokenizer)
 
 
-__all__ = ["Source", "load_source", "TapeTextCodec", "HFCodec", "interpolated", "text_run_codec", "text_task_codec",
-           "codec_from_spec", "SCROLLS_RUN_FILE"]
+__all__ = [
+    "Source",
+    "load_source",
+    "TapeTextCodec",
+    "HFCodec",
+    "interpolated",
+    "text_run_codec",
+    "text_task_codec",
+    "codec_from_spec",
+    "SCROLLS_RUN_FILE",
+]

@@ -55,13 +55,18 @@ class PromptSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}={value!r} is not allowed; it must be a positive integer")
-        fixed = len(codec.encode(SUMMARY_PREFIX, first=True)) + len(codec.encode(SUMMARY_INSTRUCTION)) \
-            if task.is_summary else 0
+        fixed = (
+            len(codec.encode(SUMMARY_PREFIX, first=True)) + len(codec.encode(SUMMARY_INSTRUCTION))
+            if task.is_summary
+            else 0
+        )
         need = fixed + MIN_DOCUMENT_TOKENS + self.cap(task) + 1
         if self.context < need:
-            raise ValueError(f"context={self.context} is too short for task '{task.name}': it needs at least {need} "
-                             f"tokens (target_cap={self.cap(task)} + eos + instruction + 1 document token); raise "
-                             "--context or lower --target-cap")
+            raise ValueError(
+                f"context={self.context} is too short for task '{task.name}': it needs at least {need} "
+                f"tokens (target_cap={self.cap(task)} + eos + instruction + 1 document token); raise "
+                "--context or lower --target-cap"
+            )
 
 
 def prompt_ids(task: ScrollsTask, codec: Codec, text: str, settings: PromptSettings) -> list[int]:
@@ -88,9 +93,11 @@ def check_document_room(task: ScrollsTask, codec: Codec, texts: Sequence[str], s
     """How many of `texts` lose their whole document to truncation; ValueError when every one does."""
     dropped = sum(document_dropped(task, codec, text, settings) for text in texts)
     if texts and dropped == len(texts):
-        raise ValueError(f"context={settings.context} leaves {settings.context - settings.cap(task) - 1} prompt "
-                         f"tokens after target_cap={settings.cap(task)} + eos, and the question alone fills them: no "
-                         "document token would be kept; raise --context or lower --target-cap")
+        raise ValueError(
+            f"context={settings.context} leaves {settings.context - settings.cap(task) - 1} prompt "
+            f"tokens after target_cap={settings.cap(task)} + eos, and the question alone fills them: no "
+            "document token would be kept; raise --context or lower --target-cap"
+        )
     return dropped
 
 
@@ -99,14 +106,22 @@ def target_ids(task: ScrollsTask, codec: Codec, output: str, settings: PromptSet
     return codec.encode(output)[: settings.cap(task)] + [codec.eos_id]
 
 
-def training_example(task: ScrollsTask, codec: Codec, text: str, output: str,
-                     settings: PromptSettings) -> TokenExample:
+def training_example(task: ScrollsTask, codec: Codec, text: str, output: str, settings: PromptSettings) -> TokenExample:
     """prompt + capped target + eos, with the loss on the target and eos only."""
     prompt = prompt_ids(task, codec, text, settings)
     target = target_ids(task, codec, output, settings)
     return TokenExample(prompt + target, [False] * len(prompt) + [True] * len(target))
 
 
-__all__ = ["Codec", "PromptSettings", "prompt_ids", "target_ids", "training_example", "TARGET_CAPS",
-           "document_dropped", "check_document_room",
-           "SUMMARY_PREFIX", "SUMMARY_INSTRUCTION"]
+__all__ = [
+    "Codec",
+    "PromptSettings",
+    "prompt_ids",
+    "target_ids",
+    "training_example",
+    "TARGET_CAPS",
+    "document_dropped",
+    "check_document_room",
+    "SUMMARY_PREFIX",
+    "SUMMARY_INSTRUCTION",
+]

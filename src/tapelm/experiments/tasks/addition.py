@@ -62,8 +62,13 @@ def sequence_length(len_a: int, len_b: int, hints: bool = False) -> int:
 class AdditionTask(SyntheticTask):
     name = "addition"
 
-    def __init__(self, max_train_digits: int = 10, eval_max_digits: int | None = None, format: str = "plain",
-                 hint_symbols: int | None = None) -> None:
+    def __init__(
+        self,
+        max_train_digits: int = 10,
+        eval_max_digits: int | None = None,
+        format: str = "plain",
+        hint_symbols: int | None = None,
+    ) -> None:
         self.max_train_digits = check_int("max_train_digits", max_train_digits, 1, 100)
         default_eval = 2 * self.max_train_digits
         self.eval_max_digits = check_int("eval_max_digits", eval_max_digits or default_eval, 1, 200)
@@ -71,8 +76,9 @@ class AdditionTask(SyntheticTask):
         self.hints = self.format == "index_hints"
         longest_answer = max(self.max_train_digits, self.eval_max_digits) + 1
         if hint_symbols is not None and not self.hints:
-            raise ValueError(f"hint_symbols={hint_symbols!r} is not allowed with format={format!r}; it needs "
-                             "format='index_hints'")
+            raise ValueError(
+                f"hint_symbols={hint_symbols!r} is not allowed with format={format!r}; it needs format='index_hints'"
+            )
         self.hint_symbols = check_int("hint_symbols", hint_symbols or 2 * longest_answer, longest_answer, 1000)
         markers = [hint(i) for i in range(self.hint_symbols)] if self.hints else []
         self.tokenizer = SymbolTokenizer([*"0123456789+=", *markers])

@@ -217,7 +217,6 @@ class SyntheticTask(Task):
         return torch.cat(scores).float().mean().item(), n
 
 
-
 class ScaledTask(SyntheticTask):
     """A task whose examples grow with one integer size: training draws the size uniformly from
     min_train_size..train_size, condition k evaluates at train_size x eval_multipliers[k]."""
@@ -248,6 +247,7 @@ class ScaledTask(SyntheticTask):
 
     def eval_example(self, rng: np.random.Generator, condition: Condition) -> Example:
         return self.example(rng, condition[self.size_name])
+
 
 def evaluate_task(
     task: Task, logits_fn: LogitsFn, seed: int = 0, n_per_condition: int = 100, batch_size: int = 32

@@ -44,8 +44,10 @@ def corpus_files(corpus: str | None) -> tuple[Path, ...]:
     elif any(char in corpus for char in "*?["):
         files = (Path(p) for p in glob.glob(corpus, recursive=True))
     elif not Path(corpus).exists():
-        raise ValueError(f"corpus path '{corpus}' does not exist; pass a file, a directory, a glob or one of the "
-                         f"names {', '.join(NAMED_SOURCES)}")
+        raise ValueError(
+            f"corpus path '{corpus}' does not exist; pass a file, a directory, a glob or one of the "
+            f"names {', '.join(NAMED_SOURCES)}"
+        )
     elif Path(corpus).is_file():
         files = iter([Path(corpus)])
     else:
@@ -85,8 +87,10 @@ def python_docs(root: Path | None = None) -> Path:
     if sources.is_dir():
         return sources
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise ValueError(f"the prose corpus '{PYTHON_DOCS}' is Debian's {DOC_PACKAGE}, and apt-get / dpkg-deb are "
-                         "not available here to fetch it; give a folder of text files instead")
+        raise ValueError(
+            f"the prose corpus '{PYTHON_DOCS}' is Debian's {DOC_PACKAGE}, and apt-get / dpkg-deb are "
+            "not available here to fetch it; give a folder of text files instead"
+        )
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent, prefix=".tmp-doc-") as tmp:
         logger.warning("tapelm: fetching %s with apt-get download into %s (once)", DOC_PACKAGE, root)
@@ -94,8 +98,10 @@ def python_docs(root: Path | None = None) -> Path:
         debs = list(Path(tmp).glob("*.deb"))
         if done.returncode != 0 or len(debs) != 1:
             reason = (done.stderr.strip().splitlines() or ["no package downloaded"])[-1][-200:]
-            raise ValueError(f"apt-get download {DOC_PACKAGE} (the prose corpus '{PYTHON_DOCS}') failed ({reason}); "
-                             "give a folder of text files instead")
+            raise ValueError(
+                f"apt-get download {DOC_PACKAGE} (the prose corpus '{PYTHON_DOCS}') failed ({reason}); "
+                "give a folder of text files instead"
+            )
         staged = Path(tmp) / "x"
         subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(staged)], check=True)
         if root.exists():

@@ -68,8 +68,9 @@ def _stream(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
 
 
 @lru_cache(maxsize=4)
-def _load(sources: tuple[tuple[Path, ...], ...], tokenizer: str, bpe_vocab_size: int,
-          saved: Path | None) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+def _load(
+    sources: tuple[tuple[Path, ...], ...], tokenizer: str, bpe_vocab_size: int, saved: Path | None
+) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
     """(tokenizer, training stream, validation stream) for one corpus (its sources' files) and tokenizer choice (the
     BPE saved in `saved` when given)."""
     train, validation = [], []
@@ -150,8 +151,11 @@ class TextTask(Task):
         return options.get("tokenizer", DEFAULT_TOKENIZER) == "bpe"
 
     def data_record(self) -> dict[str, Any]:
-        return {"training_tokens": len(self.train_stream), "held_out_tokens": len(self.validation_stream),
-                "streams_sha256": _digest(*self._source)}
+        return {
+            "training_tokens": len(self.train_stream),
+            "held_out_tokens": len(self.validation_stream),
+            "streams_sha256": _digest(*self._source),
+        }
 
     def eval_conditions(self) -> list[Condition]:
         return [{"length": self.train_length * multiplier} for multiplier in self.eval_multipliers]

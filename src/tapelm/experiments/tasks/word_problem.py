@@ -88,8 +88,9 @@ class WordProblemTask(ScaledTask):
     metric_name = "exact_match"
     tagging = True
 
-    def __init__(self, group: str = "S3", num_elements: int = 16,
-                 eval_multipliers: tuple[int, ...] = (1, 2, 3, 4)) -> None:
+    def __init__(
+        self, group: str = "S3", num_elements: int = 16, eval_multipliers: tuple[int, ...] = (1, 2, 3, 4)
+    ) -> None:
         self.group = check_choice("group", group, GROUPS)
         self.num_elements = check_int("num_elements", num_elements, 1, 10**5)
         self.eval_multipliers = check_multipliers("eval_multipliers", eval_multipliers)
@@ -124,5 +125,12 @@ class WordProblemTask(ScaledTask):
         return Example(ids, [False, False] + [True] * num_elements, labels)
 
 
-__all__ = ["WordProblemTask", "GROUPS", "group_elements", "compose", "multiplication_table", "running_products",
-           "is_even"]
+__all__ = [
+    "WordProblemTask",
+    "GROUPS",
+    "group_elements",
+    "compose",
+    "multiplication_table",
+    "running_products",
+    "is_even",
+]

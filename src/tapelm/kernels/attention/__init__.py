@@ -63,8 +63,9 @@ def _cpu_flash(q, k, stream, value_width, mask, bias, scale, paths):
     float_mask = with_bias(mask, bias)
     if float_mask is not None and float_mask.dtype != torch.bool:
         float_mask = float_mask.to(dtype)
-    return CpuFlashAttention.apply(q.to(dtype), k.to(dtype), stream.to(dtype), float_mask, mask.is_causal, scale,
-                                   value_width)
+    return CpuFlashAttention.apply(
+        q.to(dtype), k.to(dtype), stream.to(dtype), float_mask, mask.is_causal, scale, value_width
+    )
 
 
 def _unpadded(q, k, stream, value_width, mask, bias, scale, paths):
@@ -74,13 +75,23 @@ def _unpadded(q, k, stream, value_width, mask, bias, scale, paths):
     return _split(out, value_width)
 
 
-CANDIDATES = candidates("attention", ("blocks", _blocks), ("efficient", _efficient), ("cpu-flash", _cpu_flash),
-                        ("unpadded", _unpadded))
+CANDIDATES = candidates(
+    "attention", ("blocks", _blocks), ("efficient", _efficient), ("cpu-flash", _cpu_flash), ("unpadded", _unpadded)
+)
 
 
-def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_width: int, mask: AttentionMask,
-                  bias, scale: float, paths: FastPaths, eager: bool = False,
-                  shared: torch.Tensor | None = None) -> Outputs:
+def attend_stream(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    stream: torch.Tensor,
+    value_width: int,
+    mask: AttentionMask,
+    bias,
+    scale: float,
+    paths: FastPaths,
+    eager: bool = False,
+    shared: torch.Tensor | None = None,
+) -> Outputs:
     """softmax(q k^T * scale + bias) stream with GQA, split into the output of V, the stream's first `value_width`
     features (B, H, N, d), and of the rest (B, H, N, F), or None when the stream is V alone. q (B, H, N, dq),
     k (B, Hkv, T, dq), stream (B, Hkv, T, dv); a bias (B or 1, H, N, T), a tensor or a `RowBias`, needs an explicit
@@ -103,12 +114,21 @@ def attend_stream(q: torch.Tensor, k: torch.Tensor, stream: torch.Tensor, value_
     outputs = first(CANDIDATES, paths, q, k, stream, value_width, mask, bias, scale, paths)
     if outputs is not None:
         return outputs
-    return _split(padded_attention(q, k, stream, with_bias(mask, materialized(bias)), mask.is_causal, scale),
-                  value_width)
+    return _split(
+        padded_attention(q, k, stream, with_bias(mask, materialized(bias)), mask.is_causal, scale), value_width
+    )
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, bias, scale: float,
-           paths: FastPaths, eager: bool = False) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: AttentionMask,
+    bias,
+    scale: float,
+    paths: FastPaths,
+    eager: bool = False,
+) -> torch.Tensor:
     """`attend_stream` of a value that is V alone: (B, H, N, dv)."""
     return attend_stream(q, k, v, v.shape[-1], mask, bias, scale, paths, eager)[0]
 
@@ -121,23 +141,44 @@ def joined_stream(stream: torch.Tensor, shared: torch.Tensor | None) -> torch.Te
     return torch.cat([stream, shared.to(stream.dtype).expand(-1, stream.shape[1], -1, -1)], dim=-1)
 
 
-def attend_with_probabilities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
-                              bias, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_with_probabilities(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, bias, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`attend` through the explicit path, also returning the attention probabilities (B, H, N, T)
     (`output_attentions=True`)."""
     return explicit_attention(q, k, v, with_bias(mask, materialized(bias)), mask.is_causal, scale)
 
 
-def attend_registered(function, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      mask: AttentionMask, bias, scale: float) -> torch.Tensor:
+def attend_registered(
+    function,
+    module: torch.nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: AttentionMask,
+    bias,
+    scale: float,
+) -> torch.Tensor:
     """`attend` through an attention function registered with transformers' `AttentionInterface` (the signature
     transformers' own models call: `function(module, query, key, value, attention_mask, scaling=..., dropout=...,
     is_causal=...)` returning (B, N, H, dv) and the weights): the mask and bias given as one boolean or float mask
     (None: causal by `is_causal`, or every key). Returns (B, H, N, dv)."""
-    out, _ = function(module, q, k, v, with_bias(mask, materialized(bias)), scaling=scale, dropout=0.0,
-                      is_causal=mask.is_causal)
+    out, _ = function(
+        module, q, k, v, with_bias(mask, materialized(bias)), scaling=scale, dropout=0.0, is_causal=mask.is_causal
+    )
     return out.transpose(1, 2)
 
 
-__all__ = ["AttentionMask", "CANDIDATES", "RowBias", "attend", "attend_registered", "attend_stream",
-           "attend_with_probabilities", "explicit_attention", "joined_stream", "materialized", "padded_attention"]
+__all__ = [
+    "AttentionMask",
+    "CANDIDATES",
+    "RowBias",
+    "attend",
+    "attend_registered",
+    "attend_stream",
+    "attend_with_probabilities",
+    "explicit_attention",
+    "joined_stream",
+    "materialized",
+    "padded_attention",
+]

@@ -49,6 +49,4 @@ def chunked_bias_attention(q, k, v, mask: AttentionMask, bias: RowBias, attend_r
     return torch.cat(blocks, dim=-2)
 
 
-
-
 __all__ = ["BIAS_BLOCK", "WHOLE_BIAS_LIMIT", "chunked_bias_attention", "worth_it"]

@@ -20,8 +20,9 @@ def bias_needs_grad(bias) -> bool:
     return isinstance(bias, RowBias) or bias.requires_grad
 
 
-def efficient_bias_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, float_mask: torch.Tensor,
-                             scale: float) -> torch.Tensor:
+def efficient_bias_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, float_mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """softmax(q k^T * scale + float_mask) v, the mask (B or 1, H, N, T) holding the bias where keys are visible and
     -inf elsewhere. Grouped KV heads are expanded for the kernel (it takes no grouped queries)."""
     groups = q.shape[1] // k.shape[1]

@@ -27,8 +27,12 @@ class RowBias:
     (FoX's, PaTH's: `tapelm.kernels.forgetting_attention`, `path_attention`), returning None where none of its fast
     paths takes the call."""
 
-    def __init__(self, rows: Callable[[int, int, int | None], torch.Tensor], queries: int,
-                 kernel: Callable[..., torch.Tensor | None] | None = None):
+    def __init__(
+        self,
+        rows: Callable[[int, int, int | None], torch.Tensor],
+        queries: int,
+        kernel: Callable[..., torch.Tensor | None] | None = None,
+    ):
         self.rows, self.queries, self.kernel = rows, queries, kernel
 
     def full(self) -> torch.Tensor:
@@ -42,8 +46,9 @@ class RowBias:
         if not isinstance(first, RowBias) and not isinstance(second, RowBias):
             return first + second
         queries = first.queries if isinstance(first, RowBias) else second.queries
-        return RowBias(lambda start, end, keys: _rows(first, start, end, keys) + _rows(second, start, end, keys),
-                       queries)
+        return RowBias(
+            lambda start, end, keys: _rows(first, start, end, keys) + _rows(second, start, end, keys), queries
+        )
 
 
 def _rows(bias, start: int, end: int, keys: int | None) -> torch.Tensor:

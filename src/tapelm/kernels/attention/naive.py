@@ -16,8 +16,9 @@ def padded_attention(q, k, v, attn_mask, is_causal, scale):
     if width > min(q.shape[-1], v.shape[-1]):
         dtype = sdpa_dtype(q, k, v)
         q, k, v = (F.pad(x.to(dtype), (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
     return out[..., :value_width] if width > value_width else out
 
 
@@ -46,7 +47,9 @@ def explicit_attention(q, k, v, mask, is_causal, scale):
     if is_causal:
         mask = torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(keys - length)
     if mask is not None:
-        mask = mask.unflatten(1, (kv_heads, groups)) if mask.dim() == 4 and mask.shape[1] == heads else mask.unsqueeze(-3)
+        mask = (
+            mask.unflatten(1, (kv_heads, groups)) if mask.dim() == 4 and mask.shape[1] == heads else mask.unsqueeze(-3)
+        )
         logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
     probs = logits.softmax(dim=-1).to(v.dtype).view(batch, heads, length, keys)
     return (probs.view(batch, kv_heads, groups * length, keys) @ v).view(batch, heads, length, -1), probs

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from ...fast_paths import FastPaths
 from .. import candidates, first
 from ..attention import RowBias
 from .naive import forgetting_bias
@@ -20,8 +19,9 @@ def _fla(q, k, v, log_gates, mask, scale):
 CANDIDATES = candidates("forgetting-attention", ("fla", _fla))
 
 
-def forgetting_attention_bias(log_gates: torch.Tensor, cumulative: torch.Tensor, every: torch.Tensor,
-                              dtype: torch.dtype) -> RowBias:
+def forgetting_attention_bias(
+    log_gates: torch.Tensor, cumulative: torch.Tensor, every: torch.Tensor, dtype: torch.dtype
+) -> RowBias:
     """FoX's bias (`naive.forgetting_bias`) for the new tokens' log gates (B, H, N), their cumulative sums
     (B, H, N, 1) and every key's (B, H, 1, T); as its `kernel`, the first candidate that is on and takes the
     attention call."""

@@ -18,8 +18,9 @@ def kernel(x: torch.Tensor):
     return fla_function(x, "fla.ops.forgetting_attn", "parallel_forgetting_attn")
 
 
-def forgetting_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor,
-                         mask: AttentionMask, scale: float) -> torch.Tensor | None:
+def forgetting_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor, mask: AttentionMask, scale: float
+) -> torch.Tensor | None:
     """softmax(q k^T scale + c_i - c_j) v, c the cumulative sum of `log_gates` (B, H, N) along each sequence:
     (B, H, N, dv), or None where fla cannot take the call."""
     run = kernel(q)
@@ -27,8 +28,14 @@ def forgetting_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_
     if run is None or cuts is False:
         return None
     segmented = cuts is not None
-    out = run(heads_last(q, segmented), heads_last(k, segmented), heads_last(v, segmented),
-                   heads_last(log_gates, segmented).float(), scale=scale, cu_seqlens=cuts)
+    out = run(
+        heads_last(q, segmented),
+        heads_last(k, segmented),
+        heads_last(v, segmented),
+        heads_last(log_gates, segmented).float(),
+        scale=scale,
+        cu_seqlens=cuts,
+    )
     return heads_first(out, q.shape[0]).to(v.dtype)
 
 

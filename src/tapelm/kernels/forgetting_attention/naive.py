@@ -10,8 +10,9 @@ from ..attention import RowBias
 
 def forgetting_bias(cumulative: torch.Tensor, every: torch.Tensor, dtype: torch.dtype) -> RowBias:
     """The bias c_i - c_j from the new queries' cumulative log gates (B, H, N, 1) and every key's (B, H, 1, T)."""
-    return RowBias(lambda start, end, keys: (cumulative[..., start:end, :] - every[..., :keys]).to(dtype),
-                   cumulative.shape[-2])
+    return RowBias(
+        lambda start, end, keys: (cumulative[..., start:end, :] - every[..., :keys]).to(dtype), cumulative.shape[-2]
+    )
 
 
 __all__ = ["forgetting_bias"]

@@ -21,8 +21,9 @@ def _fla(hidden, weight, labels, kwargs):
 CANDIDATES = candidates("loss", ("fla", _fla))
 
 
-def loss_without_logits(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, paths: FastPaths,
-                        **kwargs) -> torch.Tensor | None:
+def loss_without_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, paths: FastPaths, **kwargs
+) -> torch.Tensor | None:
     """`naive.causal_lm_loss(hidden, weight, labels, **kwargs)` by the first candidate that is on in `paths` and
     takes the call, without making the logits; None where none does."""
     return first(CANDIDATES, paths, hidden, weight, labels, kwargs)

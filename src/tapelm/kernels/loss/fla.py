@@ -15,8 +15,14 @@ def kernel(x: torch.Tensor):
     return fla_function(x, "fla.modules.fused_linear_cross_entropy", "fused_linear_cross_entropy_loss")
 
 
-def causal_lm_loss_fla(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None,
-                       shift_labels: torch.Tensor | None = None, **_) -> torch.Tensor | None:
+def causal_lm_loss_fla(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch=None,
+    shift_labels: torch.Tensor | None = None,
+    **_,
+) -> torch.Tensor | None:
     """`naive.causal_lm_loss` with its semantics (the label shift, `IGNORE_INDEX`, the sum divided by
     `num_items_in_batch` under gradient accumulation), in passes with gradients; None where the kernel does not take
     the call."""
@@ -26,12 +32,17 @@ def causal_lm_loss_fla(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
     reduction = "sum" if num_items_in_batch is not None else "mean"
-    loss = fused_linear_cross_entropy_loss(hidden.reshape(-1, hidden.shape[-1]),
-                                           shift_labels.reshape(-1).to(hidden.device), weight,
-                                           ignore_index=IGNORE_INDEX, reduction=reduction)
+    loss = fused_linear_cross_entropy_loss(
+        hidden.reshape(-1, hidden.shape[-1]),
+        shift_labels.reshape(-1).to(hidden.device),
+        weight,
+        ignore_index=IGNORE_INDEX,
+        reduction=reduction,
+    )
     if num_items_in_batch is not None:
-        loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch)
-                       else num_items_in_batch)
+        loss = loss / (
+            num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
+        )
     return loss
 
 

@@ -21,8 +21,9 @@ def _fla(q, keys, raw_keys, v, w, beta, mask, scale):
 CANDIDATES = candidates("path-attention", ("fla", _fla))
 
 
-def path_attention_bias(logits: PathLogits, q: torch.Tensor, raw_keys: torch.Tensor, w: torch.Tensor,
-                        beta: torch.Tensor, scale: float) -> RowBias:
+def path_attention_bias(
+    logits: PathLogits, q: torch.Tensor, raw_keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, scale: float
+) -> RowBias:
     """PaTH's scaled logits as the bias (B, H, N, T) of an attention call with a zero query, built from `logits` for
     any block of queries; as its `kernel`, the first candidate that is on and takes the call, given the raw queries
     q (B, H, N, d), keys (B, Hkv, N, d), Householder vectors w and strengths beta."""

@@ -30,12 +30,24 @@ def kernel(x: torch.Tensor):
 def takes(q: torch.Tensor, v: torch.Tensor, cuts: torch.Tensor) -> bool:
     """Whether the call lies within the shapes fla's tests run, `cuts` its segments' cumulative lengths."""
     lengths = cuts[1:] - cuts[:-1]
-    return (q.shape[-1] in HEAD_SIZES and v.shape[-1] in HEAD_SIZES and int(cuts[-1]) >= LEAST_TOKENS
-            and int(lengths.min()) >= SHORTEST_SEQUENCE)
+    return (
+        q.shape[-1] in HEAD_SIZES
+        and v.shape[-1] in HEAD_SIZES
+        and int(cuts[-1]) >= LEAST_TOKENS
+        and int(lengths.min()) >= SHORTEST_SEQUENCE
+    )
 
 
-def path_attention(q: torch.Tensor, keys: int, raw_keys: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
-                   beta: torch.Tensor, mask: AttentionMask, scale: float) -> torch.Tensor | None:
+def path_attention(
+    q: torch.Tensor,
+    keys: int,
+    raw_keys: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    mask: AttentionMask,
+    scale: float,
+) -> torch.Tensor | None:
     """PaTH's attention of queries q (B, H, N, d) over raw keys (B, Hkv, N, d) with unit Householder vectors w
     (B, Hkv, N, d) and strengths beta (B, Hkv, N), `keys` the number of keys the attention call holds (more than N
     when some are cached): (B, H, N, dv), or None where the call lies outside fla's tested shapes."""
@@ -47,8 +59,15 @@ def path_attention(q: torch.Tensor, keys: int, raw_keys: torch.Tensor, v: torch.
         cuts = torch.arange(0, q.shape[0] * q.shape[-2] + 1, q.shape[-2], device=q.device)
     if not takes(q, v, cuts):
         return None
-    out = run(heads_last(q, True), heads_last(raw_keys, True), heads_last(v, True), heads_last(w, True).float(),
-              heads_last(beta, True).float(), scale=scale, cu_seqlens=cuts)[0]
+    out = run(
+        heads_last(q, True),
+        heads_last(raw_keys, True),
+        heads_last(v, True),
+        heads_last(w, True).float(),
+        heads_last(beta, True).float(),
+        scale=scale,
+        cu_seqlens=cuts,
+    )[0]
     return heads_first(out, q.shape[0]).to(v.dtype)
 
 

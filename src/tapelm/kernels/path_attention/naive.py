@@ -30,8 +30,15 @@ class PathLogits:
     (default `CHUNK`). What every block needs is computed here, once: per chunk its transform (d x d), its keys
     carried to its end, its queries carried back to its start and its own logits."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
-                 past_keys: torch.Tensor | None = None, chunk: int | None = None):
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        w: torch.Tensor,
+        beta: torch.Tensor,
+        past_keys: torch.Tensor | None = None,
+        chunk: int | None = None,
+    ):
         batch, kv_heads, groups, length, dim = q.shape
         size = min(chunk or CHUNK, length)
         chunks = -(-length // size)
@@ -45,8 +52,11 @@ class PathLogits:
         lower = torch.eye(size, dtype=q.dtype, device=q.device) + (weighted @ w.transpose(-1, -2)) * strict
         # T (B W) and T G with G[s, j] = beta_s w_s . k_j where token s comes after key j
         solved = torch.linalg.solve_triangular(
-            lower, torch.cat([weighted, (weighted @ k.transpose(-1, -2)) * strict], dim=-1), upper=False,
-            unitriangular=True)
+            lower,
+            torch.cat([weighted, (weighted @ k.transpose(-1, -2)) * strict], dim=-1),
+            upper=False,
+            unitriangular=True,
+        )
         t_weighted, t_keys = solved.split([dim, size], dim=-1)
         seen = (q @ w[:, :, None].transpose(-1, -2)) * ~strict.T  # q_i . w_s for the chunk's tokens s <= i
         self.local = ((q @ k[:, :, None].transpose(-1, -2)) * ~strict.T - seen @ t_keys[:, :, None]) * ~strict.T
@@ -84,22 +94,29 @@ class PathLogits:
         logits = torch.cat(rows, dim=-2)[..., :width]
         if self.past is not None:
             earlier = x @ self.past[:, :, None, :keys].transpose(-1, -2)  # (B, Hkv, n, G x size, T_past)
-            logits = torch.cat([earlier.unflatten(-2, (self.groups, size)).transpose(2, 3).flatten(3, 4), logits],
-                               dim=-1)
-        return logits[..., start - first * size: end - first * size, :]
+            logits = torch.cat(
+                [earlier.unflatten(-2, (self.groups, size)).transpose(2, 3).flatten(3, 4), logits], dim=-1
+            )
+        return logits[..., start - first * size : end - first * size, :]
 
     def carried_keys(self) -> torch.Tensor:
         """Every key transformed up to the last new token (B, Hkv, T_past + N, d): the cache's next content."""
-        keys = self.past if self.past is not None else self.keys.new_zeros(*self.keys.shape[:2], 0,
-                                                                           self.keys.shape[-1])
+        keys = self.past if self.past is not None else self.keys.new_zeros(*self.keys.shape[:2], 0, self.keys.shape[-1])
         for chunk in range(self.chunks):
-            keys = torch.cat([keys - keys @ self.transform[:, :, chunk].transpose(-1, -2), self.keys[:, :, chunk]],
-                             dim=-2)
+            keys = torch.cat(
+                [keys - keys @ self.transform[:, :, chunk].transpose(-1, -2), self.keys[:, :, chunk]], dim=-2
+            )
         return keys[..., : keys.shape[-2] - (self.chunks * self.size - self.length), :]
 
 
-def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
-                past_keys: torch.Tensor | None = None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def path_logits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    past_keys: torch.Tensor | None = None,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """All of `PathLogits` at once: the dot products (B, Hkv, G, N, T_past + N) and the carried keys."""
     logits = PathLogits(q, k, w, beta, past_keys, chunk)
     return logits.rows(0, q.shape[-2]), logits.carried_keys()

@@ -53,8 +53,9 @@ def _autograd(q, k, angles, key_angles):
 CANDIDATES = candidates("rotation", ("triton", _triton), ("fla", _fla), ("autograd", _autograd))
 
 
-def rotate_queries_and_keys(q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor, paths: FastPaths,
-                            key_angles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate_queries_and_keys(
+    q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor, paths: FastPaths, key_angles: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`rotate_reference(q, k, angles, key_angles)` by the first candidate that is on in `paths` and takes the
     call."""
     key_angles = angles if key_angles is None else key_angles

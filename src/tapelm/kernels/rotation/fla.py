@@ -19,8 +19,15 @@ def kernel(x: torch.Tensor):
 def takes(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether fla's kernel computes this call: x (B, H, N, d), one table per token shared by the heads, no gradient
     for the tables."""
-    return (x.dim() == 4 and a.dim() == 4 and a.shape == b.shape and a.shape[1] == 1 and a.shape[0] in (1, x.shape[0])
-            and a.shape[2:] == (x.shape[2], x.shape[3] // 2) and not (a.requires_grad or b.requires_grad))
+    return (
+        x.dim() == 4
+        and a.dim() == 4
+        and a.shape == b.shape
+        and a.shape[1] == 1
+        and a.shape[0] in (1, x.shape[0])
+        and a.shape[2:] == (x.shape[2], x.shape[3] // 2)
+        and not (a.requires_grad or b.requires_grad)
+    )
 
 
 def rotate_halves_fla(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:

@@ -22,8 +22,9 @@ def halves(angles: torch.Tensor, queries: bool) -> tuple[torch.Tensor, torch.Ten
     return (a[:, :, None], b[:, :, None]) if queries else (a, b)
 
 
-def rotate_reference(q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor,
-                     key_angles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate_reference(
+    q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor, key_angles: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries (B, H, N, d) and keys (B, Hkv, N, d) rotated pairwise by angles (B or 1, Hkv or 1, N, d) = [a | b]
     (one complex number a + i b per pair and KV head; a query head takes its KV head's), the keys by `key_angles`
     where given."""

@@ -48,10 +48,46 @@ def _turn(first, second, cos, sin, target, s_d, half, tile, CONJUGATE: tl.conste
 
 
 @triton.jit
-def _rotate_forward(q, k, angles, key_angles, q_out, k_out, length, half, groups,
-                    q_b, q_h, q_g, q_n, q_d, k_b, k_h, k_n, k_d, t_b, t_h, t_n, t_d, u_b, u_h, u_n, u_d,
-                    o_b, o_h, o_g, o_n, o_d, p_b, p_h, p_n, p_d,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr):
+def _rotate_forward(
+    q,
+    k,
+    angles,
+    key_angles,
+    q_out,
+    k_out,
+    length,
+    half,
+    groups,
+    q_b,
+    q_h,
+    q_g,
+    q_n,
+    q_d,
+    k_b,
+    k_h,
+    k_n,
+    k_d,
+    t_b,
+    t_h,
+    t_n,
+    t_d,
+    u_b,
+    u_h,
+    u_n,
+    u_d,
+    o_b,
+    o_h,
+    o_g,
+    o_n,
+    o_d,
+    p_b,
+    p_h,
+    p_n,
+    p_d,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE: tl.constexpr,
+):
     row, head, tokens, pairs, tile = _tile(length, half, BLOCK_N, BLOCK_D)
     cos, sin = _halves(angles, t_b, t_h, t_n, t_d, row, head, tokens, pairs, half, tile, WIDE)
     for g in range(groups):
@@ -60,15 +96,73 @@ def _rotate_forward(q, k, angles, key_angles, q_out, k_out, length, half, groups
         _turn(first, second, cos, sin, target, o_d, half, tile, False)
     cos, sin = _halves(key_angles, u_b, u_h, u_n, u_d, row, head, tokens, pairs, half, tile, WIDE)
     first, second = _halves(k, k_b, k_h, k_n, k_d, row, head, tokens, pairs, half, tile, WIDE)
-    _turn(first, second, cos, sin, k_out + row * p_b + head * p_h + tokens[:, None] * p_n + pairs[None, :] * p_d,
-          p_d, half, tile, False)
+    _turn(
+        first,
+        second,
+        cos,
+        sin,
+        k_out + row * p_b + head * p_h + tokens[:, None] * p_n + pairs[None, :] * p_d,
+        p_d,
+        half,
+        tile,
+        False,
+    )
 
 
 @triton.jit
-def _rotate_backward(dq, dk, q, k, angles, key_angles, dq_out, dk_out, grad_angles, length, half, groups,
-                     e_b, e_h, e_g, e_n, e_d, f_b, f_h, f_n, f_d, q_b, q_h, q_g, q_n, q_d, k_b, k_h, k_n, k_d,
-                     t_b, t_h, t_n, t_d, u_b, u_h, u_n, u_d, o_b, o_h, o_g, o_n, o_d, p_b, p_h, p_n, p_d,
-                     ANGLES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr):
+def _rotate_backward(
+    dq,
+    dk,
+    q,
+    k,
+    angles,
+    key_angles,
+    dq_out,
+    dk_out,
+    grad_angles,
+    length,
+    half,
+    groups,
+    e_b,
+    e_h,
+    e_g,
+    e_n,
+    e_d,
+    f_b,
+    f_h,
+    f_n,
+    f_d,
+    q_b,
+    q_h,
+    q_g,
+    q_n,
+    q_d,
+    k_b,
+    k_h,
+    k_n,
+    k_d,
+    t_b,
+    t_h,
+    t_n,
+    t_d,
+    u_b,
+    u_h,
+    u_n,
+    u_d,
+    o_b,
+    o_h,
+    o_g,
+    o_n,
+    o_d,
+    p_b,
+    p_h,
+    p_n,
+    p_d,
+    ANGLES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE: tl.constexpr,
+):
     row, head, tokens, pairs, tile = _tile(length, half, BLOCK_N, BLOCK_D)
     cos, sin = _halves(angles, t_b, t_h, t_n, t_d, row, head, tokens, pairs, half, tile, WIDE)
     grad_cos = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float64 if WIDE else tl.float32)
@@ -83,8 +177,17 @@ def _rotate_backward(dq, dk, q, k, angles, key_angles, dq_out, dk_out, grad_angl
             grad_sin += second * x_first - first * x_second
     cos, sin = _halves(key_angles, u_b, u_h, u_n, u_d, row, head, tokens, pairs, half, tile, WIDE)
     first, second = _halves(dk, f_b, f_h, f_n, f_d, row, head, tokens, pairs, half, tile, WIDE)
-    _turn(first, second, cos, sin, dk_out + row * p_b + head * p_h + tokens[:, None] * p_n + pairs[None, :] * p_d,
-          p_d, half, tile, True)
+    _turn(
+        first,
+        second,
+        cos,
+        sin,
+        dk_out + row * p_b + head * p_h + tokens[:, None] * p_n + pairs[None, :] * p_d,
+        p_d,
+        half,
+        tile,
+        True,
+    )
     if ANGLES:  # and the key's share; written once, (B, Hkv, N, d) contiguous, [a | b]
         x_first, x_second = _halves(k, k_b, k_h, k_n, k_d, row, head, tokens, pairs, half, tile, WIDE)
         grad_cos += first * x_first + second * x_second
@@ -113,8 +216,10 @@ def takes(q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor, key_angles: to
         return False
     if key_angles is not angles and (angles.requires_grad or key_angles.requires_grad):
         return False
-    return all(table.dim() == 4 and all(size in (1, full) for size, full in zip(table.shape, k.shape))
-               for table in (angles, key_angles))
+    return all(
+        table.dim() == 4 and all(size in (1, full) for size, full in zip(table.shape, k.shape))
+        for table in (angles, key_angles)
+    )
 
 
 def _launch(kernel, k: torch.Tensor, wide: bool, *args, **constants) -> None:
@@ -137,9 +242,26 @@ class KernelRotation(torch.autograd.Function):
         grouped, out = _grouped(q, kv_heads), _grouped(q_out, kv_heads)
         table, key_table = _spread(angles, k), _spread(key_angles, k)
         wide = torch.float64 in (q.dtype, k.dtype, angles.dtype, key_angles.dtype)
-        _launch(_rotate_forward, k, wide, grouped, k, table, key_table, out, k_out, length, width // 2,
-                grouped.shape[2], *grouped.stride(), *k.stride(), *table.stride(), *key_table.stride(),
-                *out.stride(), *k_out.stride())
+        _launch(
+            _rotate_forward,
+            k,
+            wide,
+            grouped,
+            k,
+            table,
+            key_table,
+            out,
+            k_out,
+            length,
+            width // 2,
+            grouped.shape[2],
+            *grouped.stride(),
+            *k.stride(),
+            *table.stride(),
+            *key_table.stride(),
+            *out.stride(),
+            *k_out.stride(),
+        )
         ctx.angles_need_grad = ctx.needs_input_grad[2]
         ctx.save_for_backward(*((q, k) if ctx.angles_need_grad else (None, None)), angles, key_angles)
         ctx.dtypes, ctx.wide = (q.dtype, k.dtype), wide
@@ -152,21 +274,46 @@ class KernelRotation(torch.autograd.Function):
         batch, kv_heads, length, width = dk.shape
         dq_out = torch.empty(dq.shape, dtype=ctx.dtypes[0], device=dq.device)
         dk_out = torch.empty(dk.shape, dtype=ctx.dtypes[1], device=dk.device)
-        grad_angles = torch.empty(dk.shape if ctx.angles_need_grad else (1,),
-                                  dtype=torch.float64 if ctx.wide else torch.float32, device=dk.device)
+        grad_angles = torch.empty(
+            dk.shape if ctx.angles_need_grad else (1,),
+            dtype=torch.float64 if ctx.wide else torch.float32,
+            device=dk.device,
+        )
         incoming, outgoing = _grouped(dq, kv_heads), _grouped(dq_out, kv_heads)
         sources = (_grouped(q, kv_heads), k) if ctx.angles_need_grad else (incoming, dk)
         table, key_table = _spread(angles, dk), _spread(key_angles, dk)
-        _launch(_rotate_backward, dk, ctx.wide, incoming, dk, *sources, table, key_table, outgoing, dk_out,
-                grad_angles, length, width // 2, incoming.shape[2], *incoming.stride(), *dk.stride(),
-                *sources[0].stride(), *sources[1].stride(), *table.stride(), *key_table.stride(),
-                *outgoing.stride(), *dk_out.stride(), ANGLES=ctx.angles_need_grad)
+        _launch(
+            _rotate_backward,
+            dk,
+            ctx.wide,
+            incoming,
+            dk,
+            *sources,
+            table,
+            key_table,
+            outgoing,
+            dk_out,
+            grad_angles,
+            length,
+            width // 2,
+            incoming.shape[2],
+            *incoming.stride(),
+            *dk.stride(),
+            *sources[0].stride(),
+            *sources[1].stride(),
+            *table.stride(),
+            *key_table.stride(),
+            *outgoing.stride(),
+            *dk_out.stride(),
+            ANGLES=ctx.angles_need_grad,
+        )
         grad = grad_angles.sum_to_size(angles.shape).to(angles.dtype) if ctx.angles_need_grad else None
         return dq_out, dk_out, grad, None, None
 
 
-def rotate_triton(q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor, key_angles: torch.Tensor,
-                  dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate_triton(
+    q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor, key_angles: torch.Tensor, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`rotate_reference(q, k, angles, key_angles)` through `KernelRotation`, in `dtype` where given."""
     return KernelRotation.apply(q, k, angles, key_angles, dtype)
 

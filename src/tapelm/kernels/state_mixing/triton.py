@@ -26,9 +26,28 @@ def _load(pointer, offsets, mask, WIDE: tl.constexpr):
 
 
 @triton.jit
-def _mix_forward(state, mix, out, length, width,
-                 s_b, s_h, s_n, s_w, m_b, m_n, m_g, m_h, o_b, o_h, o_n,
-                 HEADS: tl.constexpr, HEADS_P2: tl.constexpr, BLOCK_W: tl.constexpr, WIDE: tl.constexpr):
+def _mix_forward(
+    state,
+    mix,
+    out,
+    length,
+    width,
+    s_b,
+    s_h,
+    s_n,
+    s_w,
+    m_b,
+    m_n,
+    m_g,
+    m_h,
+    o_b,
+    o_h,
+    o_n,
+    HEADS: tl.constexpr,
+    HEADS_P2: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    WIDE: tl.constexpr,
+):
     b, n, heads, cols, tile = _token(length, width, HEADS, HEADS_P2, BLOCK_W)
     state_row, mix_row = state + b * s_b + n * s_n, mix + b * m_b + n * m_n
     acc = _load(state_row, heads[:, None] * s_h + cols[None, :] * s_w, tile, WIDE)
@@ -36,14 +55,41 @@ def _mix_forward(state, mix, out, length, width,
         column = _load(mix_row, heads * m_g + h * m_h, heads < HEADS, WIDE)
         source = _load(state_row, h * s_h + cols * s_w, cols < width, WIDE)
         acc += column[:, None] * source[None, :]
-    tl.store(out + b * o_b + n * o_n + heads[:, None] * o_h + cols[None, :], acc.to(out.dtype.element_ty),
-             mask=tile)
+    tl.store(out + b * o_b + n * o_n + heads[:, None] * o_h + cols[None, :], acc.to(out.dtype.element_ty), mask=tile)
 
 
 @triton.jit
-def _mix_backward(grad, state, mix, grad_state, grad_mix, length, width,
-                  d_b, d_h, d_n, d_w, s_b, s_h, s_n, s_w, m_b, m_n, m_g, m_h, gs_b, gs_h, gs_n, gm_b, gm_n, gm_g,
-                  HEADS: tl.constexpr, HEADS_P2: tl.constexpr, BLOCK_W: tl.constexpr, WIDE: tl.constexpr):
+def _mix_backward(
+    grad,
+    state,
+    mix,
+    grad_state,
+    grad_mix,
+    length,
+    width,
+    d_b,
+    d_h,
+    d_n,
+    d_w,
+    s_b,
+    s_h,
+    s_n,
+    s_w,
+    m_b,
+    m_n,
+    m_g,
+    m_h,
+    gs_b,
+    gs_h,
+    gs_n,
+    gm_b,
+    gm_n,
+    gm_g,
+    HEADS: tl.constexpr,
+    HEADS_P2: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    WIDE: tl.constexpr,
+):
     b, n, heads, cols, tile = _token(length, width, HEADS, HEADS_P2, BLOCK_W)
     grad_row, mix_row = grad + b * d_b + n * d_n, mix + b * m_b + n * m_n
     acc = _load(grad_row, heads[:, None] * d_h + cols[None, :] * d_w, tile, WIDE)
@@ -52,15 +98,22 @@ def _mix_backward(grad, state, mix, grad_state, grad_mix, length, width,
         grad_g = _load(grad_row, g * d_h + cols * d_w, cols < width, WIDE)
         row = _load(mix_row, g * m_g + heads * m_h, heads < HEADS, WIDE)
         acc += row[:, None] * grad_g[None, :]  # d state_h += mix[g, h] d out_g
-        tl.store(grad_mix + b * gm_b + n * gm_n + g * gm_g + heads, tl.sum(source * grad_g[None, :], axis=1),
-                 mask=heads < HEADS)  # d mix[g, h] = <d out_g, state_h>
+        tl.store(
+            grad_mix + b * gm_b + n * gm_n + g * gm_g + heads,
+            tl.sum(source * grad_g[None, :], axis=1),
+            mask=heads < HEADS,
+        )  # d mix[g, h] = <d out_g, state_h>
     tl.store(grad_state + b * gs_b + n * gs_n + heads[:, None] * gs_h + cols[None, :], acc, mask=tile)
 
 
 def _constants(state: torch.Tensor) -> dict:
     heads, width = state.shape[1], state.shape[3]
-    return {"HEADS": heads, "HEADS_P2": triton.next_power_of_2(heads), "BLOCK_W": triton.next_power_of_2(width),
-            "WIDE": state.dtype == torch.float64}
+    return {
+        "HEADS": heads,
+        "HEADS_P2": triton.next_power_of_2(heads),
+        "BLOCK_W": triton.next_power_of_2(width),
+        "WIDE": state.dtype == torch.float64,
+    }
 
 
 class StateMixing(torch.autograd.Function):
@@ -71,8 +124,19 @@ class StateMixing(torch.autograd.Function):
     def forward(ctx, state, mix):
         batch, heads, length, width = state.shape
         out = torch.empty(state.shape, dtype=torch.promote_types(state.dtype, mix.dtype), device=state.device)
-        _mix_forward[(batch * length,)](state, mix, out, length, width, *state.stride(), *mix.stride(),
-                                        out.stride(0), out.stride(1), out.stride(2), **_constants(state))
+        _mix_forward[(batch * length,)](
+            state,
+            mix,
+            out,
+            length,
+            width,
+            *state.stride(),
+            *mix.stride(),
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            **_constants(state),
+        )
         ctx.save_for_backward(state, mix)
         return out
 
@@ -84,10 +148,25 @@ class StateMixing(torch.autograd.Function):
         wide = torch.float64 if state.dtype == torch.float64 else torch.float32
         grad_state = torch.empty(state.shape, dtype=wide, device=state.device)
         grad_mix = torch.empty(mix.shape, dtype=wide, device=state.device)
-        _mix_backward[(batch * length,)](grad, state, mix, grad_state, grad_mix, length, width, *grad.stride(),
-                                         *state.stride(), *mix.stride(), grad_state.stride(0), grad_state.stride(1),
-                                         grad_state.stride(2), grad_mix.stride(0), grad_mix.stride(1),
-                                         grad_mix.stride(2), **_constants(state))
+        _mix_backward[(batch * length,)](
+            grad,
+            state,
+            mix,
+            grad_state,
+            grad_mix,
+            length,
+            width,
+            *grad.stride(),
+            *state.stride(),
+            *mix.stride(),
+            grad_state.stride(0),
+            grad_state.stride(1),
+            grad_state.stride(2),
+            grad_mix.stride(0),
+            grad_mix.stride(1),
+            grad_mix.stride(2),
+            **_constants(state),
+        )
         return grad_state.to(state.dtype), grad_mix.to(mix.dtype)
 
 

@@ -25,8 +25,9 @@ def _triton(state, attended, attn_mix, mix):
 CANDIDATES = candidates("state-update", ("triton", _triton))
 
 
-def update_state(state: torch.Tensor, attended: torch.Tensor, attn_mix: torch.Tensor, mix: torch.Tensor | None,
-                 paths: FastPaths) -> torch.Tensor:
+def update_state(
+    state: torch.Tensor, attended: torch.Tensor, attn_mix: torch.Tensor, mix: torch.Tensor | None, paths: FastPaths
+) -> torch.Tensor:
     """`naive.update_state_reference(state, attended, attn_mix, mix)` by the first candidate that is on in `paths`
     and takes the call, else the attention branch's reference and the MLP branch's dispatcher."""
     out = first(CANDIDATES, paths, state, attended, attn_mix, mix)

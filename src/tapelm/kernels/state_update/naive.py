@@ -29,8 +29,9 @@ def add_attended(state: torch.Tensor, attended: torch.Tensor, attn_mix: torch.Te
     return rows.view(state.shape)
 
 
-def update_state_reference(state: torch.Tensor, attended: torch.Tensor, attn_mix: torch.Tensor,
-                           mix: torch.Tensor | None) -> torch.Tensor:
+def update_state_reference(
+    state: torch.Tensor, attended: torch.Tensor, attn_mix: torch.Tensor, mix: torch.Tensor | None
+) -> torch.Tensor:
     """The state after both updates (the MLP's only where `mix`, (B, N, Hkv, Hkv), is given)."""
     state = add_attended(state, attended, attn_mix)
     return state if mix is None else mix_state_reference(state, mix)
