@@ -250,7 +250,10 @@ def test_convert_command_reports_an_unsupported_checkpoint(tmp_path: Path, capsy
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sources.is_available("smollm2-135m"), reason="SmolLM2 is not downloaded")
+@pytest.mark.skipif(
+    not sources.is_available("smollm2-135m"),
+    reason="SmolLM2 is not fetched (python -m tapelm.pretrained.sources smollm2-135m)",
+)
 def test_smollm2_converts_exactly():
     source, tokenizer = sources.load_pretrained("smollm2-135m")
     source.to(DEVICE)

@@ -27,7 +27,9 @@ from tapelm.kernels.fla_layout import segments
 pytestmark = [pytest.mark.device, pytest.mark.own_process]
 
 naive_path = pytest.importorskip("fla.ops.path_attn.naive", reason="fla is not installed (pip install tapelm[gpu])")
-naive_forgetting = pytest.importorskip("fla.ops.forgetting_attn.naive")
+naive_forgetting = pytest.importorskip(
+    "fla.ops.forgetting_attn.naive", reason="fla is not installed (pip install tapelm[gpu])"
+)
 
 ON_GPU = DEVICE.type == "cuda"
 DTYPE = torch.bfloat16 if ON_GPU else torch.float64

@@ -87,14 +87,20 @@ def test_bad_launch_options_get_one_line_errors_before_anything_starts(tmp_path,
         LocalLauncher(1, devices=["0", "0"])
     with pytest.raises(ValueError, match="--slurm-gpus-per-run=2 is not allowed; give 1"):
         SlurmLauncher(tmp_path, gpus_per_run=2, cluster="local")
-    if shutil.which("sbatch") is None:
-        assert main(["compare", "addition", "--launcher", "slurm", "--root", str(tmp_path / "runs")]) == 2
-        assert "does not have; run the command on the cluster's login node" in capsys.readouterr().err
     assert main(["compare", "addition", "--launcher", "slurm", "--jobs", "2", "--root", str(tmp_path / "runs")]) == 2
     assert "--jobs is an option of --launcher local" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "submitit", None)  # as where it is not installed
     with pytest.raises(ValueError, match=r"needs the submitit package, which is not installed: pip install"):
         SlurmLauncher(tmp_path, cluster="local")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_machine_without_sbatch_is_told_to_submit_from_the_login_node(tmp_path, capsys) -> None:
+    pytest.importorskip("submitit", reason="submitit is not installed (pip install tapelm[cluster])")
+    if shutil.which("sbatch") is not None:
+        pytest.skip("this machine has SLURM's sbatch")
+    assert main(["compare", "addition", "--launcher", "slurm", "--root", str(tmp_path / "runs")]) == 2
+    assert "does not have; run the command on the cluster's login node" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 
@@ -118,7 +124,7 @@ def test_a_missing_or_unknown_tracker_is_refused_with_the_command_that_installs_
 
 
 def test_a_run_reporting_to_tensorboard_trains_the_same_model_and_logs_its_metric_lines(local, tmp_path) -> None:
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason="TensorBoard is not installed (pip install tapelm[cluster])")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "watched"
@@ -151,7 +157,7 @@ def test_a_comparison_on_submitit_killed_mid_run_resumes_to_the_local_result(loc
     """Submitted as one job array through submitit's local executor (the same submission as on SLURM, as processes
     here), one job killed after its first checkpoint; the comparison run again submits only that run, which resumes
     from its checkpoint; every result equals the one trained in this process."""
-    pytest.importorskip("submitit")
+    pytest.importorskip("submitit", reason="submitit is not installed (pip install tapelm[cluster])")
     root = tmp_path / "runs"
     launcher = SlurmLauncher(tmp_path / "slurm", time_minutes=10, gpus_per_run=0, cluster="local", poll_seconds=0.2)
     comparison = open_comparison(BASE, PES, [0], root)

@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LM_EVAL = shutil.which("lm_eval") or str(Path(os.sys.executable).with_name("lm_eval"))
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(LM_EVAL).is_file(), reason="lm_eval is not installed (extra lm-eval)"),
+    pytest.mark.skipif(not Path(LM_EVAL).is_file(), reason="lm_eval is not installed (pip install tapelm[lm-eval])"),
 ]
 
 TASK = """task: tapelm_local_sums

@@ -328,12 +328,6 @@ class SlurmLauncher(Launcher):
         cluster: str = "slurm",
         poll_seconds: float = 10.0,
     ) -> None:
-        try:
-            import submitit  # noqa: F401
-        except ImportError:
-            raise ValueError(
-                f"--launcher slurm needs the submitit package, which is not installed: {SUBMITIT_PIP}"
-            ) from None
         for name, value, low in (
             ("--slurm-time", time_minutes, 1),
             ("--slurm-cpus-per-run", 1 if cpus_per_run is None else cpus_per_run, 1),
@@ -347,6 +341,12 @@ class SlurmLauncher(Launcher):
             )
         if cluster not in ("slurm", "local"):
             raise ValueError(f"cluster={cluster!r} is not allowed; choose slurm or local")
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                f"--launcher slurm needs the submitit package, which is not installed: {SUBMITIT_PIP}"
+            ) from None
         if cluster == "slurm" and shutil.which("sbatch") is None:
             raise ValueError(
                 "--launcher slurm submits with SLURM's sbatch, which this machine does not have; run the "
