@@ -15,7 +15,7 @@ from ..experiments.compare import COMPARISON_FILE, aggregate
 from ..experiments.plan import AT_GPU_SCALE, GPU, OwedComparison, default_settings_hash
 from ..experiments.presets import DEFAULT_PRESET
 from .extend_section import results_dir as extend_results
-from .sections import ReportContext, register_section
+from .sections import ReportContext, register_readme_section, register_section
 
 SCALES = {"laptop": DEFAULT_PRESET, "GPU": GPU}  # a scale's name and the preset its comparisons are run at
 
@@ -189,5 +189,6 @@ def build(context: ReportContext) -> str | None:
 
 
 register_section("claims", "Claims: verdicts at laptop and GPU scale", build)
+register_readme_section("verdicts", build_verdicts)
 
 __all__ = ["PAIR_ONLY", "SCALES", "build", "build_verdicts", "current_hash", "judge_all", "judge_at_scale"]
