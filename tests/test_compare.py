@@ -746,7 +746,7 @@ def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:
 def test_claims_are_judged_at_the_current_recipe_once_it_has_the_subject() -> None:
     """A recipe change starts a new comparison folder: its claims are judged there even while an older folder has
     more finished runs; before the new one has the claim's subject, the fullest older one is used."""
-    from tapelm.report.claims_section import _best_comparison
+    from tapelm.report.claims_section import best_comparison
 
     def summary(settings_hash: str, rows: dict[str, list[int]], **task_options) -> dict:
         return {
@@ -763,17 +763,17 @@ def test_claims_are_judged_at_the_current_recipe_once_it_has_the_subject() -> No
     old = summary("old", {"tape": [0, 1, 2, 3, 4], "rope": [0, 1, 2, 3, 4], "nope": [0, 1]})
     small_old = summary("older", {"tape": [0], "rope": [0]})
     current = summary("new", {"tape": [0], "rope": [0]})
-    assert _best_comparison([small_old, old, current], arithmetic, "new") is current
-    assert _best_comparison([small_old, old, current], arithmetic, "absent") is old
-    assert _best_comparison([small_old, old, summary("new", {"rope": [0]})], arithmetic, "new") is old
-    assert _best_comparison([old], replace(r4, subject="tape-r4"), "new") is None
+    assert best_comparison([small_old, old, current], arithmetic, "new") is current
+    assert best_comparison([small_old, old, current], arithmetic, "absent") is old
+    assert best_comparison([small_old, old, summary("new", {"rope": [0]})], arithmetic, "new") is old
+    assert best_comparison([old], replace(r4, subject="tape-r4"), "new") is None
     # a claim reads only comparisons of its design: the plain format's claims never the index-hints runs
     hints = summary("hints", {"tape": [0, 1, 2, 3, 4, 5], "rope": [0, 1, 2, 3, 4, 5]}, format="index_hints")
     explicit_plain = summary("plain", {"tape": [0], "rope": [0]}, format="plain", max_train_digits=4)
-    assert _best_comparison([old, hints], arithmetic, "absent") is old
-    assert _best_comparison([old, hints], hinted, "absent") is hints
-    assert _best_comparison([explicit_plain], arithmetic, "absent") is explicit_plain
-    assert _best_comparison([old, explicit_plain], hinted, "absent") is None
+    assert best_comparison([old, hints], arithmetic, "absent") is old
+    assert best_comparison([old, hints], hinted, "absent") is hints
+    assert best_comparison([explicit_plain], arithmetic, "absent") is explicit_plain
+    assert best_comparison([old, explicit_plain], hinted, "absent") is None
 
 
 def test_only_a_default_preset_comparison_at_other_settings_is_superseded() -> None:

@@ -18,7 +18,7 @@ from ..experiments.evaluate import higher_is_better
 from ..experiments.presets import DEFAULT_PRESET
 from ..experiments.statistics import format_difference, paired_difference, verdict
 from ..experiments.variants import VARIANTS
-from .claims_section import _best_comparison, _summaries, current_hash, judge_all
+from .claims_section import archived_summaries, best_comparison, current_hash, judge_all
 from .sections import ReportContext, register_readme_section
 
 SUBJECT, REFERENCE = "tape", "rope"
@@ -217,9 +217,11 @@ def entries(context: ReportContext) -> list[tuple[dict[str, Any], claims.Claim |
     for task in archived:
         if task in covered:
             continue
-        summaries = [s for s in _summaries(context.comparisons, task) if s["record"]["preset"] == DEFAULT_PRESET]
+        summaries = [
+            s for s in archived_summaries(context.comparisons, task) if s["record"]["preset"] == DEFAULT_PRESET
+        ]
         anyone = claims.Claim(task, "", task, "longer", ())
-        summary = _best_comparison(summaries, anyone, current_hash(anyone, DEFAULT_PRESET))
+        summary = best_comparison(summaries, anyone, current_hash(anyone, DEFAULT_PRESET))
         if summary is not None:
             rows[task, summary["settings_hash"]] = summary, None, None
     rank = {task: index for index, task in enumerate(ORDER)}
