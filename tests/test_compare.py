@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -10,11 +11,19 @@ from pathlib import Path
 import pytest
 
 from tapelm.cli import main
-from tapelm.experiments.claims import CLAIMS
-from tapelm.experiments.compare import aggregate, compare, format_table, merge_records, requested_runs
+from tapelm.experiments.claims import CLAIMS, judge
+from tapelm.experiments.compare import (
+    aggregate,
+    compare,
+    format_table,
+    merge_records,
+    paired_differences,
+    requested_runs,
+)
 from tapelm.experiments.plan import OWED, default_settings_hash, superseded_by
 from tapelm.experiments.runs import RunSpec, settings_hash
-from tapelm.report import build_report, splice
+from tapelm.report import build_report, readme_sections, splice
+from tapelm.report.findings_section import best_other, findings_row, findings_table
 
 TINY = [
     "--steps",
@@ -172,20 +181,109 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     assert out.read_text() == first
 
 
-def test_report_writes_the_readme_verdicts_only_between_its_markers(compared, tmp_path) -> None:
+README_MARKERS = (
+    "<!-- tapelm-report:begin findings -->\nold findings\n<!-- tapelm-report:end findings -->\n\nBetween.\n\n"
+    "<!-- tapelm-report:begin verdicts -->\nold verdicts\n<!-- tapelm-report:end verdicts -->\n"
+)
+
+
+def test_report_writes_the_readme_tables_only_between_their_markers(compared, tmp_path) -> None:
     out = tmp_path / "docs" / "RESULTS.md"
     readme = tmp_path / "README.md"
     readme.write_text("# tool\n\nFront page.\n")
-    assert "README.md:verdicts" not in build_report(compared, out, readme=readme)
+    assert not any(name.startswith(f"{readme}:") for name in build_report(compared, out, readme=readme))
     assert readme.read_text() == "# tool\n\nFront page.\n"  # no markers: the file is not touched
-    readme.write_text(
-        "# tool\n\n<!-- tapelm-report:begin verdicts -->\nold\n<!-- tapelm-report:end verdicts -->\n\nAfter.\n"
-    )
-    assert f"{readme}:verdicts" in build_report(compared, out, readme=readme)
+    readme.write_text(f"# tool\n\n{README_MARKERS}\nAfter.\n")
+    written = build_report(compared, out, readme=readme)
+    assert f"{readme}:verdicts" in written and f"{readme}:findings" in written
     text = readme.read_text()
-    assert "old" not in text and text.endswith("\nAfter.\n")
+    assert "old" not in text and text.startswith("# tool\n\n<!-- tapelm-report:begin findings -->\n")
+    assert text.endswith("\nAfter.\n") and "\n<!-- tapelm-report:end findings -->\n\nBetween.\n\n" in text
     assert "| Addition: TAPE's heatmap average over the 2x operand-length grid" in text
     assert "| **inconclusive** |" in text
+    findings = text.split("<!-- tapelm-report:begin findings -->")[1].split("<!-- tapelm-report:end findings -->")[0]
+    hash_ = comparison(compared).name
+    assert f"| addition (6 steps, `{hash_}`) |" in findings  # TINY's comparison, the only one archived
+    assert "| **inconclusive** on the average over every length: TAPE did not learn the task |" in findings
+    assert build_report(compared, out, readme=readme) == written and readme.read_text() == text  # idempotent
+
+
+def test_report_refuses_a_readme_that_lost_one_tables_markers(compared, tmp_path, capsys) -> None:
+    """A README with some of the report's markers but not all, or a begin marker without its end, is refused in one
+    line before anything is written, so that no table silently stops being rewritten."""
+    out = tmp_path / "docs" / "RESULTS.md"
+    readme = tmp_path / "README.md"
+    only_verdicts = "# tool\n\n<!-- tapelm-report:begin verdicts -->\n<!-- tapelm-report:end verdicts -->\n"
+    for broken in (only_verdicts, README_MARKERS.replace("<!-- tapelm-report:end findings -->", "")):
+        readme.write_text(broken)
+        capsys.readouterr()
+        assert main(["report", "--root", str(compared), "--out", str(out), "--readme", str(readme)]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and error.startswith(f"tapelm: error: {readme}") and "findings" in error
+        assert readme.read_text() == broken and not out.exists()
+    assert sorted(readme_sections(README_MARKERS, "README.md")) == ["findings", "verdicts"]
+    assert readme_sections("# another tool\n", "README.md") == []
+
+
+def synthetic(task: str, metric: str, per_seed: dict[str, tuple[float, dict[int, float]]]) -> dict:
+    """A comparison summary as `aggregate` makes it, from {pe: (in-distribution mean, {seed: longer})}."""
+    rows = {}
+    for pe, (in_distribution, longer) in per_seed.items():
+        values = list(longer.values())
+        mean = math.exp(sum(values) / len(values)) if metric == "perplexity" else sum(values) / len(values)
+        rows[pe] = {
+            "seeds": sorted(longer),
+            "in_distribution": {"mean": in_distribution},
+            "longer": {"mean": mean},
+            "per_seed": {key: longer for key in ("longer", "all")}
+            | {"in_distribution": dict.fromkeys(longer, in_distribution)},
+        }
+    record = {"preset": "cpu-small", "train": {"steps": 2000}, "task_options": {}}
+    summary = {"task": task, "metric": metric, "settings_hash": "0123456789", "record": record, "rows": rows}
+    return {**summary, "paired": paired_differences(rows)}
+
+
+def test_findings_row_from_a_synthetic_comparison() -> None:
+    """TAPE − RoPE and TAPE − the best encoding that learned the task, paired by seed with 95% intervals (checked by
+    hand: t(0.975, 2) = 4.303), who is ahead of TAPE, and the claim's verdict with the baselines that decide it."""
+    mqar = synthetic(
+        "mqar",
+        "accuracy",
+        {
+            "tape": (1.0, {0: 0.90, 1: 0.92, 2: 0.94}),
+            "rope": (1.0, {0: 0.60, 1: 0.70, 2: 0.65}),
+            "fox": (1.0, {0: 0.99, 1: 0.98, 2: 0.99}),
+            "fire": (0.99, {0: 0.95, 1: 0.96, 2: 0.97}),
+            "nope": (0.50, {0: 1.0, 1: 1.0, 2: 1.0}),  # best beyond, but never learned the task: not the best
+        },
+    )
+    claim = next(c for c in CLAIMS if c.name == "retrieval-mqar")
+    result, _ = judge(claim, mqar)
+    assert best_other(mqar) == "fox" and result == "refuted"
+    table = findings_table([(mqar, claim, result)])
+    row = table.splitlines()[-1]
+    assert row == (
+        "| MQAR (2,000 steps, `0123456789`) | 92.0% accuracy (3 seeds) | +27.0 ± 10.8 pts (3 seeds): better "
+        "| FoX -6.7 ± 5.2 pts (3 seeds): worse | ahead of TAPE: FoX, FIRE; behind: RoPE; did not learn: NoPE "
+        "| **refuted**: FIRE ahead of TAPE; NoPE did not learn (against RoPE, RandPE, NoPE, FIRE, ALiBi) |"
+    )
+    text = synthetic(
+        "text",
+        "perplexity",
+        {
+            "tape": (3.3, {0: math.log(20), 1: math.log(22)}),
+            "rope": (3.4, {0: math.log(4), 1: math.log(4.2)}),
+            "alibi": (3.5, {0: math.log(30), 1: math.log(25)}),
+        },
+    )
+    row = findings_table([(text, None, None)]).splitlines()[-1]
+    assert "| ×5.118 [3.808, 6.877] (2 seeds): worse | RoPE ×5.118 [3.808, 6.877] (2 seeds): worse |" in row
+    assert "| ahead of TAPE: RoPE; no difference shown: ALiBi | the paper makes none |" in row
+    unlearned = synthetic("mqar", "accuracy", {"tape": (0.5, {0: 0.1, 1: 0.2}), "rope": (1.0, {0: 0.5, 1: 0.6})})
+    row = findings_row(unlearned, claim, judge(claim, unlearned)[0])
+    assert "(2 seeds): worse; TAPE did not learn it in distribution |" in row
+    assert "| TAPE did not learn the task (50.0% < 95% in distribution); learned: RoPE |" in row
+    assert row.endswith("| **inconclusive**: TAPE did not learn the task |")
 
 
 def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
@@ -648,7 +746,7 @@ def test_coverage_reads_the_archive_at_the_default_recipe(tmp_path) -> None:
 def test_claims_are_judged_at_the_current_recipe_once_it_has_the_subject() -> None:
     """A recipe change starts a new comparison folder: its claims are judged there even while an older folder has
     more finished runs; before the new one has the claim's subject, the fullest older one is used."""
-    from tapelm.report.claims_section import _best_comparison
+    from tapelm.report.claims_section import best_comparison
 
     def summary(settings_hash: str, rows: dict[str, list[int]], **task_options) -> dict:
         return {
@@ -665,17 +763,17 @@ def test_claims_are_judged_at_the_current_recipe_once_it_has_the_subject() -> No
     old = summary("old", {"tape": [0, 1, 2, 3, 4], "rope": [0, 1, 2, 3, 4], "nope": [0, 1]})
     small_old = summary("older", {"tape": [0], "rope": [0]})
     current = summary("new", {"tape": [0], "rope": [0]})
-    assert _best_comparison([small_old, old, current], arithmetic, "new") is current
-    assert _best_comparison([small_old, old, current], arithmetic, "absent") is old
-    assert _best_comparison([small_old, old, summary("new", {"rope": [0]})], arithmetic, "new") is old
-    assert _best_comparison([old], replace(r4, subject="tape-r4"), "new") is None
+    assert best_comparison([small_old, old, current], arithmetic, "new") is current
+    assert best_comparison([small_old, old, current], arithmetic, "absent") is old
+    assert best_comparison([small_old, old, summary("new", {"rope": [0]})], arithmetic, "new") is old
+    assert best_comparison([old], replace(r4, subject="tape-r4"), "new") is None
     # a claim reads only comparisons of its design: the plain format's claims never the index-hints runs
     hints = summary("hints", {"tape": [0, 1, 2, 3, 4, 5], "rope": [0, 1, 2, 3, 4, 5]}, format="index_hints")
     explicit_plain = summary("plain", {"tape": [0], "rope": [0]}, format="plain", max_train_digits=4)
-    assert _best_comparison([old, hints], arithmetic, "absent") is old
-    assert _best_comparison([old, hints], hinted, "absent") is hints
-    assert _best_comparison([explicit_plain], arithmetic, "absent") is explicit_plain
-    assert _best_comparison([old, explicit_plain], hinted, "absent") is None
+    assert best_comparison([old, hints], arithmetic, "absent") is old
+    assert best_comparison([old, hints], hinted, "absent") is hints
+    assert best_comparison([explicit_plain], arithmetic, "absent") is explicit_plain
+    assert best_comparison([old, explicit_plain], hinted, "absent") is None
 
 
 def test_only_a_default_preset_comparison_at_other_settings_is_superseded() -> None:

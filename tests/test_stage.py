@@ -382,7 +382,10 @@ def test_the_report_judges_each_claim_per_scale_and_says_where_a_scale_has_not_r
         == 0
     )
     readme = tmp_path / "README.md"
-    readme.write_text("<!-- tapelm-report:begin verdicts -->\n<!-- tapelm-report:end verdicts -->\n")
+    readme.write_text(
+        "<!-- tapelm-report:begin findings -->\n<!-- tapelm-report:end findings -->\n"
+        "<!-- tapelm-report:begin verdicts -->\n<!-- tapelm-report:end verdicts -->\n"
+    )
     build_report(tmp_path / "stage", tmp_path / "docs" / "RESULTS.md", readme=readme)
     table = readme.read_text()
     assert "| the paper's claim | laptop | GPU |" in table

@@ -8,7 +8,9 @@ and is rewritten from its results every time (comparisons are first archived nex
 and read from there, so that they outlive the `runs/` cache: see `tapelm.experiments.archive`); a section with no
 results yet keeps what it had; everything outside the markers (text other people or tools wrote) is kept as it is. A
 new kind of result adds a section with `register_section(name, title, build)`, where `build(context) -> markdown |
-None`.
+None`. The README's generated tables (the findings, the verdicts) are sections of the same kind, registered with
+`register_readme_section(name, build)`: a README with none of their markers is not touched, one with only some of
+them is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiments.archive import archive_comparisons
-from ..experiments.markdown import HEADER, has_section, splice
-from .sections import SECTIONS, ReportContext, register_section
+from ..experiments.markdown import HEADER, _markers, splice
+from .sections import README_SECTIONS, SECTIONS, ReportContext, register_readme_section, register_section
 
 
 def build_report(
@@ -28,12 +30,13 @@ def build_report(
     readme: str | Path | None = None,
 ) -> list[str]:
     """Rebuild the sections (all registered ones, or `sections`) of `out` from the results under `root`, and the
-    verdicts table of `readme` when given (only where that file already has the `verdicts` markers); returns the
-    names of the sections written."""
+    README's tables (`README_SECTIONS`) in `readme` when given and it has their markers (see `readme_sections`);
+    returns the names of the sections written."""
     from . import (  # noqa: F401  (each registers its section)
         claims_section,
         coverage_section,
         extend_section,
+        findings_section,
         pretrained_section,
         scrolls_section,
         tasks_section,
@@ -47,6 +50,8 @@ def build_report(
         raise ValueError(f"unknown report section '{unknown[0]}'; choose from: {', '.join(SECTIONS)}")
     if not root.is_dir():
         raise ValueError(f"results folder '{root}' does not exist; run `tapelm compare` first or pass --root")
+    readme = Path(readme) if readme is not None and Path(readme).is_file() else None
+    in_readme = readme_sections(readme.read_text(), str(readme)) if readme is not None else []
     try:
         link = figures.resolve().relative_to(out.parent.resolve()).as_posix()
     except ValueError:
@@ -66,15 +71,42 @@ def build_report(
     for name, content in contents.items():
         document = splice(document, name, content)
     _write_atomically(out, document)
-    if readme is not None and Path(readme).is_file() and has_section(Path(readme).read_text(), README_SECTION):
-        verdicts = claims_section.build_verdicts(context)
-        if verdicts is not None:
-            _write_atomically(Path(readme), splice(Path(readme).read_text(), README_SECTION, verdicts))
-            contents[f"{readme}:{README_SECTION}"] = verdicts
+    if in_readme:
+        text = readme.read_text()
+        for name in in_readme:
+            table = README_SECTIONS[name](context)
+            if table is not None:
+                text = splice(text, name, table)
+                contents[f"{readme}:{name}"] = table
+        _write_atomically(readme, text)
     return list(contents)
 
 
-README_SECTION = "verdicts"
+def readme_sections(text: str, where: str) -> list[str]:
+    """The README tables that `text` (the file `where`) has markers for: none, where the file is not one the report
+    writes, or every registered one, each with one begin marker and one end marker after it; anything else (a table
+    lost in an edit, a marker without its pair) raises ValueError in one line, so that no table silently stops
+    being rewritten."""
+    found, missing = [], []
+    for name in README_SECTIONS:
+        begin, end = _markers(name)
+        counts = text.count(begin), text.count(end)
+        if counts == (0, 0):
+            missing.append(name)
+        elif counts != (1, 1) or text.index(begin) > text.index(end):
+            raise ValueError(
+                f"{where}: the '{name}' table needs one '{begin}' and one '{end}' after it; found {counts[0]} begin "
+                f"and {counts[1]} end marker(s)"
+            )
+        else:
+            found.append(name)
+    if found and missing:
+        begin, end = _markers(missing[0])
+        raise ValueError(
+            f"{where} has the report's markers for {', '.join(found)} but not for {', '.join(missing)}: add "
+            f"'{begin}' and '{end}' where the table goes"
+        )
+    return found
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -94,7 +126,8 @@ def add_commands(commands) -> None:
     parser.add_argument(
         "--readme",
         default="README.md",
-        help="also rewrite the verdicts table of this file, where it has the markers (default: %(default)s)",
+        help="also rewrite the findings and verdicts tables of this file, where it has their markers "
+        "(default: %(default)s)",
     )
     parser.set_defaults(handler=_report_command)
 
@@ -104,4 +137,13 @@ def _report_command(args) -> None:
     print(f"wrote {args.out} (sections: {', '.join(written)})")
 
 
-__all__ = ["build_report", "register_section", "splice", "ReportContext", "SECTIONS"]
+__all__ = [
+    "README_SECTIONS",
+    "SECTIONS",
+    "ReportContext",
+    "build_report",
+    "readme_sections",
+    "register_readme_section",
+    "register_section",
+    "splice",
+]

@@ -15,12 +15,12 @@ from ..experiments.compare import COMPARISON_FILE, aggregate
 from ..experiments.plan import AT_GPU_SCALE, GPU, OwedComparison, default_settings_hash
 from ..experiments.presets import DEFAULT_PRESET
 from .extend_section import results_dir as extend_results
-from .sections import ReportContext, register_section
+from .sections import ReportContext, register_readme_section, register_section
 
 SCALES = {"laptop": DEFAULT_PRESET, "GPU": GPU}  # a scale's name and the preset its comparisons are run at
 
 
-def _best_comparison(
+def best_comparison(
     summaries: list[dict[str, Any]], claim: claims.Claim, current_hash: str | None
 ) -> dict[str, Any] | None:
     """Of one task's archived comparisons (oldest first) in the claim's design, the one at the current recipe's
@@ -82,7 +82,7 @@ def judge_at_scale(claim: claims.Claim, summary: dict[str, Any] | None, preset: 
     ]
 
 
-def _summaries(archive: Path, task: str) -> list[dict[str, Any]]:
+def archived_summaries(archive: Path, task: str) -> list[dict[str, Any]]:
     """The archived comparisons of `task`, aggregated, oldest first."""
     return [
         aggregate(directory, write=False)
@@ -102,10 +102,10 @@ def judge_all(
         if claim.task not in by_task:
             by_task[claim.task] = [
                 summary
-                for summary in _summaries(context.comparisons, claim.task)
+                for summary in archived_summaries(context.comparisons, claim.task)
                 if summary["record"]["preset"] == preset
             ]
-        summary = _best_comparison(by_task[claim.task], claim, current_hash(claim, preset))
+        summary = best_comparison(by_task[claim.task], claim, current_hash(claim, preset))
         judged.append((claim, summary, *judge_at_scale(claim, summary, preset)))
     if all(result == "not run" for _, _, result, _ in judged):
         return None
@@ -189,5 +189,16 @@ def build(context: ReportContext) -> str | None:
 
 
 register_section("claims", "Claims: verdicts at laptop and GPU scale", build)
+register_readme_section("verdicts", build_verdicts)
 
-__all__ = ["PAIR_ONLY", "SCALES", "build", "build_verdicts", "current_hash", "judge_all", "judge_at_scale"]
+__all__ = [
+    "PAIR_ONLY",
+    "SCALES",
+    "archived_summaries",
+    "best_comparison",
+    "build",
+    "build_verdicts",
+    "current_hash",
+    "judge_all",
+    "judge_at_scale",
+]

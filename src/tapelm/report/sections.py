@@ -1,4 +1,5 @@
-"""The registry of report sections: each kind of result adds one with `register_section(name, title, build)`."""
+"""The registries of report sections: each kind of result adds one to docs/RESULTS.md with
+`register_section(name, title, build)`, and a table of the README's with `register_readme_section(name, build)`."""
 
 from __future__ import annotations
 
@@ -34,3 +35,14 @@ def register_section(name: str, title: str, build: Callable[[ReportContext], str
     if not re.fullmatch(r"[a-z0-9-]+", name):
         raise ValueError(f"section name {name!r} is not allowed; use lower-case letters, digits and '-'")
     SECTIONS[name] = Section(name, title, build)
+
+
+README_SECTIONS: dict[str, Callable[[ReportContext], str | None]] = {}
+
+
+def register_readme_section(name: str, build: Callable[[ReportContext], str | None]) -> None:
+    """Add (or replace) a section of the README (`tapelm report --readme`): `build(context) -> markdown | None` is
+    written between the README's `<!-- tapelm-report:begin NAME -->` / `end NAME` markers, with no title."""
+    if not re.fullmatch(r"[a-z0-9-]+", name):
+        raise ValueError(f"section name {name!r} is not allowed; use lower-case letters, digits and '-'")
+    README_SECTIONS[name] = build
