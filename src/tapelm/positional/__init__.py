@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
-from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionalEncoding, PositionContext
 from .bias import FIRE, ALiBi, CoPE, T5Bias
 from .fox import FoX
 from .grape_ap import GrapeAP
@@ -43,6 +43,7 @@ __all__ = [
     "build_encoding",
     "PositionalEncoding",
     "LayerPositional",
+    "PerLayerEncoding",
     "PositionContext",
     "TapeLayer",
 ]

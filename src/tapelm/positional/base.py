@@ -4,7 +4,8 @@ An encoding is two modules. The model-level `PositionalEncoding` works once per 
 input embeddings, precompute what its layers need (rotation tables, a shared logit bias) and provide an initial
 positional state. Its `make_layer` builds one `LayerPositional` per decoder block, which may transform q and k, add a
 per-layer logit bias, append a positional state to the value stream and update that state after the attention and MLP
-sublayers. The decoder block calls these hooks and never names an encoding.
+sublayers. The decoder block calls these hooks and never names an encoding. An encoding whose model level only makes
+its layers is a `PerLayerEncoding` naming its layer class.
 """
 
 from __future__ import annotations
@@ -156,3 +157,18 @@ class PositionalEncoding(CustomInit):
     def make_layer(self, layer_idx: int) -> LayerPositional:
         """The per-layer hooks for decoder block `layer_idx`."""
         return LayerPositional()
+
+
+class PerLayerEncoding(PositionalEncoding):
+    """An encoding whose model level only makes its layers: every hook lives in `layer_class`, built as
+    `layer_class(config, layer_idx)` for each decoder block. A subclass names its layer class (and sets the model-level
+    flags it needs, e.g. `adds_logit_bias`)."""
+
+    layer_class: type[LayerPositional]
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        return self.layer_class(self.config, layer_idx)

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..kernels.attention import RowBias
 from ..masks import tracing
-from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionalEncoding, PositionContext
 
 
 def shared_positions(ctx: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,23 +217,10 @@ class FIRELayer(LayerPositional):
         return self.fire(ctx, q.dtype)
 
 
-class CoPE(PositionalEncoding):
-    """Contextual position encoding (Golovneva et al. 2024): positions are counts of gated keys."""
-
-    adds_logit_bias = True
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return CoPELayer(self.config)
-
-
 class CoPELayer(LayerPositional):
     """p_ij = sum_{k=j..i} sigmoid(q_i . k_k); bias = q_i . e[p_ij], interpolating between integer positions."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
         self.max_positions = config.cope_max_positions
         self.kv_groups = config.num_attention_heads // config.num_key_value_heads
@@ -263,3 +250,10 @@ class CoPELayer(LayerPositional):
         weight = positions - lower
         table = (q @ self.pos_emb.to(q.dtype)).to(wide)  # (B, H, N, P)
         return (table.gather(-1, lower) * (1 - weight) + table.gather(-1, upper) * weight).to(q.dtype)
+
+
+class CoPE(PerLayerEncoding):
+    """Contextual position encoding (Golovneva et al. 2024): positions are counts of gated keys."""
+
+    adds_logit_bias = True
+    layer_class = CoPELayer

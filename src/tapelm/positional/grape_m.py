@@ -30,7 +30,7 @@ from torch import nn
 
 from ..cache import last_cached_state, store_keys_values, store_state
 from ..kernels.rotation import rotate_queries_and_keys
-from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext
 
 
 class Spectrum(CustomInit):
@@ -71,21 +71,10 @@ class Spectrum(CustomInit):
         return torch.cat([angles.cos(), angles.sin()], dim=-1).to(self.log_freq_shift.dtype)
 
 
-class GrapeFixed(PositionalEncoding):
-    """Non-contextual GRAPE-M: RoPE with learnable frequencies in every layer."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return GrapeFixedLayer(self.config)
-
-
 class GrapeFixedLayer(LayerPositional):
     """One layer's frequencies; q and k rotated by position x theta."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
         self.spectrum = Spectrum(config, config.grape_log_freq_scale)
 
@@ -93,17 +82,6 @@ class GrapeFixedLayer(LayerPositional):
         positions = ctx.query_positions[:1] if ctx.query_positions.stride(0) == 0 else ctx.query_positions
         table = self.spectrum.table(positions[:, None])
         return rotate_queries_and_keys(q, k, table, ctx.paths)
-
-
-class GrapeContextual(PositionalEncoding):
-    """Contextual GRAPE-M (the authors' Type-I): a running phase from per-token increments."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return GrapeContextualLayer(self.config)
 
 
 class Increment(nn.Linear, CustomInit):
@@ -121,7 +99,7 @@ class Increment(nn.Linear, CustomInit):
 class GrapeContextualLayer(LayerPositional):
     """One layer's increments and frequencies; its cache keeps each token's running phase."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
         self.spectrum = Spectrum(config, 1.0)
         self.increment = Increment(config)
@@ -146,6 +124,18 @@ class GrapeContextualLayer(LayerPositional):
         q, k = rotate_queries_and_keys(q, k, table, ctx.paths)
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         return q, k, stream, None
+
+
+class GrapeFixed(PerLayerEncoding):
+    """Non-contextual GRAPE-M: RoPE with learnable frequencies in every layer."""
+
+    layer_class = GrapeFixedLayer
+
+
+class GrapeContextual(PerLayerEncoding):
+    """Contextual GRAPE-M (the authors' Type-I): a running phase from per-token increments."""
+
+    layer_class = GrapeContextualLayer
 
 
 __all__ = ["GrapeContextual", "GrapeContextualLayer", "GrapeFixed", "GrapeFixedLayer", "Spectrum"]
