@@ -31,11 +31,12 @@ from torch import nn
 from ..cache import last_cached_state, store_keys_values, store_state
 from ..kernels.rotation import rotate_queries_and_keys
 from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext
+from .rotary import rope_frequencies
 
 
 class Spectrum(CustomInit):
     """Per-plane frequencies theta = rope * exp(shift / scale) ((d/2,) shared, or (Hkv, d/2)), learnable or frozen:
-    `rope` RoPE's frequencies from `rope_theta`, computed as transformers computes them, and `shift` starting at 0,
+    `rope` RoPE's frequencies from `rope_theta` (`rope_frequencies`), and `shift` starting at 0,
     so that a fresh layer rotates exactly as RoPE. The authors store log_freq = scale * log(theta) instead, which is
     shift plus a constant: the same function and gradients (weight decay, where a training loop applies it to these
     parameters, pulls toward RoPE's spectrum here, toward theta = 1 there). `table(phase)` turns phases into a
@@ -59,8 +60,7 @@ class Spectrum(CustomInit):
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """theta (1 or Hkv, d/2) in `dtype`."""
         shift = self.log_freq_shift.to(dtype)
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=shift.device).float() / self.head_dim
-        rope = (1.0 / self.theta**exponents).to(dtype)
+        rope = rope_frequencies(self.theta, self.head_dim, shift.device).to(dtype)
         return (rope * (shift / self.scale).exp()).view(-1, self.head_dim // 2)
 
     def table(self, phase: torch.Tensor) -> torch.Tensor:

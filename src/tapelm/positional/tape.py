@@ -68,8 +68,6 @@ class TapeEncoding(PositionalEncoding):
         self.compact = uses_compact_state(config)
         self.block_l, self.block_r = config.tape_block
         self.kv_heads = config.num_key_value_heads
-        self.rope_theta = config.rope_parameters["rope_theta"]
-        self.head_dim = config.head_dim
         self.config = config
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
@@ -78,9 +76,7 @@ class TapeEncoding(PositionalEncoding):
             return
         groups = self.block_r // self.block_l
         wide = torch.promote_types(dtype, torch.float32)
-        offsets = torch.arange(groups, dtype=wide, device=ctx.query_positions.device)
-        group_freq = self.rope_theta ** (-2.0 * offsets / (groups * self.head_dim))
-        freqs = group_freq[:, None] * self.rotary.inv_freq.to(ctx.query_positions.device, wide)  # (G, d/2)
+        freqs = self.rotary.grouped_frequencies(groups, ctx.query_positions.device, wide)  # (G, d/2)
         angles = ctx.query_positions.to(wide)[..., None, None] * freqs  # (B, N, G, d/2)
         scale = self.rotary.attention_scaling / groups**0.5
         ctx.tables["e0"] = initial_blocks(angles, self.block_l, self.block_r, scale).flatten(-3)
