@@ -10,6 +10,7 @@ its layers is a `PerLayerEncoding` naming its layer class.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,30 @@ from torch import nn
 
 from ..cache import store_keys_values
 from ..fast_paths import FastPaths
+
+
+def check_choice(field: str, value, allowed) -> None:
+    """A config field's value must be one of `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def check_positive(field: str, value) -> None:
+    """A config field's value must be a positive integer."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{field}={value!r} is not allowed; it must be a positive integer")
+
+
+def check_positive_number(field: str, value) -> None:
+    """A config field's value must be a finite positive number."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{field}={value!r} is not allowed; it must be a positive number")
+
+
+def check_bool(field: str, value) -> None:
+    """A config field's value must be True or False."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{field}={value!r} is not allowed; it must be True or False")
 
 
 @dataclass
@@ -130,11 +155,25 @@ class PositionalEncoding(CustomInit):
     `adds_logit_bias`: attention needs an explicit mask because logits get a float bias.
     `fixed_shape_cache`: the layers can read a static cache's whole buffers, unwritten rows masked (False: they need
     the cached tokens as a sequence, as PaTH's transforms do).
+    `causal_only`: the positional signal only runs from earlier to later tokens, so `causal=False` is refused.
+    `validate_fields` and `validate_config` check the encoding's own config fields at `TapeConfig`'s construction.
     """
 
     needs_key_positions = False
     adds_logit_bias = False
     fixed_shape_cache = True
+    causal_only = False
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        """Raise ValueError naming the first of this encoding's own config fields whose value is not allowed (and
+        put a field in its canonical form where it has one). Called for every registered encoding on every config,
+        whatever its `pe_type`: a config carries and saves every encoding's fields."""
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        """Raise ValueError naming a field or combination this encoding cannot run with (its fields against the
+        model's sizes); called when `config.pe_type` names it."""
 
     def positions(
         self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None

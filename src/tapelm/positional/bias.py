@@ -14,7 +14,16 @@ from torch import nn
 
 from ..kernels.attention import RowBias
 from ..masks import tracing
-from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionalEncoding, PositionContext
+from .base import (
+    CustomInit,
+    LayerPositional,
+    PerLayerEncoding,
+    PositionalEncoding,
+    PositionContext,
+    check_bool,
+    check_positive,
+    check_positive_number,
+)
 
 
 def shared_positions(ctx: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +86,12 @@ class T5Bias(RelativeBias):
         self.config = config
         if self.shared:
             self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_attention_heads)
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive("t5_num_buckets", config.t5_num_buckets)
+        check_positive("t5_max_distance", config.t5_max_distance)
+        check_bool("t5_shared", config.t5_shared)
 
     def buckets(self, distance: torch.Tensor) -> torch.Tensor:
         """Bucket index of each query-minus-key distance."""
@@ -198,6 +213,13 @@ class FIRE(RelativeBias):
         if self.shared:
             self.fire = FireFunction(config)
 
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive("fire_hidden_size", config.fire_hidden_size)
+        check_bool("fire_shared", config.fire_shared)
+        check_positive_number("fire_init_c", config.fire_init_c)
+        check_positive_number("fire_init_threshold", config.fire_init_threshold)
+
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         if self.shared:
             ctx.bias = self.fire(ctx, dtype)
@@ -257,3 +279,7 @@ class CoPE(PerLayerEncoding):
 
     adds_logit_bias = True
     layer_class = CoPELayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive("cope_max_positions", config.cope_max_positions)

@@ -17,6 +17,8 @@ bias.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,4 +69,11 @@ class FoX(PerLayerEncoding):
     """Model level: nothing but the per-layer gates; the bias needs an explicit float mask."""
 
     adds_logit_bias = True
+    causal_only = True
     layer_class = FoXLayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        bias = config.fox_gate_bias_init
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not math.isfinite(bias):
+            raise ValueError(f"fox_gate_bias_init={bias!r} is not allowed; it must be a finite number")

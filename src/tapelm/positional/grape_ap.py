@@ -27,8 +27,10 @@ from torch import nn
 from ..cache import store_keys_values, store_state
 from ..kernels.attention import RowBias
 from ..kernels.rotation import rotate_halves
-from .base import LayerPositional, PerLayerEncoding
+from .base import LayerPositional, PerLayerEncoding, check_choice, check_positive, check_positive_number
 from .bias import alibi_slopes
+
+GRAPE_AP_TIES = ("none", "q", "k", "v")
 
 
 def last_seen(valid: torch.Tensor) -> torch.Tensor:
@@ -98,7 +100,26 @@ class GrapeAP(PerLayerEncoding):
     """Model level: nothing but the per-layer projections; the bias needs an explicit float mask."""
 
     adds_logit_bias = True
+    causal_only = True
     layer_class = GrapeAPLayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive_number("grape_ap_base", config.grape_ap_base)
+        check_choice("grape_ap_tie", config.grape_ap_tie, GRAPE_AP_TIES)
+        check_positive("grape_ap_head_dim", config.grape_ap_head_dim)
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        if config.grape_ap_tie == "none" and config.grape_ap_head_dim % 2:
+            raise ValueError(
+                f"grape_ap_head_dim={config.grape_ap_head_dim} must be even (its vectors are rotated pairwise)"
+            )
+        if config.grape_ap_tie != "none" and config.head_dim % 2:
+            raise ValueError(
+                f"head_dim={config.head_dim} must be even with grape_ap_tie={config.grape_ap_tie!r} (the "
+                "tied vectors are rotated pairwise)"
+            )
 
 
 __all__ = ["GrapeAP", "GrapeAPLayer", "last_seen", "path_integral_bias"]

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..cache import last_cached_state, store_keys_values, store_state
 from ..kernels.rotation import rotate_queries_and_keys
-from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext, check_bool, check_positive_number
 from .rotary import rope_frequencies
 
 
@@ -126,16 +126,51 @@ class GrapeContextualLayer(LayerPositional):
         return q, k, stream, None
 
 
-class GrapeFixed(PerLayerEncoding):
+class GrapeM(PerLayerEncoding):
+    """Both GRAPE-M encodings: q and k rotated on RoPE's planes by learnable per-plane frequencies (`Spectrum`)."""
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_bool("grape_learnable_freq", config.grape_learnable_freq)
+        check_bool("grape_share_across_heads", config.grape_share_across_heads)
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        if config.head_dim % 2:
+            raise ValueError(
+                f"head_dim={config.head_dim} must be even for pe_type={config.pe_type!r} (planar rotations)"
+            )
+        rope_type = (config.rope_parameters or {}).get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(
+                f"rope_parameters rope_type={rope_type!r} is not allowed with pe_type={config.pe_type!r}: "
+                "its frequencies start at the default RoPE spectrum (rope_theta only)"
+            )
+
+
+class GrapeFixed(GrapeM):
     """Non-contextual GRAPE-M: RoPE with learnable frequencies in every layer."""
 
     layer_class = GrapeFixedLayer
 
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        super().validate_fields(config)
+        check_positive_number("grape_log_freq_scale", config.grape_log_freq_scale)
 
-class GrapeContextual(PerLayerEncoding):
+
+class GrapeContextual(GrapeM):
     """Contextual GRAPE-M (the authors' Type-I): a running phase from per-token increments."""
 
+    causal_only = True
     layer_class = GrapeContextualLayer
 
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        super().validate_fields(config)
+        check_bool("grape_ctx_per_head", config.grape_ctx_per_head)
+        check_positive_number("grape_ctx_init_omega", config.grape_ctx_init_omega)
+        check_positive_number("grape_ctx_omega_scale", config.grape_ctx_omega_scale)
 
-__all__ = ["GrapeContextual", "GrapeContextualLayer", "GrapeFixed", "GrapeFixedLayer", "Spectrum"]
+
+__all__ = ["GrapeContextual", "GrapeContextualLayer", "GrapeFixed", "GrapeFixedLayer", "GrapeM", "Spectrum"]

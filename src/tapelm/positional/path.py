@@ -35,7 +35,7 @@ from torch import nn
 
 from ..cache import cached_keys, cached_state, rewrite_keys, store_keys_values, store_state
 from ..kernels.path_attention import PathLogits, path_attention_bias
-from .base import LayerPositional, PerLayerEncoding
+from .base import LayerPositional, PerLayerEncoding, check_positive
 
 NORM_EPS = 1e-6
 
@@ -120,4 +120,14 @@ class PaTH(PerLayerEncoding):
 
     adds_logit_bias = True
     fixed_shape_cache = False
+    causal_only = True
     layer_class = PaTHLayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        rank = config.path_low_rank
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise ValueError(
+                f"path_low_rank={rank!r} is not allowed; it must be an integer >= 0 (0: a full-rank projection)"
+            )
+        check_positive("path_conv_size", config.path_conv_size)

@@ -18,7 +18,23 @@ from transformers.modeling_rope_utils import dynamic_rope_update
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..kernels.rotation import rotate_queries_and_keys
-from .base import Float32Buffers, LayerPositional, PositionalEncoding, PositionContext
+from .base import (
+    Float32Buffers,
+    LayerPositional,
+    PositionalEncoding,
+    PositionContext,
+    check_choice,
+    check_positive,
+    check_positive_number,
+)
+
+RANDPE_EVAL_POSITIONS = ("random", "given")
+
+
+def check_even_head_dim(config) -> None:
+    """A rotary encoding rotates pairs of dimensions: head_dim must be even."""
+    if config.head_dim % 2:
+        raise ValueError(f"head_dim={config.head_dim} must be even for the rotary encoding pe_type={config.pe_type!r}")
 
 
 def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -80,6 +96,10 @@ class RoPE(PositionalEncoding):
         super().__init__()
         self.rotary = TapeRotaryEmbedding(config)
 
+    @classmethod
+    def validate_config(cls, config) -> None:
+        check_even_head_dim(config)
+
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         ctx.tables["angles"] = torch.cat(self.rotary.tables(ctx.query_positions, dtype), dim=-1)[:, None].to(dtype)
 
@@ -98,6 +118,16 @@ class RandPE(RoPE):
         super().__init__(config)
         self.max_position = config.randpe_max_position
         self.random_at_eval = config.randpe_eval_positions == "random"
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_choice("randpe_eval_positions", config.randpe_eval_positions, RANDPE_EVAL_POSITIONS)
+        check_positive("randpe_max_position", config.randpe_max_position)
+        if config.randpe_max_position < config.max_position_embeddings:
+            raise ValueError(
+                f"randpe_max_position={config.randpe_max_position} must be >= "
+                f"max_position_embeddings={config.max_position_embeddings}"
+            )
 
     def positions(
         self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None
@@ -140,6 +170,10 @@ class XPos(RoPE):
         self.head_dim = config.head_dim
         self.scale_base = config.xpos_scale_base
         self.centre = config.max_position_embeddings // 2
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive_number("xpos_scale_base", config.xpos_scale_base)
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         cos, sin = self.rotary.tables(ctx.query_positions, dtype)
