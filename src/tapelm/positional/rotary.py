@@ -6,9 +6,9 @@ table of a forward pass (`ctx.tables["angles"]`, (B or 1, 1, N, head_dim)) holds
 [cos | sin] (the two halves of transformers' tables are equal): the layout of TAPE's state, which rotates q and k
 the same way (`tapelm.kernels.rotation`); xPos's keys have their own (`"key_angles"`).
 
-RoPE's frequencies are computed here only: `rope_frequencies` (the default spectrum from theta, as transformers
-computes it; GRAPE-M starts its learnable spectrum from it) and `TapeRotaryEmbedding` (that spectrum under
-transformers' scalings, and TAPE's groups of it).
+tapelm computes RoPE's frequencies here only: `rope_frequencies` (the default spectrum from theta, as transformers'
+default RoPE computes it, on a given device; GRAPE-M starts its learnable spectrum from it) and `TapeRotaryEmbedding`
+(transformers' spectrum under its scalings, and TAPE's groups of it).
 """
 
 from __future__ import annotations
@@ -44,22 +44,15 @@ def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def rope_frequencies(theta: float, dim: int, device: torch.device | None = None) -> torch.Tensor:
-    """RoPE's inverse frequencies theta ** (-2i / dim) for i < dim / 2, in float32, computed as transformers'
-    default RoPE computes them (1 / theta ** (2i / dim))."""
+    """RoPE's inverse frequencies theta ** (-2i / dim) for i < dim / 2, in float32 on `device`, computed as
+    transformers' default RoPE computes them (1 / theta ** (2i / dim)), which is what `TapeRotaryEmbedding` holds for
+    rope_type "default"."""
     return 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim)
 
 
 class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
     """transformers' rotary embedding (its scalings, dynamic updates and re-initialisation), with cos/sin computed in
     float32, or float64 for a float64 model, from integer positions."""
-
-    @staticmethod
-    def compute_default_rope_parameters(
-        config, device: torch.device | None = None, **kwargs
-    ) -> tuple[torch.Tensor, float]:
-        """The inverse frequencies of unscaled RoPE (`rope_frequencies`) and its attention scaling (1): what
-        transformers uses for rope_type "default", at construction and re-initialisation."""
-        return rope_frequencies(config.rope_parameters["rope_theta"], config.head_dim, device), 1.0
 
     def grouped_frequencies(self, groups: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """(groups, head_dim/2) in `dtype`: the (scaled) inverse frequencies, group g's times
