@@ -6,7 +6,7 @@ from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
 from .fast_paths import check_setting as check_fast_paths
-from .positional import ENCODINGS, validate_config
+from .positional import ENCODINGS, validate_encodings
 from .positional.base import check_choice, check_positive
 from .remote_code import AUTO_MAP, write_modules
 
@@ -173,7 +173,7 @@ class TapeConfig(PreTrainedConfig):
 
     def _validate(self) -> None:
         """Raise ValueError naming the first invalid field or combination: the model's fields here, then each
-        encoding's own, checked by its module (`tapelm.positional.validate_config`)."""
+        encoding's own, checked by its module (`tapelm.positional.validate_encodings`)."""
         check_choice("pe_type", self.pe_type, PE_TYPES)
         check_fast_paths(self.fast_paths)
         check_choice("hidden_act", self.hidden_act, ("silu",))
@@ -199,7 +199,7 @@ class TapeConfig(PreTrainedConfig):
             )
         if not isinstance(self.rms_norm_eps, (int, float)) or self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps={self.rms_norm_eps!r} is not allowed; it must be a positive number")
-        validate_config(self)
+        validate_encodings(self)
 
     def to_dict(self):
         output = super().to_dict()

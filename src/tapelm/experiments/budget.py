@@ -58,7 +58,8 @@ class GpuBudget:
 
 @functools.cache
 def gpu_budget() -> GpuBudget:
-    """The GPU budget and measurements the repository records in docs/gpu/budget.json."""
+    """The GPU budget and measurements the repository records in docs/gpu/budget.json (read from the checkout that
+    holds this source: the stage runs from one)."""
     data = json.loads(BUDGET_FILE.read_text())
     costs = data["step_cost"]
     gain = data["unmeasured_gain"]

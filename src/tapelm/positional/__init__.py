@@ -32,7 +32,7 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
 }
 
 
-def validate_config(config) -> None:
+def validate_encodings(config) -> None:
     """Raise ValueError naming the first invalid positional field or combination: every encoding's own fields (a
     config carries them all, whatever its `pe_type`), then what the chosen encoding needs."""
     for encoding in dict.fromkeys(ENCODINGS.values()):
@@ -60,5 +60,5 @@ __all__ = [
     "PerLayerEncoding",
     "PositionContext",
     "TapeLayer",
-    "validate_config",
+    "validate_encodings",
 ]
