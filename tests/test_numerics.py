@@ -7,11 +7,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
-from conftest import DEVICE, randomize, tiny_model, tokens
+from conftest import DEVICE, randomize, tiny_config, tiny_model, tokens
 from tapelm.fast_paths import NONE
 from tapelm.kernels.attention import naive as reference_attention
 from tapelm.kernels.state_update import add_attended
 from tapelm.positional import PositionContext
+from tapelm.positional.rotary import TapeRotaryEmbedding, rope_frequencies
 
 pytestmark = pytest.mark.device
 
@@ -76,6 +77,14 @@ def test_e0_matches_float64_rope_for_general_blocks():
 # --- bf16 autocast, as users train (accelerate's mixed_precision="bf16") --------------------------------------------
 
 FAR = 4100  # beyond 4,096: bf16 holds integers exactly only up to 256, so positions there would be multiples of 32
+
+
+@pytest.mark.parametrize("theta, head_dim", [(10000.0, 8), (500.0, 64), (1e6, 128)])
+def test_rope_frequencies_are_what_the_rotary_embedding_holds(theta, head_dim):
+    """The spectrum GRAPE-M starts from (`rope_frequencies`) is, bit for bit, the one transformers gives RoPE (both on
+    the CPU, where transformers computes it)."""
+    config = tiny_config("rope", head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    assert torch.equal(rope_frequencies(theta, head_dim, torch.device("cpu")), TapeRotaryEmbedding(config).inv_freq)
 
 
 def deep_model(pe_type: str) -> torch.nn.Module:

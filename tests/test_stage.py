@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 
 from tapelm.cli import main
+from tapelm.config import PE_TYPES
 from tapelm.experiments.budget import (
+    BUDGET_FILE,
     OVERHEAD_SECONDS,
     Rate,
     archived_rates,
     current_rate,
+    gpu_budget,
     predicted_seconds,
     step_cost,
     training_flops,
@@ -27,7 +30,6 @@ from tapelm.experiments.claims import CLAIMS
 from tapelm.experiments.plan import AT_GPU_SCALE, GPU, at_laptop_scale
 from tapelm.experiments.runs import resolve, run_task
 from tapelm.experiments.stage import (
-    BUDGET_MINUTES,
     MARGIN,
     PlannedRun,
     Schedule,
@@ -201,17 +203,31 @@ def test_the_rate_is_the_slowest_measured_by_the_newest_code_and_the_bench_befor
     assert current_rate([]).source.startswith("bench speed")
 
 
+def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
+    """docs/gpu/budget.json prices the encodings it names (each a pe_type); GRAPE's costs, which no GPU measured, are
+    its estimates with their provenance (not the largest measured cost), and the stage says an estimate is one."""
+    budget = gpu_budget()
+    assert set(budget.step_costs) <= set(PE_TYPES)
+    assert budget.estimated == {"grape-m-fixed", "grape-m", "grape-ap"}
+    assert "not measured on a GPU" in json.loads(BUDGET_FILE.read_text())["step_cost"]["estimated"]["source"]
+    schedule = Schedule([], [], [])
+    for pe in sorted(budget.estimated):
+        assert schedule.cost(pe) == (budget.step_costs[pe], "estimated")
+        assert step_cost(pe) < max(budget.step_costs.values())
+    assert schedule.cost("path") == (max(budget.step_costs.values()), "bench")
+
+
 def test_the_prediction_says_which_gain_each_budget_needs_and_lists_the_unmeasured_one_apart() -> None:
     """Minutes left, the pairs' apart, against the budgets; a budget exceeded says the gain it needs; the minutes
     under the unmeasured gain stand apart and change nothing else."""
-    seconds = 60 * BUDGET_MINUTES["pairs"]  # a RoPE run's: the pairs of two comparisons take far more
+    seconds = 60 * gpu_budget().minutes["pairs"]  # a RoPE run's: the pairs of two comparisons take far more
     plan = schedule(flops=(seconds, seconds))
     prediction = plan.prediction()
     pairs = 2 * 2 * seconds * (1 + step_cost("tape")) / 60
     plan_minutes = pairs + 2 * 2 * seconds * (step_cost("fire") + step_cost("nope")) / 60
     assert prediction["minutes"] == pytest.approx({"pairs": pairs, "plan": plan_minutes})
     assert prediction["gain_needed"] == pytest.approx(
-        {"pairs": pairs / BUDGET_MINUTES["pairs"], "plan": plan_minutes / BUDGET_MINUTES["plan"]}
+        {"pairs": pairs / gpu_budget().minutes["pairs"], "plan": plan_minutes / gpu_budget().minutes["plan"]}
     )
     assumed = prediction["assuming_unmeasured_gain"]
     assert assumed["minutes"]["pairs"] == pytest.approx(pairs / assumed["gain"])

@@ -2,55 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
 from .fast_paths import check_setting as check_fast_paths
+from .positional import ENCODINGS, validate_encodings
+from .positional.base import check_choice, check_positive
 from .remote_code import AUTO_MAP, write_modules
 
-PE_TYPES = (
-    "tape",
-    "rope",
-    "randpe",
-    "xpos",
-    "nope",
-    "alibi",
-    "t5",
-    "fire",
-    "cope",
-    "sinusoidal",
-    "learned",
-    "fox",
-    "path",
-    "grape-m-fixed",
-    "grape-m",
-    "grape-ap",
-)
+PE_TYPES = tuple(ENCODINGS)
 ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
-CAUSAL_ONLY_PE_TYPES = ("fox", "path", "grape-m", "grape-ap")
-GRAPE_M_PE_TYPES = ("grape-m-fixed", "grape-m")
-GRAPE_AP_TIES = ("none", "q", "k", "v")
-TAPE_ATTN_MIXING = ("heads", "per_head")
-TAPE_UPDATES = ("both", "attention", "mlp", "none")
-TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
-RANDPE_EVAL_POSITIONS = ("random", "given")
-
-
-def _choice(field: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{field}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
-
-
-def _positive_number(field: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{field}={value!r} is not allowed; it must be a positive number")
-
-
-def _positive(field: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{field}={value!r} is not allowed; it must be a positive integer")
 
 
 class TapeConfig(PreTrainedConfig):
@@ -211,13 +172,11 @@ class TapeConfig(PreTrainedConfig):
         return self.tape_block[1]
 
     def _validate(self) -> None:
-        """Raise ValueError naming the first invalid field or combination."""
-        _choice("pe_type", self.pe_type, PE_TYPES)
+        """Raise ValueError naming the first invalid field or combination: the model's fields here, then each
+        encoding's own, checked by its module (`tapelm.positional.validate_encodings`)."""
+        check_choice("pe_type", self.pe_type, PE_TYPES)
         check_fast_paths(self.fast_paths)
-        _choice("tape_attn_mixing", self.tape_attn_mixing, TAPE_ATTN_MIXING)
-        _choice("tape_update", self.tape_update, TAPE_UPDATES)
-        _choice("randpe_eval_positions", self.randpe_eval_positions, RANDPE_EVAL_POSITIONS)
-        _choice("hidden_act", self.hidden_act, ("silu",))
+        check_choice("hidden_act", self.hidden_act, ("silu",))
         for field in (
             "vocab_size",
             "hidden_size",
@@ -227,52 +186,8 @@ class TapeConfig(PreTrainedConfig):
             "num_key_value_heads",
             "head_dim",
             "max_position_embeddings",
-            "tape_position_size",
-            "randpe_max_position",
-            "t5_num_buckets",
-            "t5_max_distance",
-            "fire_hidden_size",
-            "cope_max_positions",
-            "path_conv_size",
         ):
-            _positive(field, getattr(self, field))
-        for field in (
-            "t5_shared",
-            "fire_shared",
-            "grape_learnable_freq",
-            "grape_share_across_heads",
-            "grape_ctx_per_head",
-        ):
-            if not isinstance(getattr(self, field), bool):
-                raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; it must be True or False")
-        for field in (
-            "xpos_scale_base",
-            "fire_init_c",
-            "fire_init_threshold",
-            "grape_log_freq_scale",
-            "grape_ctx_init_omega",
-            "grape_ctx_omega_scale",
-            "grape_ap_base",
-        ):
-            _positive_number(field, getattr(self, field))
-        if (
-            not isinstance(self.fox_gate_bias_init, (int, float))
-            or isinstance(self.fox_gate_bias_init, bool)
-            or not math.isfinite(self.fox_gate_bias_init)
-        ):
-            raise ValueError(
-                f"fox_gate_bias_init={self.fox_gate_bias_init!r} is not allowed; it must be a finite number"
-            )
-        if not isinstance(self.path_low_rank, int) or isinstance(self.path_low_rank, bool) or self.path_low_rank < 0:
-            raise ValueError(
-                f"path_low_rank={self.path_low_rank!r} is not allowed; it must be an integer >= 0 "
-                "(0: a full-rank projection)"
-            )
-        if self.pe_type in CAUSAL_ONLY_PE_TYPES and not self.causal:
-            raise ValueError(
-                f"causal=False is not allowed with pe_type={self.pe_type!r}: its positional signal only "
-                "runs from earlier to later tokens"
-            )
+            check_positive(field, getattr(self, field))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}"
@@ -284,76 +199,7 @@ class TapeConfig(PreTrainedConfig):
             )
         if not isinstance(self.rms_norm_eps, (int, float)) or self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps={self.rms_norm_eps!r} is not allowed; it must be a positive number")
-        if self.pe_type in ROTARY_PE_TYPES and self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for the rotary encoding pe_type={self.pe_type!r}")
-        if self.randpe_max_position < self.max_position_embeddings:
-            raise ValueError(
-                f"randpe_max_position={self.randpe_max_position} must be >= "
-                f"max_position_embeddings={self.max_position_embeddings}"
-            )
-        self._validate_tape_block()
-        self._validate_tape_layers()
-        self._validate_grape()
-
-    def _validate_grape(self) -> None:
-        _choice("grape_ap_tie", self.grape_ap_tie, GRAPE_AP_TIES)
-        _positive("grape_ap_head_dim", self.grape_ap_head_dim)
-        if self.pe_type == "grape-ap" and self.grape_ap_tie == "none" and self.grape_ap_head_dim % 2:
-            raise ValueError(
-                f"grape_ap_head_dim={self.grape_ap_head_dim} must be even (its vectors are rotated pairwise)"
-            )
-        if self.pe_type == "grape-ap" and self.grape_ap_tie != "none" and self.head_dim % 2:
-            raise ValueError(
-                f"head_dim={self.head_dim} must be even with grape_ap_tie={self.grape_ap_tie!r} (the "
-                "tied vectors are rotated pairwise)"
-            )
-        if self.pe_type not in GRAPE_M_PE_TYPES:
-            return
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for pe_type={self.pe_type!r} (planar rotations)")
-        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
-        if rope_type != "default":
-            raise ValueError(
-                f"rope_parameters rope_type={rope_type!r} is not allowed with pe_type={self.pe_type!r}: "
-                "its frequencies start at the default RoPE spectrum (rope_theta only)"
-            )
-
-    def _validate_tape_layers(self) -> None:
-        if isinstance(self.tape_layers, str):
-            if self.tape_layers not in TAPE_LAYER_CHOICES:
-                raise ValueError(
-                    f"tape_layers={self.tape_layers!r} is not allowed; choose one of: "
-                    f"{', '.join(TAPE_LAYER_CHOICES)}, or a list of layer indices"
-                )
-            return
-        layers = list(self.tape_layers)
-        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_hidden_layers for i in layers):
-            raise ValueError(
-                f"tape_layers={self.tape_layers!r} is not allowed; list layer indices in "
-                f"[0, {self.num_hidden_layers}) or use one of: {', '.join(TAPE_LAYER_CHOICES)}"
-            )
-        self.tape_layers = sorted(set(layers))
-
-    def _validate_tape_block(self) -> None:
-        if len(self.tape_block) != 2:
-            raise ValueError(f"tape_block={self.tape_block!r} must be a pair (L, R)")
-        for name, value in zip(("tape_block L", "tape_block R"), self.tape_block):
-            _positive(name, value)
-        if self.pe_type != "tape":
-            return
-        block_l, block_r = self.tape_block
-        if block_l % 2:
-            raise ValueError(f"tape_block L={block_l} must be even (the RoPE initialisation pairs dimensions)")
-        if self.head_dim % block_l:
-            raise ValueError(f"tape_block L={block_l} must divide head_dim={self.head_dim}")
-        if block_r % block_l:
-            raise ValueError(f"tape_block R={block_r} must be a multiple of L={block_l}")
-        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
-        if rope_type not in ("default", "linear") and self.tape_block != (2, 2):
-            raise ValueError(
-                f"rope_parameters rope_type={rope_type!r} needs tape_block=(2, 2); "
-                "with other blocks use rope_type 'default' or 'linear'"
-            )
+        validate_encodings(self)
 
     def to_dict(self):
         output = super().to_dict()

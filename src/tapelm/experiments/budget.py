@@ -5,14 +5,16 @@ parameter and real token (forward and backward; the model gathers the real token
 projections and MLP), and 6 x layers x hidden x padded width per real token for causal attention.
 
 A prediction is made from GPU measurements only, never from the machine that makes it: the run's FLOPs times its
-encoding's step time against RoPE's (`STEP_COST`, measured by `tapelm bench speed` on GPUs), divided by a RoPE rate
+encoding's step time against RoPE's (`step_cost`, measured by `tapelm bench speed` on GPUs), divided by a RoPE rate
 (`Rate`) measured by finished GPU runs (`archived_rates`: their FLOPs over their seconds, start to finish), or, before
-any, by the bench (`BENCH_RATE`). `tapelm stage` replaces it by the durations of finished runs as soon as there are
-any.
+any, by the bench. `tapelm stage` replaces it by the durations of finished runs as soon as there are any.
+
+The measurements and the stage's budgets are data, with their sources: docs/gpu/budget.json (`gpu_budget`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,23 +23,6 @@ import torch
 
 from .runs import RESULT_FILE, ResolvedRun, batch_stream, run_from_identity
 
-# Step time x RoPE's at 12 x 768, 1,024 x 16 tokens, bf16: TAPE on the default CUDA paths on an H100 at 7d097c8
-# (docs/gpu/h100-2026-11-28/speed-1k-auto.json: 99.4 / 73.3 ms); the others on an H200 at 45ea02d
-# (../shared/gpu/README.md, "The other encodings"). RandPE rotates like RoPE. At the presets' shorter sequences the
-# bias encodings (FIRE, ALiBi) should cost less than at 1,024 tokens, so these are upper bounds there.
-STEP_COST = {
-    "rope": 1.0,
-    "randpe": 1.0,
-    "xpos": 0.99,
-    "nope": 0.77,
-    "alibi": 1.02,
-    "tape": 1.36,
-    "fox": 1.65,
-    "fire": 2.36,
-    "cope": 5.81,
-    "t5": 6.86,
-    "path": 7.05,
-}
 # What a stage adds to an estimate before it starts a run (building the model, CUDA's start, the final evaluation,
 # saving), so that a run it starts can finish; not part of a prediction of the plan's minutes.
 OVERHEAD_SECONDS = 30.0
@@ -54,19 +39,44 @@ class Rate:
     time: str = ""
 
 
-# RoPE's eager bf16 training step at 12 x 768, 1,024 x 16 tokens on one H100: 80.5 ms, 115 TFLOP/s by the count above.
-BENCH_RATE = Rate(
-    115e12,
-    "bench speed: RoPE's bf16 training step at 12 x 768, 1,024 x 16 tokens on an H100 "
-    "(docs/gpu/h100-2026-11-26/eager-1k), before any GPU run was archived",
-)
+BUDGET_FILE = Path(__file__).resolve().parents[3] / "docs" / "gpu" / "budget.json"
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """docs/gpu/budget.json: the GPU minutes the plan's prediction must fit (`minutes`, "pairs" and "plan"), a
+    throughput gain no GPU has measured yet (`unmeasured_gain`: the factor and what it is), RoPE's rate from the bench
+    before any GPU run is archived (`bench_rate`), and each encoding's step time against RoPE's (`step_costs`),
+    measured on GPUs or, for those in `estimated`, estimated without one."""
+
+    minutes: dict[str, float]
+    unmeasured_gain: tuple[float, str]
+    bench_rate: Rate
+    step_costs: dict[str, float]
+    estimated: frozenset[str]
+
+
+@functools.cache
+def gpu_budget() -> GpuBudget:
+    """The GPU budget and measurements the repository records in docs/gpu/budget.json (read from the checkout that
+    holds this source: the stage runs from one)."""
+    data = json.loads(BUDGET_FILE.read_text())
+    costs = data["step_cost"]
+    gain = data["unmeasured_gain"]
+    return GpuBudget(
+        minutes={part: float(data["budget_minutes"][part]) for part in ("pairs", "plan")},
+        unmeasured_gain=(float(gain["gain"]), gain["what"]),
+        bench_rate=Rate(float(data["bench_rate"]["flops_per_second"]), data["bench_rate"]["source"]),
+        step_costs={**costs["measured"]["costs"], **costs["estimated"]["costs"]},
+        estimated=frozenset(costs["estimated"]["costs"]),
+    )
 
 
 def current_rate(rates: list[Rate]) -> Rate:
     """The rate to predict with: the slowest of those measured by the newest code (the code of the newest
-    measurement), since speed belongs to code and device; BENCH_RATE when there is none."""
+    measurement), since speed belongs to code and device; the bench's (`GpuBudget.bench_rate`) when there is none."""
     if not rates:
-        return BENCH_RATE
+        return gpu_budget().bench_rate
     newest = max(rates, key=lambda rate: rate.time).code
     return min((rate for rate in rates if rate.code == newest), key=lambda rate: rate.flops_per_second)
 
@@ -111,12 +121,22 @@ def training_flops(run: ResolvedRun, sample: int = 8) -> float:
 
 
 def step_cost(pe: str) -> float:
-    """An encoding's measured step time against RoPE's (STEP_COST); the largest of them for one not measured."""
-    return STEP_COST.get(pe, max(STEP_COST.values()))
+    """An encoding's step time against RoPE's on a GPU (`GpuBudget.step_costs`); the largest of them for one that has
+    none."""
+    costs = gpu_budget().step_costs
+    return costs.get(pe, max(costs.values()))
 
 
-def predicted_seconds(run: ResolvedRun, rate: Rate = BENCH_RATE) -> float:
-    """A run's predicted seconds on one GPU, start to finish: its FLOPs at `rate` times its encoding's step cost."""
+def step_cost_basis(pe: str) -> str:
+    """What an encoding's step cost rests on: "bench" (measured on GPUs, or the largest of those for an encoding
+    without one) or "estimated" (from the CPU, docs/gpu/budget.json says how)."""
+    return "estimated" if pe in gpu_budget().estimated else "bench"
+
+
+def predicted_seconds(run: ResolvedRun, rate: Rate | None = None) -> float:
+    """A run's predicted seconds on one GPU, start to finish: its FLOPs at `rate` (default: the bench's) times its
+    encoding's step cost."""
+    rate = rate or gpu_budget().bench_rate
     return training_flops(run) / rate.flops_per_second * step_cost(run.spec.pe)
 
 
@@ -147,17 +167,19 @@ def archived_rates(archive: Path) -> list[Rate]:
 
 
 __all__ = [
-    "BENCH_RATE",
+    "BUDGET_FILE",
+    "GpuBudget",
     "OVERHEAD_SECONDS",
     "Rate",
-    "STEP_COST",
     "archived_rates",
     "current_rate",
     "flops_per_micro_batch",
     "flops_per_token",
+    "gpu_budget",
     "measured_rate",
     "non_embedding_parameters",
     "predicted_seconds",
     "step_cost",
+    "step_cost_basis",
     "training_flops",
 ]

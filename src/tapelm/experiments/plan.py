@@ -18,7 +18,7 @@ from .variants import ABLATIONS
 PAPER_FIVE = ("tape", "rope", "randpe", "nope", "fire")  # the paper's addition table
 OTHER_ENCODINGS = ("xpos", "alibi", "t5", "cope", "sinusoidal", "learned")
 WITH_ALIBI = (*PAPER_FIVE, "alibi")
-CONTEXTUAL = ("tape", "fox", "path", "grape-m", "grape-ap")  # TAPE and the contextual peers (issue 57: GRAPE)
+CONTEXTUAL = ("tape", "fox", "path", "grape-m", "grape-ap")  # TAPE and the contextual peers
 
 
 def default_settings_hash(task: str) -> str:

@@ -9,7 +9,7 @@ its recipe changes.
 
 A stage runs the next planned runs while its time lasts and never starts one that its estimate says it cannot
 finish. A run's time is expected from the finished runs of its encoding in its comparison, else from RoPE's there
-times the encoding's step cost (measured in finished comparisons, else `budget.STEP_COST`), else from its FLOPs at
+times the encoding's step cost (measured in finished comparisons, else `budget.step_cost`), else from its FLOPs at
 the RoPE rate that GPU runs measured (`budget.current_rate`: this stage's finished runs and the archived GPU runs,
 those of the newest code), never from the machine that makes the prediction. Each finished run's small files
 (result.json with device and versions, eval.json, metrics.jsonl; no model, no checkpoint) are copied into
@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from .archive import archive_comparison
-from .budget import OVERHEAD_SECONDS, Rate, archived_rates, current_rate, measured_rate, step_cost, training_flops
+from .budget import (
+    OVERHEAD_SECONDS,
+    Rate,
+    archived_rates,
+    current_rate,
+    gpu_budget,
+    measured_rate,
+    step_cost,
+    step_cost_basis,
+    training_flops,
+)
 from .claims import CLAIMS, learned
 from .compare import Comparison, open_comparison
 from .launchers import Job, LocalLauncher, RunOptions
@@ -42,12 +52,6 @@ from .train import write_json_atomically
 CHECK = ("rope", "tape")  # every claim's pair; seed 0 of these runs first in a comparison: its learning-curve check
 MARGIN = 1.15  # a run starts only where this much above its expected time (and OVERHEAD_SECONDS) is left
 STAGE_FILE = "stage.json"
-# GPU minutes on one H100 that the plan's prediction must fit (issue 58): every claim's TAPE/RoPE pair, and all of it.
-BUDGET_MINUTES = {"pairs": 45.0, "plan": 150.0}
-# A throughput gain that no GPU has measured yet, and the prediction that assumes it is listed apart: the training
-# step without host syncs between log steps, pinned batch copies and fused AdamW, whose target is 3x today's runs per
-# GPU-minute (issue 58); the next visit measures it.
-UNMEASURED_GAIN = (3.0, "the training step without host syncs, pinned copies and fused AdamW (target 3x, unmeasured)")
 
 
 @dataclass
@@ -112,13 +116,13 @@ class Schedule:
 
     def cost(self, pe: str) -> tuple[float, str]:
         """The encoding's time against RoPE's: the largest ratio of their mean seconds in a comparison where both
-        finished runs, else the bench's."""
+        finished runs, else the bench's (or its estimate, `budget.step_cost_basis`)."""
         ratios = [
             sum(mine) / len(mine) / (sum(rope) / len(rope))
             for comparison in range(len(self.flops))
             if (mine := self._seconds(comparison, pe)) and (rope := self._seconds(comparison, "rope"))
         ]
-        return (max(ratios), "measured") if ratios else (step_cost(pe), "bench")
+        return (max(ratios), "measured") if ratios else (step_cost(pe), step_cost_basis(pe))
 
     def rate(self) -> Rate:
         """The RoPE rate to predict with, from the finished runs' and the archived ones' (`budget.current_rate`)."""
@@ -196,17 +200,18 @@ class Schedule:
         )
 
     def prediction(self) -> dict[str, Any]:
-        """The plan's predicted GPU minutes against BUDGET_MINUTES, the rate they rest on, the gain each budget needs
-        where it is exceeded, and apart from them the minutes if UNMEASURED_GAIN holds."""
+        """The plan's predicted GPU minutes against the budgets (`budget.gpu_budget`), the rate they rest on, the gain
+        each budget needs where it is exceeded, and apart from them the minutes if the unmeasured gain holds."""
         rate = self.rate()
         minutes = {"pairs": self.minutes_left(pairs=True), "plan": self.minutes_left()}
-        gain, what = UNMEASURED_GAIN
+        budget = gpu_budget()
+        gain, what = budget.unmeasured_gain
         return {
             "rate": {"flops_per_second": rate.flops_per_second, "source": rate.source},
             "minutes": minutes,
-            "budget_minutes": dict(BUDGET_MINUTES),
+            "budget_minutes": dict(budget.minutes),
             "gain_needed": {
-                part: minutes[part] / BUDGET_MINUTES[part] for part in minutes if minutes[part] > BUDGET_MINUTES[part]
+                part: minutes[part] / budget.minutes[part] for part in minutes if minutes[part] > budget.minutes[part]
             },
             "assuming_unmeasured_gain": {
                 "gain": gain,
@@ -489,11 +494,9 @@ def prediction_lines(record: dict[str, Any]) -> list[str]:
 
 
 __all__ = [
-    "BUDGET_MINUTES",
     "CHECK",
     "PlannedRun",
     "Schedule",
-    "UNMEASURED_GAIN",
     "claims_of",
     "format_status",
     "ordered_runs",

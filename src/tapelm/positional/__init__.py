@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
-from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionalEncoding, PositionContext
 from .bias import FIRE, ALiBi, CoPE, T5Bias
 from .fox import FoX
 from .grape_ap import GrapeAP
@@ -32,6 +32,20 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
 }
 
 
+def validate_encodings(config) -> None:
+    """Raise ValueError naming the first invalid positional field or combination: every encoding's own fields (a
+    config carries them all, whatever its `pe_type`), then what the chosen encoding needs."""
+    for encoding in dict.fromkeys(ENCODINGS.values()):
+        encoding.validate_fields(config)
+    chosen = ENCODINGS[config.pe_type]
+    if chosen.causal_only and not config.causal:
+        raise ValueError(
+            f"causal=False is not allowed with pe_type={config.pe_type!r}: its positional signal only "
+            "runs from earlier to later tokens"
+        )
+    chosen.validate_config(config)
+
+
 def build_encoding(config) -> PositionalEncoding:
     """The model-level encoding named by `config.pe_type`."""
     return ENCODINGS[config.pe_type](config)
@@ -43,6 +57,8 @@ __all__ = [
     "build_encoding",
     "PositionalEncoding",
     "LayerPositional",
+    "PerLayerEncoding",
     "PositionContext",
     "TapeLayer",
+    "validate_encodings",
 ]

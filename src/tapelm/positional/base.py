@@ -4,11 +4,13 @@ An encoding is two modules. The model-level `PositionalEncoding` works once per 
 input embeddings, precompute what its layers need (rotation tables, a shared logit bias) and provide an initial
 positional state. Its `make_layer` builds one `LayerPositional` per decoder block, which may transform q and k, add a
 per-layer logit bias, append a positional state to the value stream and update that state after the attention and MLP
-sublayers. The decoder block calls these hooks and never names an encoding.
+sublayers. The decoder block calls these hooks and never names an encoding. An encoding whose model level only makes
+its layers is a `PerLayerEncoding` naming its layer class.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +18,30 @@ from torch import nn
 
 from ..cache import store_keys_values
 from ..fast_paths import FastPaths
+
+
+def check_choice(field: str, value, allowed) -> None:
+    """A config field's value must be one of `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def check_positive(field: str, value) -> None:
+    """A config field's value must be a positive integer."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{field}={value!r} is not allowed; it must be a positive integer")
+
+
+def check_positive_number(field: str, value) -> None:
+    """A config field's value must be a finite positive number."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{field}={value!r} is not allowed; it must be a positive number")
+
+
+def check_bool(field: str, value) -> None:
+    """A config field's value must be True or False."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{field}={value!r} is not allowed; it must be True or False")
 
 
 @dataclass
@@ -129,11 +155,25 @@ class PositionalEncoding(CustomInit):
     `adds_logit_bias`: attention needs an explicit mask because logits get a float bias.
     `fixed_shape_cache`: the layers can read a static cache's whole buffers, unwritten rows masked (False: they need
     the cached tokens as a sequence, as PaTH's transforms do).
+    `causal_only`: the positional signal only runs from earlier to later tokens, so `causal=False` is refused.
+    `validate_fields` and `validate_config` check the encoding's own config fields at `TapeConfig`'s construction.
     """
 
     needs_key_positions = False
     adds_logit_bias = False
     fixed_shape_cache = True
+    causal_only = False
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        """Raise ValueError naming the first of this encoding's own config fields whose value is not allowed (and
+        put a field in its canonical form where it has one). Called for every registered encoding on every config,
+        whatever its `pe_type`: a config carries and saves every encoding's fields."""
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        """Raise ValueError naming a field or combination this encoding cannot run with (its fields against the
+        model's sizes); called when `config.pe_type` names it."""
 
     def positions(
         self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None
@@ -156,3 +196,18 @@ class PositionalEncoding(CustomInit):
     def make_layer(self, layer_idx: int) -> LayerPositional:
         """The per-layer hooks for decoder block `layer_idx`."""
         return LayerPositional()
+
+
+class PerLayerEncoding(PositionalEncoding):
+    """An encoding whose model level only makes its layers: every hook lives in `layer_class`, built as
+    `layer_class(config, layer_idx)` for each decoder block. A subclass names its layer class (and sets the model-level
+    flags it needs, e.g. `adds_logit_bias`)."""
+
+    layer_class: type[LayerPositional]
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        return self.layer_class(self.config, layer_idx)

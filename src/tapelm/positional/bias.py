@@ -14,7 +14,16 @@ from torch import nn
 
 from ..kernels.attention import RowBias
 from ..masks import tracing
-from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
+from .base import (
+    CustomInit,
+    LayerPositional,
+    PerLayerEncoding,
+    PositionalEncoding,
+    PositionContext,
+    check_bool,
+    check_positive,
+    check_positive_number,
+)
 
 
 def shared_positions(ctx: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +86,12 @@ class T5Bias(RelativeBias):
         self.config = config
         if self.shared:
             self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_attention_heads)
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive("t5_num_buckets", config.t5_num_buckets)
+        check_positive("t5_max_distance", config.t5_max_distance)
+        check_bool("t5_shared", config.t5_shared)
 
     def buckets(self, distance: torch.Tensor) -> torch.Tensor:
         """Bucket index of each query-minus-key distance."""
@@ -198,6 +213,13 @@ class FIRE(RelativeBias):
         if self.shared:
             self.fire = FireFunction(config)
 
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive("fire_hidden_size", config.fire_hidden_size)
+        check_bool("fire_shared", config.fire_shared)
+        check_positive_number("fire_init_c", config.fire_init_c)
+        check_positive_number("fire_init_threshold", config.fire_init_threshold)
+
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         if self.shared:
             ctx.bias = self.fire(ctx, dtype)
@@ -217,23 +239,10 @@ class FIRELayer(LayerPositional):
         return self.fire(ctx, q.dtype)
 
 
-class CoPE(PositionalEncoding):
-    """Contextual position encoding (Golovneva et al. 2024): positions are counts of gated keys."""
-
-    adds_logit_bias = True
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return CoPELayer(self.config)
-
-
 class CoPELayer(LayerPositional):
     """p_ij = sum_{k=j..i} sigmoid(q_i . k_k); bias = q_i . e[p_ij], interpolating between integer positions."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
         self.max_positions = config.cope_max_positions
         self.kv_groups = config.num_attention_heads // config.num_key_value_heads
@@ -263,3 +272,14 @@ class CoPELayer(LayerPositional):
         weight = positions - lower
         table = (q @ self.pos_emb.to(q.dtype)).to(wide)  # (B, H, N, P)
         return (table.gather(-1, lower) * (1 - weight) + table.gather(-1, upper) * weight).to(q.dtype)
+
+
+class CoPE(PerLayerEncoding):
+    """Contextual position encoding (Golovneva et al. 2024): positions are counts of gated keys."""
+
+    adds_logit_bias = True
+    layer_class = CoPELayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive("cope_max_positions", config.cope_max_positions)

@@ -17,26 +17,15 @@ bias.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..cache import last_cached_state, store_keys_values, store_state
 from ..kernels.forgetting_attention import forgetting_attention_bias
-from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
-
-
-class FoX(PositionalEncoding):
-    """Model level: nothing but the per-layer gates; the bias needs an explicit float mask."""
-
-    adds_logit_bias = True
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return FoXLayer(self.config, layer_idx)
+from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext
 
 
 class ForgetGate(nn.Linear, CustomInit):
@@ -74,3 +63,17 @@ class FoXLayer(LayerPositional):
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         every = every.transpose(-1, -2)  # c_i - c_j = sum_{s=j+1..i} log f_s
         return q, k, stream, forgetting_attention_bias(log_f, cumulative, every, q.dtype)
+
+
+class FoX(PerLayerEncoding):
+    """Model level: nothing but the per-layer gates; the bias needs an explicit float mask."""
+
+    adds_logit_bias = True
+    causal_only = True
+    layer_class = FoXLayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        bias = config.fox_gate_bias_init
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not math.isfinite(bias):
+            raise ValueError(f"fox_gate_bias_init={bias!r} is not allowed; it must be a finite number")

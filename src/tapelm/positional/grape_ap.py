@@ -27,21 +27,10 @@ from torch import nn
 from ..cache import store_keys_values, store_state
 from ..kernels.attention import RowBias
 from ..kernels.rotation import rotate_halves
-from .base import LayerPositional, PositionalEncoding
+from .base import LayerPositional, PerLayerEncoding, check_choice, check_positive, check_positive_number
 from .bias import alibi_slopes
 
-
-class GrapeAP(PositionalEncoding):
-    """Model level: nothing but the per-layer projections; the bias needs an explicit float mask."""
-
-    adds_logit_bias = True
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return GrapeAPLayer(self.config)
+GRAPE_AP_TIES = ("none", "q", "k", "v")
 
 
 def last_seen(valid: torch.Tensor) -> torch.Tensor:
@@ -75,7 +64,7 @@ def path_integral_bias(
 class GrapeAPLayer(LayerPositional):
     """One layer's positional projection (none when tied to q, k or v); its cache keeps R(l) n_l per token."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
         self.tie = config.grape_ap_tie
         self.heads = config.num_attention_heads
@@ -105,6 +94,32 @@ class GrapeAPLayer(LayerPositional):
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         slopes = alibi_slopes(self.heads, p.device)
         return q, k, stream, path_integral_bias(p, every, slopes, last_seen(valid), q.dtype)
+
+
+class GrapeAP(PerLayerEncoding):
+    """Model level: nothing but the per-layer projections; the bias needs an explicit float mask."""
+
+    adds_logit_bias = True
+    causal_only = True
+    layer_class = GrapeAPLayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive_number("grape_ap_base", config.grape_ap_base)
+        check_choice("grape_ap_tie", config.grape_ap_tie, GRAPE_AP_TIES)
+        check_positive("grape_ap_head_dim", config.grape_ap_head_dim)
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        if config.grape_ap_tie == "none" and config.grape_ap_head_dim % 2:
+            raise ValueError(
+                f"grape_ap_head_dim={config.grape_ap_head_dim} must be even (its vectors are rotated pairwise)"
+            )
+        if config.grape_ap_tie != "none" and config.head_dim % 2:
+            raise ValueError(
+                f"head_dim={config.head_dim} must be even with grape_ap_tie={config.grape_ap_tie!r} (the "
+                "tied vectors are rotated pairwise)"
+            )
 
 
 __all__ = ["GrapeAP", "GrapeAPLayer", "last_seen", "path_integral_bias"]

@@ -30,12 +30,13 @@ from torch import nn
 
 from ..cache import last_cached_state, store_keys_values, store_state
 from ..kernels.rotation import rotate_queries_and_keys
-from .base import CustomInit, LayerPositional, PositionalEncoding, PositionContext
+from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext, check_bool, check_positive_number
+from .rotary import rope_frequencies
 
 
 class Spectrum(CustomInit):
     """Per-plane frequencies theta = rope * exp(shift / scale) ((d/2,) shared, or (Hkv, d/2)), learnable or frozen:
-    `rope` RoPE's frequencies from `rope_theta`, computed as transformers computes them, and `shift` starting at 0,
+    `rope` RoPE's frequencies from `rope_theta` (`rope_frequencies`), and `shift` starting at 0,
     so that a fresh layer rotates exactly as RoPE. The authors store log_freq = scale * log(theta) instead, which is
     shift plus a constant: the same function and gradients (weight decay, where a training loop applies it to these
     parameters, pulls toward RoPE's spectrum here, toward theta = 1 there). `table(phase)` turns phases into a
@@ -59,8 +60,7 @@ class Spectrum(CustomInit):
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """theta (1 or Hkv, d/2) in `dtype`."""
         shift = self.log_freq_shift.to(dtype)
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=shift.device).float() / self.head_dim
-        rope = (1.0 / self.theta**exponents).to(dtype)
+        rope = rope_frequencies(self.theta, self.head_dim, shift.device).to(dtype)
         return (rope * (shift / self.scale).exp()).view(-1, self.head_dim // 2)
 
     def table(self, phase: torch.Tensor) -> torch.Tensor:
@@ -71,21 +71,10 @@ class Spectrum(CustomInit):
         return torch.cat([angles.cos(), angles.sin()], dim=-1).to(self.log_freq_shift.dtype)
 
 
-class GrapeFixed(PositionalEncoding):
-    """Non-contextual GRAPE-M: RoPE with learnable frequencies in every layer."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return GrapeFixedLayer(self.config)
-
-
 class GrapeFixedLayer(LayerPositional):
     """One layer's frequencies; q and k rotated by position x theta."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
         self.spectrum = Spectrum(config, config.grape_log_freq_scale)
 
@@ -93,17 +82,6 @@ class GrapeFixedLayer(LayerPositional):
         positions = ctx.query_positions[:1] if ctx.query_positions.stride(0) == 0 else ctx.query_positions
         table = self.spectrum.table(positions[:, None])
         return rotate_queries_and_keys(q, k, table, ctx.paths)
-
-
-class GrapeContextual(PositionalEncoding):
-    """Contextual GRAPE-M (the authors' Type-I): a running phase from per-token increments."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return GrapeContextualLayer(self.config)
 
 
 class Increment(nn.Linear, CustomInit):
@@ -121,7 +99,7 @@ class Increment(nn.Linear, CustomInit):
 class GrapeContextualLayer(LayerPositional):
     """One layer's increments and frequencies; its cache keeps each token's running phase."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx: int):
         super().__init__()
         self.spectrum = Spectrum(config, 1.0)
         self.increment = Increment(config)
@@ -148,4 +126,51 @@ class GrapeContextualLayer(LayerPositional):
         return q, k, stream, None
 
 
-__all__ = ["GrapeContextual", "GrapeContextualLayer", "GrapeFixed", "GrapeFixedLayer", "Spectrum"]
+class GrapeM(PerLayerEncoding):
+    """Both GRAPE-M encodings: q and k rotated on RoPE's planes by learnable per-plane frequencies (`Spectrum`)."""
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_bool("grape_learnable_freq", config.grape_learnable_freq)
+        check_bool("grape_share_across_heads", config.grape_share_across_heads)
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        if config.head_dim % 2:
+            raise ValueError(
+                f"head_dim={config.head_dim} must be even for pe_type={config.pe_type!r} (planar rotations)"
+            )
+        rope_type = (config.rope_parameters or {}).get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(
+                f"rope_parameters rope_type={rope_type!r} is not allowed with pe_type={config.pe_type!r}: "
+                "its frequencies start at the default RoPE spectrum (rope_theta only)"
+            )
+
+
+class GrapeFixed(GrapeM):
+    """Non-contextual GRAPE-M: RoPE with learnable frequencies in every layer."""
+
+    layer_class = GrapeFixedLayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        super().validate_fields(config)
+        check_positive_number("grape_log_freq_scale", config.grape_log_freq_scale)
+
+
+class GrapeContextual(GrapeM):
+    """Contextual GRAPE-M (the authors' Type-I): a running phase from per-token increments."""
+
+    causal_only = True
+    layer_class = GrapeContextualLayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        super().validate_fields(config)
+        check_bool("grape_ctx_per_head", config.grape_ctx_per_head)
+        check_positive_number("grape_ctx_init_omega", config.grape_ctx_init_omega)
+        check_positive_number("grape_ctx_omega_scale", config.grape_ctx_omega_scale)
+
+
+__all__ = ["GrapeContextual", "GrapeContextualLayer", "GrapeFixed", "GrapeFixedLayer", "GrapeM", "Spectrum"]

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..cache import cached_keys, cached_state, rewrite_keys, store_keys_values, store_state
 from ..kernels.path_attention import PathLogits, path_attention_bias
-from .base import LayerPositional, PositionalEncoding
+from .base import LayerPositional, PerLayerEncoding, check_positive
 
 NORM_EPS = 1e-6
 
@@ -44,22 +44,6 @@ def _diagonal(valid: torch.Tensor, offset: int) -> torch.Tensor:
     """valid[b, s, s + offset] for every query s (B, N); False where that key would lie before the first one."""
     seen = valid.diagonal(offset=offset, dim1=-2, dim2=-1)
     return F.pad(seen, (valid.shape[-2] - seen.shape[-1], 0), value=False)
-
-
-class PaTH(PositionalEncoding):
-    """Model level: nothing but the per-layer transforms; the logits arrive as an explicit float bias. Its cached keys
-    are read as a sequence (each is transformed by every later token's Householder), so a static cache hands it only
-    the written rows."""
-
-    adds_logit_bias = True
-    fixed_shape_cache = False
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def make_layer(self, layer_idx: int) -> LayerPositional:
-        return PaTHLayer(self.config, layer_idx)
 
 
 class PaTHLayer(LayerPositional):
@@ -127,3 +111,23 @@ class PaTHLayer(LayerPositional):
             k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
             rewrite_keys(cache, layer_idx, logits.carried_keys().to(k.dtype))
         return torch.zeros_like(q), k, stream, bias
+
+
+class PaTH(PerLayerEncoding):
+    """Model level: nothing but the per-layer transforms; the logits arrive as an explicit float bias. Its cached keys
+    are read as a sequence (each is transformed by every later token's Householder), so a static cache hands it only
+    the written rows."""
+
+    adds_logit_bias = True
+    fixed_shape_cache = False
+    causal_only = True
+    layer_class = PaTHLayer
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        rank = config.path_low_rank
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise ValueError(
+                f"path_low_rank={rank!r} is not allowed; it must be an integer >= 0 (0: a full-rank projection)"
+            )
+        check_positive("path_conv_size", config.path_conv_size)

@@ -5,6 +5,10 @@ pairing (dimension i pairs with i + head_dim/2), so weights of a Llama-family mo
 table of a forward pass (`ctx.tables["angles"]`, (B or 1, 1, N, head_dim)) holds one cos and one sin per pair,
 [cos | sin] (the two halves of transformers' tables are equal): the layout of TAPE's state, which rotates q and k
 the same way (`tapelm.kernels.rotation`); xPos's keys have their own (`"key_angles"`).
+
+tapelm computes RoPE's frequencies here only: `rope_frequencies` (the default spectrum from theta, as transformers'
+default RoPE computes it, on a given device; GRAPE-M starts its learnable spectrum from it) and `TapeRotaryEmbedding`
+(transformers' spectrum under its scalings, and TAPE's groups of it).
 """
 
 from __future__ import annotations
@@ -14,7 +18,23 @@ from transformers.modeling_rope_utils import dynamic_rope_update
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..kernels.rotation import rotate_queries_and_keys
-from .base import Float32Buffers, LayerPositional, PositionalEncoding, PositionContext
+from .base import (
+    Float32Buffers,
+    LayerPositional,
+    PositionalEncoding,
+    PositionContext,
+    check_choice,
+    check_positive,
+    check_positive_number,
+)
+
+RANDPE_EVAL_POSITIONS = ("random", "given")
+
+
+def check_even_head_dim(config) -> None:
+    """A rotary encoding rotates pairs of dimensions: head_dim must be even."""
+    if config.head_dim % 2:
+        raise ValueError(f"head_dim={config.head_dim} must be even for the rotary encoding pe_type={config.pe_type!r}")
 
 
 def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -23,9 +43,24 @@ def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return q.view(batch, kv_heads, heads // kv_heads, length, dim)
 
 
+def rope_frequencies(theta: float, dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """RoPE's inverse frequencies theta ** (-2i / dim) for i < dim / 2, in float32 on `device`, computed as
+    transformers' default RoPE computes them (1 / theta ** (2i / dim)), which is what `TapeRotaryEmbedding` holds for
+    rope_type "default"."""
+    return 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim)
+
+
 class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
     """transformers' rotary embedding (its scalings, dynamic updates and re-initialisation), with cos/sin computed in
     float32, or float64 for a float64 model, from integer positions."""
+
+    def grouped_frequencies(self, groups: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """(groups, head_dim/2) in `dtype`: the (scaled) inverse frequencies, group g's times
+        theta ** (-2g / (groups * head_dim)), so that the groups interleave as the spectrum of a head `groups` times
+        wider (TAPE's E0 with R = groups x L)."""
+        offsets = torch.arange(groups, dtype=dtype, device=device)
+        group_freq = self.config.rope_parameters["rope_theta"] ** (-2.0 * offsets / (groups * self.config.head_dim))
+        return group_freq[:, None] * self.inv_freq.to(device, dtype)
 
     @torch.no_grad()
     @dynamic_rope_update
@@ -54,6 +89,10 @@ class RoPE(PositionalEncoding):
         super().__init__()
         self.rotary = TapeRotaryEmbedding(config)
 
+    @classmethod
+    def validate_config(cls, config) -> None:
+        check_even_head_dim(config)
+
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         ctx.tables["angles"] = torch.cat(self.rotary.tables(ctx.query_positions, dtype), dim=-1)[:, None].to(dtype)
 
@@ -72,6 +111,16 @@ class RandPE(RoPE):
         super().__init__(config)
         self.max_position = config.randpe_max_position
         self.random_at_eval = config.randpe_eval_positions == "random"
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_choice("randpe_eval_positions", config.randpe_eval_positions, RANDPE_EVAL_POSITIONS)
+        check_positive("randpe_max_position", config.randpe_max_position)
+        if config.randpe_max_position < config.max_position_embeddings:
+            raise ValueError(
+                f"randpe_max_position={config.randpe_max_position} must be >= "
+                f"max_position_embeddings={config.max_position_embeddings}"
+            )
 
     def positions(
         self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None
@@ -114,6 +163,10 @@ class XPos(RoPE):
         self.head_dim = config.head_dim
         self.scale_base = config.xpos_scale_base
         self.centre = config.max_position_embeddings // 2
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_positive_number("xpos_scale_base", config.xpos_scale_base)
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         cos, sin = self.rotary.tables(ctx.query_positions, dtype)

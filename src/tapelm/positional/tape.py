@@ -23,8 +23,12 @@ from torch import nn
 from ..kernels.rotation import rotate_queries_and_keys
 from ..kernels.state_mixing import fused_when_compiled, mix_state, state_delta
 from ..kernels.state_update import in_dtype, update_state
-from .base import LayerPositional, PositionalEncoding, PositionContext
-from .rotary import TapeRotaryEmbedding, group_queries
+from .base import LayerPositional, PositionalEncoding, PositionContext, check_choice, check_positive
+from .rotary import TapeRotaryEmbedding, check_even_head_dim, group_queries
+
+TAPE_ATTN_MIXING = ("heads", "per_head")
+TAPE_UPDATES = ("both", "attention", "mlp", "none")
+TAPE_LAYER_CHOICES = ("all", "none", "first_half", "second_half")
 
 
 def uses_compact_state(config) -> bool:
@@ -68,9 +72,51 @@ class TapeEncoding(PositionalEncoding):
         self.compact = uses_compact_state(config)
         self.block_l, self.block_r = config.tape_block
         self.kv_heads = config.num_key_value_heads
-        self.rope_theta = config.rope_parameters["rope_theta"]
-        self.head_dim = config.head_dim
         self.config = config
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        """TAPE's options; `tape_layers` as a list becomes its sorted distinct indices."""
+        check_choice("tape_attn_mixing", config.tape_attn_mixing, TAPE_ATTN_MIXING)
+        check_choice("tape_update", config.tape_update, TAPE_UPDATES)
+        check_positive("tape_position_size", config.tape_position_size)
+        if len(config.tape_block) != 2:
+            raise ValueError(f"tape_block={config.tape_block!r} must be a pair (L, R)")
+        for name, value in zip(("tape_block L", "tape_block R"), config.tape_block):
+            check_positive(name, value)
+        if isinstance(config.tape_layers, str):
+            if config.tape_layers not in TAPE_LAYER_CHOICES:
+                raise ValueError(
+                    f"tape_layers={config.tape_layers!r} is not allowed; choose one of: "
+                    f"{', '.join(TAPE_LAYER_CHOICES)}, or a list of layer indices"
+                )
+            return
+        layers = list(config.tape_layers)
+        if not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.num_hidden_layers for i in layers
+        ):
+            raise ValueError(
+                f"tape_layers={config.tape_layers!r} is not allowed; list layer indices in "
+                f"[0, {config.num_hidden_layers}) or use one of: {', '.join(TAPE_LAYER_CHOICES)}"
+            )
+        config.tape_layers = sorted(set(layers))
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        check_even_head_dim(config)
+        block_l, block_r = config.tape_block
+        if block_l % 2:
+            raise ValueError(f"tape_block L={block_l} must be even (the RoPE initialisation pairs dimensions)")
+        if config.head_dim % block_l:
+            raise ValueError(f"tape_block L={block_l} must divide head_dim={config.head_dim}")
+        if block_r % block_l:
+            raise ValueError(f"tape_block R={block_r} must be a multiple of L={block_l}")
+        rope_type = (config.rope_parameters or {}).get("rope_type", "default")
+        if rope_type not in ("default", "linear") and config.tape_block != (2, 2):
+            raise ValueError(
+                f"rope_parameters rope_type={rope_type!r} needs tape_block=(2, 2); "
+                "with other blocks use rope_type 'default' or 'linear'"
+            )
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
         if self.compact:
@@ -78,9 +124,7 @@ class TapeEncoding(PositionalEncoding):
             return
         groups = self.block_r // self.block_l
         wide = torch.promote_types(dtype, torch.float32)
-        offsets = torch.arange(groups, dtype=wide, device=ctx.query_positions.device)
-        group_freq = self.rope_theta ** (-2.0 * offsets / (groups * self.head_dim))
-        freqs = group_freq[:, None] * self.rotary.inv_freq.to(ctx.query_positions.device, wide)  # (G, d/2)
+        freqs = self.rotary.grouped_frequencies(groups, ctx.query_positions.device, wide)  # (G, d/2)
         angles = ctx.query_positions.to(wide)[..., None, None] * freqs  # (B, N, G, d/2)
         scale = self.rotary.attention_scaling / groups**0.5
         ctx.tables["e0"] = initial_blocks(angles, self.block_l, self.block_r, scale).flatten(-3)
