@@ -1,7 +1,10 @@
 """The baselines as the paper ran them (official code VITA-Group/TAPE, models/llama/*.py), and their options."""
 
 import math
+from decimal import Decimal, localcontext
+from fractions import Fraction
 
+import numpy
 import pytest
 import torch
 
@@ -158,3 +161,42 @@ def test_randpe_random_positions_refuse_to_continue_a_cache():
     cache = model(input_ids=ids[:, :5], use_cache=True).cache
     with pytest.raises(ValueError, match="randpe_eval_positions='given'"):
         model(input_ids=ids[:, 5:], cache=cache, use_cache=True)
+
+
+def exact_alibi_slopes(heads: int) -> list[Fraction]:
+    """Press et al.'s slopes as exact exponents of 2: 2^(-8 (i+1) / n) for the n = 2^floor(log2 H) first heads, then
+    every other slope of 2n heads, 2^(-4 (2 (i-n) + 1) / n)."""
+    closest = 2 ** math.floor(math.log2(heads))
+    return [
+        Fraction(-8 * (i + 1), closest) if i < closest else Fraction(-4 * (2 * (i - closest) + 1), closest)
+        for i in range(heads)
+    ]
+
+
+def nearest_float32(value: Decimal) -> float:
+    """`value` correctly rounded to float32: the nearer of the float32 numbers around it."""
+    near = numpy.float32(float(value))
+    around = (numpy.nextafter(near, numpy.float32(-1)), near, numpy.nextafter(near, numpy.float32(2)))
+    return float(min(around, key=lambda candidate: abs(Decimal(float(candidate)) - value)))
+
+
+@pytest.mark.parametrize("heads", [1, 3, 4, 12, 16, 24, 48, 64, 96, 128, 192, 256])
+def test_alibi_slopes_are_correctly_rounded_at_any_head_count(heads):
+    """Against 60-digit decimal arithmetic: each float32 slope (what float32, bf16 and fp16 models use) is
+    2^exponent correctly rounded; each float64 slope is within a float64 step of it (exp2 in float64 is faithful,
+    not correctly rounded)."""
+    from tapelm.positional.bias import alibi_slopes
+
+    with localcontext() as context:
+        context.prec = 60
+        exact = [Decimal(2) ** (Decimal(e.numerator) / Decimal(e.denominator)) for e in exact_alibi_slopes(heads)]
+    single = alibi_slopes(heads, DEVICE, torch.float32)
+    assert single.dtype == torch.float32 and single.device == DEVICE
+    expected = torch.tensor([nearest_float32(value) for value in exact], dtype=torch.float32, device="cpu")
+    assert torch.equal(single.cpu(), expected)
+    double = alibi_slopes(heads, DEVICE, torch.float64).cpu()
+    nearest_double = torch.tensor([float(value) for value in exact], dtype=torch.float64, device="cpu")
+    steps = (double - nearest_double).abs() / (
+        torch.nextafter(nearest_double, torch.zeros_like(double)) - nearest_double
+    ).abs()
+    assert steps.max() <= 1

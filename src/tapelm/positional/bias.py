@@ -42,13 +42,14 @@ def relative_distance(ctx: PositionContext) -> torch.Tensor:
     return (queries[:, None, :, None] - keys[:, None, None, :]).float()
 
 
-def alibi_slopes(heads: int, device: torch.device) -> torch.Tensor:
+def alibi_slopes(heads: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The geometric slopes of Press et al. (2022), including their rule for head counts that are not powers of 2,
-    computed on `device` (no host-to-device copy in a forward pass)."""
+    computed on `device` (no host-to-device copy in a forward pass) in float64 and rounded once to `dtype`: each
+    slope is the correctly rounded 2^(exponent) (exp2 in float32 misses it by a step at some head counts)."""
     closest = 2 ** math.floor(math.log2(heads))
-    index = torch.arange(heads, dtype=torch.float32, device=device)
+    index = torch.arange(heads, dtype=torch.float64, device=device)
     powers = torch.where(index < closest, -8 * (index + 1), -4 * (2 * (index - closest) + 1)) / closest
-    return torch.exp2(powers)
+    return torch.exp2(powers).to(dtype)
 
 
 class RelativeBias(PositionalEncoding):
@@ -66,8 +67,9 @@ class ALiBi(RelativeBias):
         self.heads = config.num_attention_heads
 
     def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
-        slopes = alibi_slopes(self.heads, ctx.query_positions.device)
-        ctx.bias = (-slopes[:, None, None] * relative_distance(ctx).abs()).to(dtype)
+        wide = torch.promote_types(dtype, torch.float32)
+        slopes = alibi_slopes(self.heads, ctx.query_positions.device, wide)
+        ctx.bias = (-slopes[:, None, None] * relative_distance(ctx).to(wide).abs()).to(dtype)
 
 
 class T5Bias(RelativeBias):

@@ -92,7 +92,7 @@ class GrapeAPLayer(LayerPositional):
         p = self.positional_vectors(x, q, k, stream, value_width)
         every = store_state(cache, layer_idx, "grape-ap", self.rotated(p, ctx.query_positions))
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
-        slopes = alibi_slopes(self.heads, p.device)
+        slopes = alibi_slopes(self.heads, p.device, torch.promote_types(p.dtype, torch.float32))
         return q, k, stream, path_integral_bias(p, every, slopes, last_seen(valid), q.dtype)
 
 
