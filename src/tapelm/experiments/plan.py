@@ -1,24 +1,23 @@
 """The comparisons tapelm owes its users (the issues "Comparisons that learn" and "Ablations, faithful baselines"):
 per task, the rows (encodings, or TAPE's variants) and how many seeds each needs at the default preset's recipe, or
-at a design of the task given as options over it (addition with index hints, issue "Arithmetic that can show
-extrapolation").
+at a design of the task given as options over it (addition with index hints), and the same at GPU scale. The plan is
+data, docs/plans.json (`OWED`, `AT_GPU_SCALE` are read from it).
 `tapelm report` writes which are complete into docs/RESULTS.md, with the command that runs what is missing; since
 finished runs are cached, and archived by the report (`--archive`), that command continues a comparison across
 sessions and machines."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
-from .presets import DEFAULT_PRESET, PRESETS, gpu_schedule
+from .presets import DEFAULT_PRESET
 from .runs import RunSpec, option_flags, settings_hash
-from .variants import ABLATIONS
 
-PAPER_FIVE = ("tape", "rope", "randpe", "nope", "fire")  # the paper's addition table
-OTHER_ENCODINGS = ("xpos", "alibi", "t5", "cope", "sinusoidal", "learned")
-WITH_ALIBI = (*PAPER_FIVE, "alibi")
-CONTEXTUAL = ("tape", "fox", "path", "grape-m", "grape-ap")  # TAPE and the contextual peers
+PLAN_FILE = Path(__file__).resolve().parents[3] / "docs" / "plans.json"
+GPU = "gpu"
 
 
 def default_settings_hash(task: str) -> str:
@@ -83,52 +82,32 @@ class OwedComparison:
         )
 
 
-# Addition with index hints learns at half the plain format's steps (docs/RECIPES.md); its ablation table decides
-# more claims than the plain format's, where no run goes beyond the training length.
-INDEX_HINTS = {"task_options": (("format", "index_hints"),), "train_options": (("steps", 4000),)}
+def load_plan(path: Path = PLAN_FILE) -> dict[str, tuple[OwedComparison, ...]]:
+    """docs/plans.json's comparisons: "laptop" at the default preset, "gpu" at the gpu preset, in the file's order."""
+    data = json.loads(path.read_text())
 
-OWED = (
-    OwedComparison("addition", PAPER_FIVE, 5, "the paper's five encodings"),
-    OwedComparison("addition", PAPER_FIVE, 5, "the paper's five encodings, index hints", **INDEX_HINTS),
-    OwedComparison("addition", OTHER_ENCODINGS, 3, "the other encodings"),
-    *(
-        OwedComparison(task, WITH_ALIBI, 3, "the paper's five and ALiBi")
-        for task in ("passkey", "mqar", "flipflop", "text")
-    ),
-    OwedComparison(
-        "word_problem",
-        ("tape", "rope", "nope", "fox", "path", "grape-m", "grape-ap"),
-        3,
-        "TAPE, RoPE, NoPE and the contextual peers",
-    ),
-    *(
-        OwedComparison(task, CONTEXTUAL, 3, "TAPE and the contextual peers")
-        for task in ("mqar", "passkey", "flipflop", "text")
-    ),
-    OwedComparison("addition", tuple(ABLATIONS), 3, "the ablation table, index hints", ablation=True, **INDEX_HINTS),
-    OwedComparison("passkey", tuple(ABLATIONS), 3, "the ablation table", ablation=True),
-)
+    def comparison(entry: dict, preset: str) -> OwedComparison:
+        rows = entry["rows"]
+        return OwedComparison(
+            task=entry["task"],
+            rows=tuple(data["groups"][rows] if isinstance(rows, str) else rows),
+            seeds=entry["seeds"],
+            label=entry["label"],
+            ablation=entry.get("ablation", False),
+            task_options=tuple(entry.get("task_options", {}).items()),
+            train_options=tuple(entry.get("train_options", {}).items()),
+            preset=preset,
+        )
 
-# The claims at GPU scale (`tapelm stage`), cheapest first (by a RoPE run's training FLOPs, so by its predicted GPU
-# seconds; a test holds the order): MQAR (an effect at laptop scale: it validates the pipeline), passkey, language
-# modelling, addition with index hints (at half the plain format's steps, as on the laptop), the paper's addition.
-# The stage runs every claim's TAPE/RoPE pair in this order before any other encoding.
-GPU = "gpu"
-AT_GPU_SCALE = (
-    OwedComparison("mqar", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
-    OwedComparison("passkey", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
-    OwedComparison("text", WITH_ALIBI, 3, "the paper's five and ALiBi", preset=GPU),
-    OwedComparison(
-        "addition",
-        PAPER_FIVE,
-        3,
-        "the paper's five encodings, index hints",
-        preset=GPU,
-        task_options=INDEX_HINTS["task_options"],
-        train_options=tuple(gpu_schedule(PRESETS[GPU]["addition"].train.steps // 2).items()),
-    ),
-    OwedComparison("addition", PAPER_FIVE, 3, "the paper's five encodings", preset=GPU),
-)
+    return {
+        scale: tuple(comparison(entry, preset) for entry in data[scale]["comparisons"])
+        for scale, preset in (("laptop", DEFAULT_PRESET), ("gpu", GPU))
+    }
+
+
+_PLAN = load_plan()
+OWED = _PLAN["laptop"]
+AT_GPU_SCALE = _PLAN["gpu"]
 
 
 def at_laptop_scale(owed: OwedComparison) -> OwedComparison:
@@ -138,14 +117,10 @@ def at_laptop_scale(owed: OwedComparison) -> OwedComparison:
 
 __all__ = [
     "AT_GPU_SCALE",
-    "CONTEXTUAL",
     "GPU",
-    "INDEX_HINTS",
     "OWED",
-    "OTHER_ENCODINGS",
     "OwedComparison",
-    "PAPER_FIVE",
-    "WITH_ALIBI",
     "at_laptop_scale",
     "default_settings_hash",
+    "load_plan",
 ]
