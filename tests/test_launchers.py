@@ -1,4 +1,4 @@
-"""Launchers (`tapelm.experiments.launchers`) and trackers (`tapelm.experiments.trackers`): whoever launches a run,
+"""Launchers (`tapelm.experiments.launchers`) and trackers (`tapelm.training.trackers`): whoever launches a run,
 and whatever watches it, it trains the same model as one run alone in this process."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tapelm.experiments.launchers import (
     shared_data_workers,
 )
 from tapelm.experiments.runs import RESULT_FILE, RunSpec, run_task, settings_hash
-from tapelm.experiments.trackers import TRACKERS, check_report_to
-from tapelm.experiments.train import list_checkpoints
+from tapelm.training.checkpoints import list_checkpoints
+from tapelm.training.trackers import TRACKERS, check_report_to
 
 PES = ["tape", "rope"]
 # Long enough (300 steps, a checkpoint every 50) for a job to be killed between its first checkpoint and its end.

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tapelm.experiments.runs import RunSpec, load_run, run_task
 from tapelm.experiments.tasks import ByteTokenizer, SymbolTokenizer, get_task, load_tokenizer
 from tapelm.experiments.tasks import text as text_task
-from tapelm.experiments.train import CheckpointError
+from tapelm.training.checkpoints import CheckpointError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY_MODEL = {

@@ -17,16 +17,11 @@ import torch
 from tapelm.cli import build_parser, main
 from tapelm.experiments.commands import spec_from_args
 from tapelm.experiments.runs import RunSpec, batch_stream, resolve, run_task
-from tapelm.experiments.train import (
-    CheckpointError,
-    TrainSettings,
-    latest_checkpoint,
-    learning_rate_lambda,
-    list_checkpoints,
-    micro_batches,
-    train,
-    verify_checkpoint,
-)
+from tapelm.training.checkpoints import CheckpointError, latest_checkpoint, list_checkpoints, verify_checkpoint
+from tapelm.training.loop import train
+from tapelm.training.schedule import learning_rate_lambda
+from tapelm.training.settings import TrainSettings
+from tapelm.training.step import micro_batches
 
 TINY_MODEL = {
     "hidden_size": 32,
@@ -512,7 +507,7 @@ def test_provenance_trusts_git_only_where_tapelm_is_the_checkout(tmp_path) -> No
     import subprocess
     import sys
 
-    from tapelm.experiments import provenance
+    from tapelm.training import provenance
 
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=provenance.SOURCE_ROOT
@@ -528,7 +523,7 @@ def test_provenance_trusts_git_only_where_tapelm_is_the_checkout(tmp_path) -> No
     for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
         subprocess.run(["git", *command], cwd=outer, check=True, capture_output=True)
     script = (
-        "import json, sys; sys.path.insert(0, 'copy/src'); from tapelm.experiments import provenance as p; "
+        "import json, sys; sys.path.insert(0, 'copy/src'); from tapelm.training import provenance as p; "
         "print(json.dumps([p._git('rev-parse', 'HEAD'), p.SOURCE_ROOT.name]))"
     )
     printed = subprocess.run([sys.executable, "-c", script], cwd=outer, capture_output=True, text=True, check=True)
@@ -539,7 +534,7 @@ def test_a_run_from_a_source_checkout_that_is_not_installed_writes_its_records(t
     """Without tapelm's package metadata (PYTHONPATH=src) every record is written; the commit identifies the code."""
     import importlib.metadata
 
-    from tapelm.experiments import provenance
+    from tapelm.training import provenance
 
     def version(package):
         if package == "tapelm":

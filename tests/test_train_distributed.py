@@ -19,7 +19,7 @@ WORKER = textwrap.dedent("""
     import torch
     from accelerate import PartialState
     from tapelm.experiments.runs import RunSpec, batch_stream, resolve
-    from tapelm.experiments.train import train
+    from tapelm.training.loop import train
 
     out = Path(sys.argv[1])
     run = resolve(RunSpec(task="addition", pe="tape", task_options={"max_train_digits": 3, "eval_max_digits": 4},

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from ..experiments.devices import process_device
-from ..experiments.provenance import environment
 from ..experiments.runs import RunSpec, load_run, run_task
+from ..training.devices import process_device
+from ..training.provenance import environment
 from . import speed
 from .device_tests import TestRun, collected, lanes
 from .first_calls import run_first_calls

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from ..config import PE_TYPES
+from ..training.devices import process_device
+from ..training.trackers import TRACKERS, check_report_to
 from .compare import DEFAULT_PES, compare
-from .devices import process_device
 from .evaluate import EVAL_SEED, evaluate_model
 from .launchers import LAUNCHERS, make_launcher
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
@@ -19,7 +20,6 @@ from .runs import RunSpec, load_run, resolve, run_task, write_evaluation
 from .stage import run_stage
 from .sweep import sweep
 from .tasks import TASKS
-from .trackers import TRACKERS, check_report_to
 from .variants import ABLATIONS
 
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..training.trackers import check_report_to
 from .runs import run_task
-from .trackers import check_report_to
 
 LAUNCHERS = ("local", "slurm")
 SUBMITIT_PIP = "pip install 'tapelm[cluster]' (or: pip install submitit)"

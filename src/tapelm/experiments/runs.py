@@ -1,4 +1,4 @@
-"""Task runs: a model built from a task and a preset, trained by `tapelm.experiments.train.train` on the task's
+"""Task runs: a model built from a task and a preset, trained by `tapelm.training.loop.train` on the task's
 seeded batches,
 then evaluated over lengths (`tapelm train`).
 
@@ -24,21 +24,18 @@ import torch
 
 from ..config import TapeConfig
 from ..modeling import TapeForCausalLM
-from . import trackers
-from .devices import describe_device
+from ..training import trackers
+from ..training.accelerator import make_accelerator
+from ..training.atomic import write_json_atomically
+from ..training.checkpoints import CheckpointError, check_run_dir
+from ..training.devices import describe_device
+from ..training.loop import train
+from ..training.saved_models import load_saved_model
+from ..training.settings import TrainSettings
+from ..training.trackers import check_report_to
 from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task, has_saved_tokenizer, is_saved_in, save_tokenizer
-from .trackers import check_report_to
-from .train import (
-    CheckpointError,
-    TrainSettings,
-    check_run_dir,
-    load_saved_model,
-    make_accelerator,
-    train,
-    write_json_atomically,
-)
 from .variants import check_encoding, resolve_variant
 
 RUN_FILE = "run.json"
@@ -273,7 +270,7 @@ def batch_stream(task: Task, seed: int, batch_size: int):
 
 
 def _environment() -> dict[str, Any]:
-    from .provenance import environment
+    from ..training.provenance import environment
 
     return environment()
 
@@ -294,7 +291,7 @@ def run_task(
     """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
     stopped early by `stop_after`. With resume, a finished run returns its cached result. `compile_layers`: train
     with torch.compile'd decoder layers (`compile_for_training`); `compile_step`: compile the whole model's training
-    forward instead (`tapelm.experiments.train.compile_for_steps`; None: the preset's choice); `data_workers`:
+    forward instead (`tapelm.training.step.compile_for_steps`; None: the preset's choice); `data_workers`:
     processes that make the batches ahead (`train`); `report_to`: experiment trackers to log to (`trackers`);
     `launch`: how the run was launched (`launchers`), recorded in result.json with its device; none is part of the
     run's identity, like threads."""

@@ -30,6 +30,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from ..training.atomic import write_json_atomically
 from .archive import archive_comparison
 from .budget import OVERHEAD_SECONDS, Rate, archived_rates, current_rate, measured_rate, step_cost, training_flops
 from .claims import CLAIMS, learned
@@ -37,7 +38,6 @@ from .compare import Comparison, open_comparison
 from .launchers import Job, LocalLauncher, RunOptions
 from .plan import AT_GPU_SCALE, OwedComparison, at_laptop_scale
 from .runs import RESULT_FILE, RunSpec, option_flags, resolve
-from .train import write_json_atomically
 
 CHECK = ("rope", "tape")  # every claim's pair; seed 0 of these runs first in a comparison: its learning-curve check
 MARGIN = 1.15  # a run starts only where this much above its expected time (and OVERHEAD_SECONDS) is left
@@ -399,7 +399,7 @@ def _rope_run(owed: OwedComparison, flops: float) -> dict[str, Any]:
 
 
 def _environment() -> dict[str, Any]:
-    from .provenance import environment
+    from ..training.provenance import environment
 
     return environment()
 

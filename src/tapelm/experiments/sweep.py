@@ -14,8 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..training.atomic import write_json_atomically
+from ..training.settings import SCHEDULES
 from .runs import RunSpec, option_flags, resolve, run_task
-from .train import SCHEDULES, write_json_atomically
 
 
 def learning_curve(run_dir: Path) -> dict[str, list]:

@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from ..experiments.devices import process_device
 from ..experiments.launchers import die_with_parent
 from ..experiments.runs import RunSpec, resolve, run_task
 from ..experiments.statistics import format_difference, interval, paired_difference, verdict
 from ..experiments.tasks.corpora import PYTHON_DOCS, STDLIB
+from ..training.devices import process_device
 from .data import CORPORA, held_out_documents
 from .evaluation import evaluate_model, perplexity
 from .finetune import FinetuneSettings, finetune, pretrained_window, scaling_overrides

@@ -38,7 +38,7 @@ import torch
 
 from ..experiments.markdown import HEADER, splice
 from ..experiments.tasks.corpora import VAL_EVERY, corpus_files
-from ..experiments.train import write_json_atomically, write_text_atomically
+from ..training.atomic import write_json_atomically, write_text_atomically
 from .data import load_examples, references
 from .finetune import FinetuneSpec, finetune
 from .generate import DecodeSettings, predict
@@ -337,7 +337,7 @@ def run_laptop(plan: LaptopPlan = LaptopPlan()) -> dict[str, dict[str, Any]]:
 
 
 def _environment() -> dict[str, Any]:
-    from ..experiments.provenance import environment
+    from ..training.provenance import environment
 
     return environment()
 
