@@ -16,7 +16,7 @@ import torch
 
 from tapelm.cli import build_parser, main
 from tapelm.experiments.commands import spec_from_args
-from tapelm.experiments.runs import RunSpec, batch_stream, resolve, run_task
+from tapelm.experiments.runs import RunOptions, RunSpec, batch_stream, resolve, run_task
 from tapelm.training.checkpoints import CheckpointError, latest_checkpoint, list_checkpoints, verify_checkpoint
 from tapelm.training.loop import train
 from tapelm.training.schedule import learning_rate_lambda
@@ -112,7 +112,7 @@ def test_wsd_is_constant_then_a_cosine_over_the_last_fifth() -> None:
 
 def test_smoke_training_loss_falls(tmp_path) -> None:
     run = resolve(tiny_spec(steps=60, batch_size=16))
-    result = run_task(run, tmp_path / "run", progress=False)
+    result = run_task(run, tmp_path / "run", RunOptions(progress=False))
     losses = [
         json.loads(line)["loss"]
         for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -132,9 +132,9 @@ def test_compiled_layers_train_the_same_function_as_eager_layers(tmp_path) -> No
     from torch._dynamo.utils import counters
 
     spec = tiny_spec("tape", steps=4, eval_every=2)
-    eager_result = run_task(resolve(spec), tmp_path / "eager", progress=False)
+    eager_result = run_task(resolve(spec), tmp_path / "eager", RunOptions(progress=False))
     counters.clear()
-    compiled_result = run_task(resolve(spec), tmp_path / "compiled", progress=False, compile_layers=True)
+    compiled_result = run_task(resolve(spec), tmp_path / "compiled", RunOptions(progress=False, compile_layers=True))
     assert counters["stats"]["unique_graphs"] > 0
     losses = {
         name: [
@@ -226,7 +226,7 @@ def test_a_kill_at_any_moment_leaves_a_resumable_run(tmp_path) -> None:
     assert 0 < step < 400
     args = build_parser().parse_args(command[3:])
     run = resolve(spec_from_args(args, args.pe, args.seed))
-    assert run_task(run, out, resume=True, progress=False, stop_after=step + 2) is None
+    assert run_task(run, out, RunOptions(progress=False), resume=True, stop_after=step + 2) is None
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, step + 3))
 
@@ -281,7 +281,7 @@ def test_the_first_loss_is_logged_and_the_last_step_is_not_evaluated_twice(tmp_p
     """A run shorter than its logging interval still reports its first loss; the quick in-training evaluation is
     not repeated after the last step when it falls off the eval_every schedule (the final evaluation covers it)."""
     out = tmp_path / "run"
-    result = run_task(tiny_spec(steps=3, log_every=10, eval_every=2), out, progress=False)
+    result = run_task(tiny_spec(steps=3, log_every=10, eval_every=2), out, RunOptions(progress=False))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 3]
     assert [r["step"] for r in records if "eval" in r] == [2]
@@ -321,8 +321,7 @@ def test_the_first_loss_is_logged_and_the_last_step_is_not_evaluated_twice(tmp_p
         ),
         (
             ["train", "--task", "addition", "--pe", "tape", "--compile", "--compile-step"],
-            "compile_layers (--compile) and compile_step (--compile-step) compile the same forward two ways; "
-            "choose one",
+            "--compile and --compile-step compile the same forward two ways; choose one",
         ),
         (
             ["compare", "addition", "--pe", "tape", "--model-option", "hiden_size=64"],

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from ..experiments.runs import RunSpec, load_run, run_task
+from ..experiments.runs import RunOptions, RunSpec, load_run, run_task
 from ..training.devices import process_device
 from ..training.provenance import environment
 from . import speed
@@ -229,7 +229,7 @@ def run_training(tiny: bool, runs: Path) -> dict:
     results = {}
     for pe in ENCODINGS:
         started = time.perf_counter()
-        result = run_task(training_spec(pe, tiny), runs / pe, progress=False)
+        result = run_task(training_spec(pe, tiny), runs / pe, RunOptions(progress=False))
         results[pe] = {
             "seconds": time.perf_counter() - started,
             "first_loss": result["first_loss"],

@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from ..training.atomic import write_json_atomically
+from ..training.launchers import LocalLauncher
 from .archive import archive_comparison
 from .budget import OVERHEAD_SECONDS, Rate, archived_rates, current_rate, measured_rate, step_cost, training_flops
 from .claims import CLAIMS, learned
 from .compare import Comparison, open_comparison
-from .launchers import Job, LocalLauncher, RunOptions
+from .launchers import Job
 from .plan import AT_GPU_SCALE, OwedComparison, at_laptop_scale
-from .runs import RESULT_FILE, RunSpec, option_flags, resolve
+from .runs import RESULT_FILE, RunOptions, RunSpec, option_flags, resolve
 
 CHECK = ("rope", "tape")  # every claim's pair; seed 0 of these runs first in a comparison: its learning-curve check
 MARGIN = 1.15  # a run starts only where this much above its expected time (and OVERHEAD_SECONDS) is left
