@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench import doctor, speed, training
+from .bench import speed, training
+from .doctor import doctor
 from .experiments import commands as experiment_commands
 from .pretrained import commands as pretrained_commands
 from .report import add_commands as add_report_commands
