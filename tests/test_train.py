@@ -239,8 +239,11 @@ def test_run_dir_of_another_configuration_is_refused_untouched(tmp_path, capsys)
     assert main(tiny_cli(out, "--lr", "0.01", "--resume")) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "belongs to another configuration (different train)" in error
-    assert main(tiny_cli(out)) == 2  # same configuration without --resume
-    assert "already holds a run; pass --resume" in capsys.readouterr().err
+    assert main(tiny_cli(out)) == 2  # same configuration without --resume: the library's resume=True, as the flag
+    assert "already holds a run; --resume continues it" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="already holds a run; resume=True continues it"):
+        args = build_parser().parse_args(tiny_cli(out))
+        run_task(resolve(spec_from_args(args, args.pe, args.seed)), out, RunOptions(progress=False))
     assert snapshot(out) == before
     assert main(tiny_cli(out, "--resume")) == 0  # a finished run: --resume returns its cached result
     assert snapshot(out) == before

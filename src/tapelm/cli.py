@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = args.handler(args)  # None or 0: done; another number: part of the work failed
     except ValueError as error:
-        print(f"tapelm: error: {error}", file=sys.stderr)
+        print(
+            f"tapelm: error: {experiment_commands.as_flags(str(error))}", file=sys.stderr
+        )  # the library's names as flags
         return 2
     return int(status or 0)
 

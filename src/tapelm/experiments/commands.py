@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,10 +25,11 @@ from .tasks import TASKS
 from .variants import ABLATIONS
 
 LAUNCHERS = ("local", "slurm")
-# The library's argument names -> the flags that set them, for error messages (`in_flags`).
+# The library's argument names -> the flags that set them, for error messages (`as_flags`).
 FLAGS = {
     "compile_layers=True": "--compile",
     "compile_step=True": "--compile-step",
+    "resume=True": "--resume",
     "SlurmLauncher": "--launcher slurm",
     "jobs=": "--jobs=",
     "data_workers=": "--data-workers=",
@@ -42,16 +41,9 @@ FLAGS = {
 _FLAG_PATTERN = re.compile("|".join(rf"(?<![\w-]){re.escape(name)}" for name in FLAGS))
 
 
-@contextmanager
-def in_flags() -> Iterator[None]:
-    """A ValueError of the library with the arguments it names said as the command's flags (`FLAGS`)."""
-    try:
-        yield
-    except ValueError as error:
-        message = _FLAG_PATTERN.sub(lambda match: FLAGS[match.group(0)], str(error))
-        if message == str(error):
-            raise
-        raise ValueError(message) from None
+def as_flags(message: str) -> str:
+    """A library error's message with the arguments it names said as the command's flags (`FLAGS`)."""
+    return _FLAG_PATTERN.sub(lambda match: FLAGS[match.group(0)], message)
 
 
 def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
@@ -193,8 +185,7 @@ def add_launch_arguments(parser) -> None:
 
 def launcher_from_args(args) -> Launcher:
     """The launcher of `add_launch_arguments`' options (submitit's files in ROOT/slurm), printing its progress
-    lines; ValueError, before anything starts, naming the flag of a bad option or of an option of the other
-    launcher."""
+    lines; ValueError, before anything starts, for a bad option or an option of the other launcher."""
     slurm = {
         "--slurm-partition": args.slurm_partition,
         "--slurm-time": args.slurm_time,
@@ -204,36 +195,34 @@ def launcher_from_args(args) -> Launcher:
     if args.launcher not in LAUNCHERS:
         raise ValueError(f"--launcher {args.launcher!r} is not allowed; choose from: {', '.join(LAUNCHERS)}")
     log = partial(print, flush=True)
-    with in_flags():
-        if args.launcher == "local":
-            given = [flag for flag, value in slurm.items() if value is not None]
-            if given:
-                raise ValueError(f"{given[0]} is an option of --launcher slurm; add --launcher slurm or leave it out")
-            return LocalLauncher(args.jobs, log=log)
-        if args.jobs != 1:
-            raise ValueError(
-                "--jobs is an option of --launcher local; on SLURM every run is a job of its own, with one GPU"
-            )
-        return SlurmLauncher(
-            Path(args.root) / "slurm",
-            args.slurm_partition,
-            60 if args.slurm_time is None else args.slurm_time,
-            1 if args.slurm_gpus_per_run is None else args.slurm_gpus_per_run,
-            args.slurm_cpus_per_run,
-            log=log,
+    if args.launcher == "local":
+        given = [flag for flag, value in slurm.items() if value is not None]
+        if given:
+            raise ValueError(f"{given[0]} is an option of --launcher slurm; add --launcher slurm or leave it out")
+        return LocalLauncher(args.jobs, log=log)
+    if args.jobs != 1:
+        raise ValueError(
+            "--jobs is an option of --launcher local; on SLURM every run is a job of its own, with one GPU"
         )
+    return SlurmLauncher(
+        Path(args.root) / "slurm",
+        args.slurm_partition,
+        60 if args.slurm_time is None else args.slurm_time,
+        1 if args.slurm_gpus_per_run is None else args.slurm_gpus_per_run,
+        args.slurm_cpus_per_run,
+        log=log,
+    )
 
 
 def run_options_from_args(args) -> RunOptions:
-    """The `RunOptions` of a command's flags; ValueError naming the flag of a bad one."""
-    with in_flags():
-        return RunOptions(
-            progress=not args.no_progress,
-            compile_layers=getattr(args, "compile", False),
-            data_workers=getattr(args, "data_workers", 0),
-            report_to=args.report_to,
-            compile_step=getattr(args, "compile_step", None),
-        )
+    """The `RunOptions` of a command's flags (ValueError for a bad one, before anything starts)."""
+    return RunOptions(
+        progress=not args.no_progress,
+        compile_layers=getattr(args, "compile", False),
+        data_workers=getattr(args, "data_workers", 0),
+        report_to=args.report_to,
+        compile_step=getattr(args, "compile_step", None),
+    )
 
 
 def apply_threads(args) -> None:
@@ -396,7 +385,6 @@ def _add_comparison_arguments(parser, seeds: list[int]) -> None:
 def _compare_command(args) -> None:
     pes = list(PE_TYPES) if args.pe == ["all"] else args.pe
     base = spec_from_args(args, pes[0] if pes else "tape", 0)
-    run_options_from_args(args)  # refused with their flags before anything starts
     launcher = launcher_from_args(args)
     apply_threads(args)
     compare(
@@ -434,7 +422,6 @@ def _ablate_command(args) -> None:
     if unknown:
         raise ValueError(f"unknown ablation variant '{unknown[0]}'; choose from: {', '.join(ABLATIONS)}")
     base = spec_from_args(args, "tape", 0)
-    run_options_from_args(args)  # refused with their flags before anything starts
     launcher = launcher_from_args(args)
     apply_threads(args)
     compare(
@@ -543,7 +530,6 @@ def _stage_command(args) -> int:
         "eval_n": args.eval_n,
         "eval_batch_size": args.eval_batch_size,
     }
-    run_options_from_args(args)  # refused with their flags before anything starts
     return run_stage(
         args.budget_seconds,
         args.out,

@@ -161,7 +161,7 @@ def check_run_dir(run_dir: Path, settings: TrainSettings, resume: bool) -> tuple
             )
         if not resume:
             raise CheckpointError(
-                f"run directory '{run_dir}' already holds a run; pass --resume to continue it "
+                f"run directory '{run_dir}' already holds a run; resume=True continues it "
                 "or choose another run directory"
             )
     elif list_checkpoints(run_dir):

@@ -44,5 +44,5 @@ def load_saved_model(directory: Path, model_class, **kwargs):
         reason = (str(error).strip().splitlines() or [""])[0][:200]
         raise ValueError(
             f"the model in '{directory}' cannot be read ({type(error).__name__}: {reason}); it is "
-            "truncated or corrupt: write it again (rerun or --resume the command that made it)"
+            "truncated or corrupt: write it again (rerun or resume the command that made it)"
         ) from None
