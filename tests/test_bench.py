@@ -265,8 +265,8 @@ def test_speed_bench_refuses_an_unknown_fast_path_setting(tmp_path, capsys, word
 
 def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
     """What CI runs of the GPU visit: the law tests, bench speed, paper-preset training and cached generation."""
-    from tapelm.bench.doctor import TINY_TESTS
     from tapelm.cli import main
+    from tapelm.doctor.doctor import TINY_TESTS
 
     assert main(["doctor", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "doctor-cpu-tiny.json").read_text())
@@ -286,8 +286,8 @@ def test_doctor_runs_every_part_at_tiny_sizes_on_the_cpu(tmp_path, capsys):
 
 
 def test_a_failing_doctor_part_is_recorded_and_the_others_still_run(tmp_path, monkeypatch, capsys):
-    from tapelm.bench import doctor
     from tapelm.cli import main
+    from tapelm.doctor import doctor
 
     settings = []
 

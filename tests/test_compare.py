@@ -549,7 +549,7 @@ def test_a_runs_result_does_not_depend_on_how_many_runs_share_a_device(compared,
     """Two runs at once on one device (given explicitly, as a machine's GPU would be: each worker pinned to it
     through CUDA_VISIBLE_DEVICES, here on the CPU) train the same models as one run at a time: every run's losses and
     evaluation equal the sequential ones, and each result records its device."""
-    from tapelm.experiments.launchers import LocalLauncher
+    from tapelm.training.launchers import LocalLauncher
 
     spec = json.loads((comparison(compared) / "comparison.json").read_text())
     base = RunSpec(

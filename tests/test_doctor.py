@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from tapelm.bench import device_tests, doctor
+from tapelm.doctor import device_tests, doctor
 
 CONFTEST = (
     "def pytest_addoption(parser):\n    parser.addoption('--device', default='cpu')\n"
@@ -64,7 +64,7 @@ def test_a_test_that_kills_stalls_or_faults_its_process_fails_alone(tmp_path, mo
     monkeypatch.setenv("DOCTOR_RECORD", str(out / "doctor-cpu.json"))
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # these tests need no plugin: processes start in 0.5 s
     record = doctor.run_doctor(
-        out, tiny=False, skip=("speed", "training", "generation"), tests=doctor.TestSettings(processes=2)
+        out, tiny=False, skip=("speed", "training", "generation"), tests=doctor.DeviceTestSettings(processes=2)
     )
     assert json.loads((out / "doctor-cpu.json").read_text()) == json.loads(json.dumps(record))
     result = record["parts"]["tests"]
@@ -100,7 +100,7 @@ def test_own_process_tests_go_in_whole_files_to_the_fewest_processes_that_even_t
 def test_the_first_calls_time_every_fast_path_and_record_which_ran():
     """On the CPU the paths that run there (the rotation's autograd function, SDPA's CPU flash kernel for TAPE) run;
     no Triton or fla path does, nothing is autotuned, and decoding at a new length tunes nothing."""
-    from tapelm.bench.first_calls import run_first_calls
+    from tapelm.doctor.first_calls import run_first_calls
     from tapelm.fast_paths import NAMES
 
     saved = []

@@ -1,5 +1,6 @@
-"""Launchers (`tapelm.experiments.launchers`) and trackers (`tapelm.experiments.trackers`): whoever launches a run,
-and whatever watches it, it trains the same model as one run alone in this process."""
+"""Launchers (`tapelm.training.launchers`; a run as their job: `tapelm.experiments.launchers`) and trackers
+(`tapelm.training.trackers`): whoever launches a run, and whatever watches it, it trains the same model as one run
+alone in this process."""
 
 from __future__ import annotations
 
@@ -13,18 +14,11 @@ import pytest
 
 from tapelm.cli import main
 from tapelm.experiments.compare import compare, comparison_dir, open_comparison
-from tapelm.experiments.launchers import (
-    Job,
-    LocalLauncher,
-    RunOptions,
-    SlurmLauncher,
-    device_slots,
-    make_launcher,
-    shared_data_workers,
-)
-from tapelm.experiments.runs import RESULT_FILE, RunSpec, run_task, settings_hash
-from tapelm.experiments.trackers import TRACKERS, check_report_to
-from tapelm.experiments.train import list_checkpoints
+from tapelm.experiments.launchers import Job
+from tapelm.experiments.runs import RESULT_FILE, RunOptions, RunSpec, run_task, settings_hash
+from tapelm.training.checkpoints import list_checkpoints
+from tapelm.training.launchers import LocalLauncher, SlurmLauncher, device_slots, shared_data_workers
+from tapelm.training.trackers import TRACKERS, check_report_to
 
 PES = ["tape", "rope"]
 # Long enough (300 steps, a checkpoint every 50) for a job to be killed between its first checkpoint and its end.
@@ -79,35 +73,38 @@ def test_slots_spread_runs_over_every_device_and_share_the_data_workers() -> Non
 
 
 def test_bad_launch_options_get_one_line_errors_before_anything_starts(tmp_path, capsys, monkeypatch) -> None:
-    with pytest.raises(ValueError, match="--slurm-time is an option of --launcher slurm"):
-        make_launcher("local", time_minutes=30)
-    with pytest.raises(ValueError, match="--jobs=0 is not allowed"):
-        make_launcher("local", jobs=0)
+    """The library names its arguments (jobs=0), the command its flags (--jobs=0)."""
+    root = ["--root", str(tmp_path / "runs")]
+    assert main(["compare", "addition", "--slurm-time", "30", *root]) == 2
+    assert "--slurm-time is an option of --launcher slurm" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="^jobs=0: give a whole number of at least 1"):
+        LocalLauncher(0)
+    assert main(["compare", "addition", "--jobs", "0", *root]) == 2
+    assert "error: --jobs=0: give a whole number of at least 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="^data_workers=-1: give a number of processes >= 0"):
+        RunOptions(data_workers=-1)
+    assert main(["compare", "addition", "--data-workers", "-1", *root]) == 2
+    assert "error: --data-workers=-1: give a number of processes >= 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="distinct device names"):
         LocalLauncher(1, devices=["0", "0"])
-    with pytest.raises(ValueError, match="--slurm-gpus-per-run=2 is not allowed; give 1"):
+    with pytest.raises(ValueError, match="^gpus_per_run=2: give 1"):
         SlurmLauncher(tmp_path, gpus_per_run=2, cluster="local")
+    if shutil.which("sbatch") is None:
+        assert main(["compare", "addition", "--launcher", "slurm", "--root", str(tmp_path / "runs")]) == 2
+        error = capsys.readouterr().err
+        assert "error: --launcher slurm submits with SLURM's sbatch, which this machine does not have" in error
     assert main(["compare", "addition", "--launcher", "slurm", "--jobs", "2", "--root", str(tmp_path / "runs")]) == 2
     assert "--jobs is an option of --launcher local" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "submitit", None)  # as where it is not installed
-    with pytest.raises(ValueError, match=r"needs the submitit package, which is not installed: pip install"):
+    with pytest.raises(ValueError, match=r"^SlurmLauncher needs the submitit package, which is not installed: pip"):
         SlurmLauncher(tmp_path, cluster="local")
-    assert not (tmp_path / "runs").exists()
-
-
-def test_a_machine_without_sbatch_is_told_to_submit_from_the_login_node(tmp_path, capsys) -> None:
-    pytest.importorskip("submitit", reason="submitit is not installed (pip install tapelm[cluster])")
-    if shutil.which("sbatch") is not None:
-        pytest.skip("this machine has SLURM's sbatch")
-    assert main(["compare", "addition", "--launcher", "slurm", "--root", str(tmp_path / "runs")]) == 2
-    assert "does not have; run the command on the cluster's login node" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_missing_or_unknown_tracker_is_refused_with_the_command_that_installs_it(tmp_path, capsys) -> None:
     import importlib.util
 
-    with pytest.raises(ValueError, match="--report-to 'neptune' is not allowed; choose from: tensorboard, wandb"):
+    with pytest.raises(ValueError, match="^report_to='neptune' is not allowed; choose from: tensorboard, wandb"):
         check_report_to(["neptune"])
     assert check_report_to(["none"]) == () and check_report_to(None) == ()
     missing = [name for name, (_, package) in TRACKERS.items() if importlib.util.find_spec(package) is None]
@@ -115,12 +112,14 @@ def test_a_missing_or_unknown_tracker_is_refused_with_the_command_that_installs_
         pytest.skip("every tracker package is installed here")
     with pytest.raises(
         ValueError,
-        match=f"--report-to {missing[0]} needs the {TRACKERS[missing[0]][1]} package, "
+        match=f"^report_to='{missing[0]}' needs the {TRACKERS[missing[0]][1]} package, "
         f"which is not installed: pip install {TRACKERS[missing[0]][1]}",
     ):
         check_report_to(["tensorboard", missing[0]])
     assert main(["compare", "addition", "--report-to", missing[0], "--root", str(tmp_path / "runs")]) == 2
-    assert "pip install" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    error = capsys.readouterr().err
+    assert f"error: --report-to='{missing[0]}' needs" in error and "pip install" in error
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_run_reporting_to_tensorboard_trains_the_same_model_and_logs_its_metric_lines(local, tmp_path) -> None:
@@ -131,8 +130,7 @@ def test_a_run_reporting_to_tensorboard_trains_the_same_model_and_logs_its_metri
     run_task(
         open_comparison(BASE, PES, [0], tmp_path / "runs").runs["rope", 0],
         run_dir,
-        progress=False,
-        report_to=("tensorboard",),
+        RunOptions(progress=False, report_to=("tensorboard",)),
     )
     assert training(run_dir) == training(local / "rope" / "seed0")
     (events,) = {
@@ -159,7 +157,9 @@ def test_a_comparison_on_submitit_killed_mid_run_resumes_to_the_local_result(loc
     from its checkpoint; every result equals the one trained in this process."""
     pytest.importorskip("submitit", reason="submitit is not installed (pip install tapelm[cluster])")
     root = tmp_path / "runs"
-    launcher = SlurmLauncher(tmp_path / "slurm", time_minutes=10, gpus_per_run=0, cluster="local", poll_seconds=0.2)
+    launcher = SlurmLauncher(
+        tmp_path / "slurm", time_minutes=10, gpus_per_run=0, cluster="local", poll_seconds=0.2, log=print
+    )
     comparison = open_comparison(BASE, PES, [0], root)
     jobs = [Job(comparison.runs[pe, 0], comparison.run_dir(pe, 0), comparison.command) for pe in PES]
     tape, rope = launcher.submit(jobs, RunOptions(progress=False))
@@ -191,7 +191,7 @@ def test_on_cuda_every_visible_gpu_trains_runs_pinned_to_it(tmp_path) -> None:
     import torch
 
     import conftest
-    from tapelm.experiments.launchers import visible_devices
+    from tapelm.training.launchers import visible_devices
 
     if conftest.DEVICE.type != "cuda":
         pytest.skip("needs CUDA: run with --device cuda")

@@ -14,10 +14,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tapelm.experiments.runs import RunSpec, load_run, run_task
+from tapelm.experiments.runs import RunOptions, RunSpec, load_run, run_task
 from tapelm.experiments.tasks import ByteTokenizer, SymbolTokenizer, get_task, load_tokenizer
 from tapelm.experiments.tasks import text as text_task
-from tapelm.experiments.train import CheckpointError
+from tapelm.training.checkpoints import CheckpointError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY_MODEL = {
@@ -40,7 +40,7 @@ def tiny_run(tmp_path: Path, task: str, name: str = "run", **task_options) -> Pa
         eval_n=4,
         eval_batch_size=4,
     )
-    run_task(spec, tmp_path / name, progress=False)
+    run_task(spec, tmp_path / name, RunOptions(progress=False))
     return tmp_path / name
 
 
@@ -184,9 +184,9 @@ def test_a_text_run_without_a_saved_bpe_is_refused(tmp_path: Path) -> None:
         eval_batch_size=4,
     )
     run_dir = tmp_path / "old"
-    assert run_task(spec, run_dir, progress=False, stop_after=1) is None
+    assert run_task(spec, run_dir, RunOptions(progress=False), stop_after=1) is None
     (run_dir / "tokenizer.json").unlink()  # as a run written before runs saved their tokenizer
     with pytest.raises(ValueError, match="has no saved tokenizer"):
         load_run(run_dir)
     with pytest.raises(CheckpointError, match="started before runs saved their tokenizer"):
-        run_task(spec, run_dir, resume=True, progress=False)
+        run_task(spec, run_dir, RunOptions(progress=False), resume=True)

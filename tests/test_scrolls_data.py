@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from tapelm.experiments.tasks.tokenization import ByteTokenizer
-from tapelm.experiments.train import TrainSettings, learning_rate_lambda
 from tapelm.scrolls.data import load_examples, load_rows
 from tapelm.scrolls.finetune import TrainingStream
 from tapelm.scrolls.models import TapeTextCodec
@@ -21,6 +20,8 @@ from tapelm.scrolls.prompting import (
     training_example,
 )
 from tapelm.scrolls.tasks import get_task
+from tapelm.training.schedule import learning_rate_lambda
+from tapelm.training.settings import TrainSettings
 
 ROWS = [
     {"id": "a", "pid": "a_0", "input": "Q1?\n\nDocument one.", "output": "first"},

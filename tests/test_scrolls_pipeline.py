@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tapelm.cli import main
-from tapelm.experiments.runs import RunSpec, run_task
+from tapelm.experiments.runs import RunOptions, RunSpec, run_task
 from tapelm.scrolls.data import Example
 from tapelm.scrolls.generate import DecodeSettings, predict
 from tapelm.scrolls.models import load_source
@@ -44,7 +44,7 @@ def text_runs(tmp_path_factory):
             eval_n=4,
             eval_batch_size=4,
         )
-        run_task(spec, root / f"text-{pe}", progress=False)
+        run_task(spec, root / f"text-{pe}", RunOptions(progress=False))
         runs[pe] = root / f"text-{pe}"
     data = root / "data"
     data.mkdir()

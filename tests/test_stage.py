@@ -28,7 +28,7 @@ from tapelm.experiments.budget import (
 )
 from tapelm.experiments.claims import CLAIMS
 from tapelm.experiments.plan import AT_GPU_SCALE, GPU, at_laptop_scale
-from tapelm.experiments.runs import resolve, run_task
+from tapelm.experiments.runs import RunOptions, resolve, run_task
 from tapelm.experiments.stage import (
     MARGIN,
     PlannedRun,
@@ -75,7 +75,7 @@ def test_every_planned_encoding_trains_one_step_of_its_gpu_recipe_at_tiny_size(t
     for index, owed in enumerate(AT_GPU_SCALE):
         for pe in owed.rows:
             spec = replace(owed_spec(owed, TINY), pe=pe)
-            result = run_task(resolve(spec), tmp_path / f"{index}-{pe}", progress=False)
+            result = run_task(resolve(spec), tmp_path / f"{index}-{pe}", RunOptions(progress=False))
             assert result["identity"]["train"]["mixed_precision"] == "bf16" and result["preset"] == GPU
             assert result["first_loss"] == result["final_loss"] and math.isfinite(result["final_loss"])
 
@@ -469,7 +469,7 @@ def test_a_failed_run_is_recorded_the_others_run_and_the_stage_exits_nonzero(tmp
             ["--budget-seconds", "60", "--tasks", "flipflop"],
             "--tasks 'flipflop' is not planned at GPU scale; choose from: mqar, passkey, text, addition",
         ),
-        (["--budget-seconds", "60", "--data-workers", "-1"], "--data-workers=-1 is not allowed"),
+        (["--budget-seconds", "60", "--data-workers", "-1"], "--data-workers=-1: give a number of processes >= 0"),
         (["--budget-seconds", "60", "--archive", "missing"], "--archive folder 'missing' does not exist"),
     ],
 )

@@ -16,17 +16,12 @@ import torch
 
 from tapelm.cli import build_parser, main
 from tapelm.experiments.commands import spec_from_args
-from tapelm.experiments.runs import RunSpec, batch_stream, resolve, run_task
-from tapelm.experiments.train import (
-    CheckpointError,
-    TrainSettings,
-    latest_checkpoint,
-    learning_rate_lambda,
-    list_checkpoints,
-    micro_batches,
-    train,
-    verify_checkpoint,
-)
+from tapelm.experiments.runs import RunOptions, RunSpec, batch_stream, resolve, run_task
+from tapelm.training.checkpoints import CheckpointError, latest_checkpoint, list_checkpoints, verify_checkpoint
+from tapelm.training.loop import train
+from tapelm.training.schedule import learning_rate_lambda
+from tapelm.training.settings import TrainSettings
+from tapelm.training.step import micro_batches
 
 TINY_MODEL = {
     "hidden_size": 32,
@@ -117,7 +112,7 @@ def test_wsd_is_constant_then_a_cosine_over_the_last_fifth() -> None:
 
 def test_smoke_training_loss_falls(tmp_path) -> None:
     run = resolve(tiny_spec(steps=60, batch_size=16))
-    result = run_task(run, tmp_path / "run", progress=False)
+    result = run_task(run, tmp_path / "run", RunOptions(progress=False))
     losses = [
         json.loads(line)["loss"]
         for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -137,9 +132,9 @@ def test_compiled_layers_train_the_same_function_as_eager_layers(tmp_path) -> No
     from torch._dynamo.utils import counters
 
     spec = tiny_spec("tape", steps=4, eval_every=2)
-    eager_result = run_task(resolve(spec), tmp_path / "eager", progress=False)
+    eager_result = run_task(resolve(spec), tmp_path / "eager", RunOptions(progress=False))
     counters.clear()
-    compiled_result = run_task(resolve(spec), tmp_path / "compiled", progress=False, compile_layers=True)
+    compiled_result = run_task(resolve(spec), tmp_path / "compiled", RunOptions(progress=False, compile_layers=True))
     assert counters["stats"]["unique_graphs"] > 0
     losses = {
         name: [
@@ -231,7 +226,7 @@ def test_a_kill_at_any_moment_leaves_a_resumable_run(tmp_path) -> None:
     assert 0 < step < 400
     args = build_parser().parse_args(command[3:])
     run = resolve(spec_from_args(args, args.pe, args.seed))
-    assert run_task(run, out, resume=True, progress=False, stop_after=step + 2) is None
+    assert run_task(run, out, RunOptions(progress=False), resume=True, stop_after=step + 2) is None
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, step + 3))
 
@@ -244,8 +239,11 @@ def test_run_dir_of_another_configuration_is_refused_untouched(tmp_path, capsys)
     assert main(tiny_cli(out, "--lr", "0.01", "--resume")) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "belongs to another configuration (different train)" in error
-    assert main(tiny_cli(out)) == 2  # same configuration without --resume
-    assert "already holds a run; pass --resume" in capsys.readouterr().err
+    assert main(tiny_cli(out)) == 2  # same configuration without --resume: the library's resume=True, as the flag
+    assert "already holds a run; --resume continues it" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="already holds a run; resume=True continues it"):
+        args = build_parser().parse_args(tiny_cli(out))
+        run_task(resolve(spec_from_args(args, args.pe, args.seed)), out, RunOptions(progress=False))
     assert snapshot(out) == before
     assert main(tiny_cli(out, "--resume")) == 0  # a finished run: --resume returns its cached result
     assert snapshot(out) == before
@@ -286,7 +284,7 @@ def test_the_first_loss_is_logged_and_the_last_step_is_not_evaluated_twice(tmp_p
     """A run shorter than its logging interval still reports its first loss; the quick in-training evaluation is
     not repeated after the last step when it falls off the eval_every schedule (the final evaluation covers it)."""
     out = tmp_path / "run"
-    result = run_task(tiny_spec(steps=3, log_every=10, eval_every=2), out, progress=False)
+    result = run_task(tiny_spec(steps=3, log_every=10, eval_every=2), out, RunOptions(progress=False))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 3]
     assert [r["step"] for r in records if "eval" in r] == [2]
@@ -326,8 +324,7 @@ def test_the_first_loss_is_logged_and_the_last_step_is_not_evaluated_twice(tmp_p
         ),
         (
             ["train", "--task", "addition", "--pe", "tape", "--compile", "--compile-step"],
-            "compile_layers (--compile) and compile_step (--compile-step) compile the same forward two ways; "
-            "choose one",
+            "--compile and --compile-step compile the same forward two ways; choose one",
         ),
         (
             ["compare", "addition", "--pe", "tape", "--model-option", "hiden_size=64"],
@@ -512,7 +509,7 @@ def test_provenance_trusts_git_only_where_tapelm_is_the_checkout(tmp_path) -> No
     import subprocess
     import sys
 
-    from tapelm.experiments import provenance
+    from tapelm.training import provenance
 
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=provenance.SOURCE_ROOT
@@ -528,7 +525,7 @@ def test_provenance_trusts_git_only_where_tapelm_is_the_checkout(tmp_path) -> No
     for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
         subprocess.run(["git", *command], cwd=outer, check=True, capture_output=True)
     script = (
-        "import json, sys; sys.path.insert(0, 'copy/src'); from tapelm.experiments import provenance as p; "
+        "import json, sys; sys.path.insert(0, 'copy/src'); from tapelm.training import provenance as p; "
         "print(json.dumps([p._git('rev-parse', 'HEAD'), p.SOURCE_ROOT.name]))"
     )
     printed = subprocess.run([sys.executable, "-c", script], cwd=outer, capture_output=True, text=True, check=True)
@@ -539,7 +536,7 @@ def test_a_run_from_a_source_checkout_that_is_not_installed_writes_its_records(t
     """Without tapelm's package metadata (PYTHONPATH=src) every record is written; the commit identifies the code."""
     import importlib.metadata
 
-    from tapelm.experiments import provenance
+    from tapelm.training import provenance
 
     def version(package):
         if package == "tapelm":

@@ -19,7 +19,7 @@ WORKER = textwrap.dedent("""
     import torch
     from accelerate import PartialState
     from tapelm.experiments.runs import RunSpec, batch_stream, resolve
-    from tapelm.experiments.train import train
+    from tapelm.training.loop import train
 
     out = Path(sys.argv[1])
     run = resolve(RunSpec(task="addition", pe="tape", task_options={"max_train_digits": 3, "eval_max_digits": 4},
@@ -44,8 +44,8 @@ WORKER = textwrap.dedent("""
         "asked": asked, "batches": firsts, "params": final.tolist(), "moved": float((final - initial).abs().max()),
         "losses": result.losses}))
     # The task path (`tapelm train`) in the same processes: one run, evaluated once, recorded as world size 2.
-    from tapelm.experiments.runs import run_task
-    cli = run_task(run, out / "task-run", progress=False)
+    from tapelm.experiments.runs import RunOptions, run_task
+    cli = run_task(run, out / "task-run", RunOptions(progress=False))
     (out / f"task{state.process_index}.json").write_text(json.dumps(cli and {"world": cli["world_size"]}))
 """)
 
@@ -111,7 +111,7 @@ SCROLLS_WORKER = textwrap.dedent("""
 def test_two_processes_run_scrolls_with_generation_longer_than_the_collective_timeout(tmp_path) -> None:
     """`scrolls run` under a launcher: the ranks fine-tune together, then no rank waits on a collective while the
     main process generates, so a generation longer than the process group's timeout does not kill the run."""
-    from tapelm.experiments.runs import RunSpec, run_task
+    from tapelm.experiments.runs import RunOptions, RunSpec, run_task
 
     launcher = _launcher()
     if launcher is None:
@@ -136,7 +136,7 @@ def test_two_processes_run_scrolls_with_generation_longer_than_the_collective_ti
             eval_batch_size=4,
         ),
         tmp_path / "text-run",
-        progress=False,
+        RunOptions(progress=False),
     )
     data = tmp_path / "data"
     data.mkdir()

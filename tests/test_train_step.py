@@ -12,7 +12,10 @@ import torch
 
 from conftest import DEVICE
 from tapelm.experiments.runs import RunSpec, batch_stream, resolve
-from tapelm.experiments.train import TrainSettings, learning_rate_lambda, list_checkpoints, train
+from tapelm.training.checkpoints import list_checkpoints
+from tapelm.training.loop import train
+from tapelm.training.schedule import learning_rate_lambda
+from tapelm.training.settings import TrainSettings
 
 TINY_MODEL = {
     "hidden_size": 32,

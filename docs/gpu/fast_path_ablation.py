@@ -23,8 +23,8 @@ import torch
 from transformers import DynamicCache
 
 from tapelm.bench.speed import SIZES, Options, Workload, check_device
-from tapelm.experiments.provenance import environment
 from tapelm.experiments.statistics import interval
+from tapelm.training.provenance import environment
 
 OFFERED = {
     "cuda": (

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import StaticCache
 
 from tapelm.bench.speed import SIZES, Options, Workload, check_device, fast_path_setting
-from tapelm.experiments.provenance import environment
+from tapelm.training.provenance import environment
 
 STEPS = 3
 """Profiled steps per part (after two untimed ones: compiling, autotuning, the allocator's warm-up)."""

@@ -39,7 +39,7 @@ done
 import json, statistics, sys
 from pathlib import Path
 
-from tapelm.experiments.provenance import environment
+from tapelm.training.provenance import environment
 
 runs, repeats, before_commit, after_commit, out = Path(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:]
 report = {"command": "bash docs/speed/before-after.sh " + str(repeats), "task": "addition", "pe": "tape",

@@ -19,7 +19,7 @@ from torch._inductor.utils import run_and_get_code
 from transformers import StaticCache
 
 from tapelm.bench.speed import SIZES, build_model
-from tapelm.experiments.provenance import environment
+from tapelm.training.provenance import environment
 
 FUSED = re.compile(r"^(cpp_fused_\w+)\(|^(triton_\w+)\.run\(")
 LIBRARY = re.compile(r"^(?:\w+ = )?(?:extern_kernels\.(\w+)|torch\.ops\.aten\.(\w+)\.\w+)\(")

@@ -25,8 +25,8 @@ import torch
 from transformers import DynamicCache
 
 from tapelm.bench.speed import SIZES, Options, Workload, cache_bytes
-from tapelm.experiments.provenance import environment
 from tapelm.experiments.statistics import interval
+from tapelm.training.provenance import environment
 
 TOKENS = 8
 """Decoded tokens per variant and repetition."""

@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from tapelm.bench.speed import GPU_SIZES, SIZES, build_model
-from tapelm.experiments.provenance import environment
+from tapelm.training.provenance import environment
 
 aten = torch.ops.aten
 ROWS = ("rope", "tape")

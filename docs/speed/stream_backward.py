@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from tapelm.bench.speed import SIZES
-from tapelm.experiments.provenance import environment
 from tapelm.kernels.attention.cpu_flash import stream_attention_backward
+from tapelm.training.provenance import environment
 
 BLOCKS = (32, 64, 128)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench import doctor, speed, training
+from .bench import speed, training
+from .doctor import doctor
 from .experiments import commands as experiment_commands
 from .pretrained import commands as pretrained_commands
 from .report import add_commands as add_report_commands
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = args.handler(args)  # None or 0: done; another number: part of the work failed
     except ValueError as error:
-        print(f"tapelm: error: {error}", file=sys.stderr)
+        print(
+            f"tapelm: error: {experiment_commands.as_flags(str(error))}", file=sys.stderr
+        )  # the library's names as flags
         return 2
     return int(status or 0)
 

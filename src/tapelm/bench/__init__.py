@@ -1,1 +1,1 @@
-"""Benchmarks of speed and memory. May import the model and the experiment harness's provenance record."""
+"""Benchmarks of speed and memory. May import the model, training/ (the provenance record) and experiments/."""

@@ -40,7 +40,6 @@ from tqdm import tqdm
 from transformers import Cache, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from ..config import PE_TYPES, TapeConfig
-from ..experiments.provenance import environment, installed_version
 from ..experiments.statistics import interval
 from ..experiments.variants import VARIANTS, resolve_variant
 from ..fast_paths import NAMES as FAST_PATH_NAMES
@@ -48,6 +47,7 @@ from ..fast_paths import SETTINGS as FAST_PATH_SETTINGS
 from ..fast_paths import check_setting
 from ..kernels import fla_runs_on
 from ..modeling import TapeForCausalLM
+from ..training.provenance import environment, installed_version
 
 PEERS = ("llama", "fla-fox", "fla-path")
 """Rows that are not tapelm encodings: `llama` is transformers' LlamaForCausalLM at the same size (RoPE);

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ..config import PE_TYPES
-from ..experiments.provenance import environment
 from ..experiments.runs import RunSpec, batch_stream, resolve
+from ..training.provenance import environment
 
 # name -> (skip padding, compile the layers, bf16 autocast)
 VARIANTS = {

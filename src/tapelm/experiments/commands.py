@@ -4,23 +4,46 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..config import PE_TYPES
+from ..training.devices import process_device
+from ..training.launchers import Launcher, LocalLauncher, SlurmLauncher
+from ..training.trackers import TRACKERS
 from .compare import DEFAULT_PES, compare
-from .devices import process_device
 from .evaluate import EVAL_SEED, evaluate_model
-from .launchers import LAUNCHERS, make_launcher
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
-from .runs import RunSpec, load_run, resolve, run_task, write_evaluation
+from .runs import RunOptions, RunSpec, load_run, resolve, run_task, write_evaluation
 from .stage import run_stage
 from .sweep import sweep
 from .tasks import TASKS
-from .trackers import TRACKERS, check_report_to
 from .variants import ABLATIONS
+
+LAUNCHERS = ("local", "slurm")
+# The library's argument names -> the flags that set them, for error messages (`as_flags`).
+FLAGS = {
+    "compile_layers=True": "--compile",
+    "compile_step=True": "--compile-step",
+    "resume=True": "--resume",
+    "SlurmLauncher": "--launcher slurm",
+    "jobs=": "--jobs=",
+    "data_workers=": "--data-workers=",
+    "report_to=": "--report-to=",
+    "time_minutes=": "--slurm-time=",
+    "gpus_per_run=": "--slurm-gpus-per-run=",
+    "cpus_per_run=": "--slurm-cpus-per-run=",
+}
+_FLAG_PATTERN = re.compile("|".join(rf"(?<![\w-]){re.escape(name)}" for name in FLAGS))
+
+
+def as_flags(message: str) -> str:
+    """A library error's message with the arguments it names said as the command's flags (`FLAGS`)."""
+    return _FLAG_PATTERN.sub(lambda match: FLAGS[match.group(0)], message)
 
 
 def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
@@ -160,16 +183,45 @@ def add_launch_arguments(parser) -> None:
     add_report_to(parser)
 
 
-def launcher_from_args(args):
-    """The launcher of `add_launch_arguments`' options (submitit's files in ROOT/slurm)."""
-    return make_launcher(
-        args.launcher,
-        args.jobs,
+def launcher_from_args(args) -> Launcher:
+    """The launcher of `add_launch_arguments`' options (submitit's files in ROOT/slurm), printing its progress
+    lines; ValueError, before anything starts, for a bad option or an option of the other launcher."""
+    slurm = {
+        "--slurm-partition": args.slurm_partition,
+        "--slurm-time": args.slurm_time,
+        "--slurm-gpus-per-run": args.slurm_gpus_per_run,
+        "--slurm-cpus-per-run": args.slurm_cpus_per_run,
+    }
+    if args.launcher not in LAUNCHERS:
+        raise ValueError(f"--launcher {args.launcher!r} is not allowed; choose from: {', '.join(LAUNCHERS)}")
+    log = partial(print, flush=True)
+    if args.launcher == "local":
+        given = [flag for flag, value in slurm.items() if value is not None]
+        if given:
+            raise ValueError(f"{given[0]} is an option of --launcher slurm; add --launcher slurm or leave it out")
+        return LocalLauncher(args.jobs, log=log)
+    if args.jobs != 1:
+        raise ValueError(
+            "--jobs is an option of --launcher local; on SLURM every run is a job of its own, with one GPU"
+        )
+    return SlurmLauncher(
         Path(args.root) / "slurm",
         args.slurm_partition,
-        args.slurm_time,
-        args.slurm_gpus_per_run,
+        60 if args.slurm_time is None else args.slurm_time,
+        1 if args.slurm_gpus_per_run is None else args.slurm_gpus_per_run,
         args.slurm_cpus_per_run,
+        log=log,
+    )
+
+
+def run_options_from_args(args) -> RunOptions:
+    """The `RunOptions` of a command's flags (ValueError for a bad one, before anything starts)."""
+    return RunOptions(
+        progress=not args.no_progress,
+        compile_layers=getattr(args, "compile", False),
+        data_workers=getattr(args, "data_workers", 0),
+        report_to=args.report_to,
+        compile_step=getattr(args, "compile_step", None),
     )
 
 
@@ -234,15 +286,7 @@ def _train_command(args) -> None:
     out = Path(args.out or f"runs/train/{spec.task}-{spec.pe}-seed{spec.seed}")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out '{out}' is a file; give a run folder")
-    result = run_task(
-        run,
-        out,
-        resume=args.resume,
-        progress=not args.no_progress,
-        compile_layers=args.compile,
-        report_to=check_report_to(args.report_to),
-        compile_step=args.compile_step,
-    )
+    result = run_task(run, out, run_options_from_args(args), resume=args.resume)
     if result is not None:
         summary = result["summary"]
         print(

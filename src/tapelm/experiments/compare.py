@@ -20,12 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from ..training.launchers import LocalLauncher
 from .claims import learned_threshold, verdict_lines
 from .evaluate import higher_is_better
-from .launchers import Job, LocalLauncher, RunOptions
+from .launchers import Job
 from .runs import (
     RESULT_FILE,
     RESULT_FILES,
+    RunOptions,
     RunSpec,
     identity_differences,
     option_flags,

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .train import TrainSettings
+from ..training.settings import TrainSettings
 
 
 @dataclass(frozen=True)

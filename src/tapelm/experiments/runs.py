@@ -1,4 +1,4 @@
-"""Task runs: a model built from a task and a preset, trained by `tapelm.experiments.train.train` on the task's
+"""Task runs: a model built from a task and a preset, trained by `tapelm.training.loop.train` on the task's
 seeded batches,
 then evaluated over lengths (`tapelm train`).
 
@@ -24,21 +24,19 @@ import torch
 
 from ..config import TapeConfig
 from ..modeling import TapeForCausalLM
-from . import trackers
-from .devices import describe_device
+from ..training import trackers
+from ..training.accelerator import make_accelerator
+from ..training.atomic import write_json_atomically
+from ..training.checkpoints import CheckpointError, check_run_dir
+from ..training.devices import describe_device
+from ..training.launchers import shared_data_workers
+from ..training.loop import train
+from ..training.saved_models import load_saved_model
+from ..training.settings import TrainSettings
+from ..training.trackers import check_report_to
 from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task, has_saved_tokenizer, is_saved_in, save_tokenizer
-from .trackers import check_report_to
-from .train import (
-    CheckpointError,
-    TrainSettings,
-    check_run_dir,
-    load_saved_model,
-    make_accelerator,
-    train,
-    write_json_atomically,
-)
 from .variants import check_encoding, resolve_variant
 
 RUN_FILE = "run.json"
@@ -273,38 +271,57 @@ def batch_stream(task: Task, seed: int, batch_size: int):
 
 
 def _environment() -> dict[str, Any]:
-    from .provenance import environment
+    from ..training.provenance import environment
 
     return environment()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run trains, none of it part of its identity (like threads). `progress`: progress bars;
+    `compile_layers`: train with torch.compile'd decoder layers (`compile_for_training`); `data_workers`: processes
+    that make the batches ahead (`train`; a launcher splits them between the runs it trains at once); `report_to`:
+    experiment trackers to log to (`trackers`); `compile_step`: compile the whole model's training forward instead
+    (`tapelm.training.step.compile_for_steps`; None: the preset's choice)."""
+
+    progress: bool = True
+    compile_layers: bool = False
+    data_workers: int = 0
+    report_to: tuple[str, ...] = ()
+    compile_step: bool | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data_workers, bool) or not isinstance(self.data_workers, int) or self.data_workers < 0:
+            raise ValueError(f"data_workers={self.data_workers!r}: give a number of processes >= 0")
+        if self.compile_layers and self.compile_step:
+            raise ValueError("compile_layers=True and compile_step=True compile the same forward two ways; choose one")
+        object.__setattr__(self, "report_to", check_report_to(self.report_to))
+
+    def in_workers(self, concurrent: int | None) -> RunOptions:
+        """These options for a run among `concurrent` trained at once in worker processes (None: each on a machine
+        of its own): no progress bars, a share of the data workers."""
+        workers = self.data_workers if concurrent is None else shared_data_workers(self.data_workers, concurrent)
+        return replace(self, progress=False, data_workers=workers)
 
 
 def run_task(
     spec: RunSpec | ResolvedRun,
     run_dir: str | Path,
+    options: RunOptions | None = None,
     resume: bool = False,
-    progress: bool = True,
     stop_after: int | None = None,
     command: str | None = None,
-    compile_layers: bool = False,
-    data_workers: int = 0,
-    report_to: tuple[str, ...] = (),
     launch: dict[str, Any] | None = None,
-    compile_step: bool | None = None,
 ) -> dict[str, Any] | None:
-    """Train and evaluate one run in `run_dir`; returns the result (also written to result.json), or None when
-    stopped early by `stop_after`. With resume, a finished run returns its cached result. `compile_layers`: train
-    with torch.compile'd decoder layers (`compile_for_training`); `compile_step`: compile the whole model's training
-    forward instead (`tapelm.experiments.train.compile_for_steps`; None: the preset's choice); `data_workers`:
-    processes that make the batches ahead (`train`); `report_to`: experiment trackers to log to (`trackers`);
-    `launch`: how the run was launched (`launchers`), recorded in result.json with its device; none is part of the
-    run's identity, like threads."""
+    """Train and evaluate one run in `run_dir` as `options` say (default `RunOptions()`); returns the result (also
+    written to result.json), or None when stopped early by `stop_after`. With resume, a finished run returns its
+    cached result. `launch`: how the run was launched (`launchers`), recorded in result.json with its device; like
+    the options, not part of the run's identity."""
+    options = options or RunOptions()
     run = spec if isinstance(spec, ResolvedRun) else resolve(spec)
+    compile_layers, compile_step = options.compile_layers, options.compile_step
     if compile_step is None:
         compile_step = run.preset.compile_step and not compile_layers
-    if compile_step and compile_layers:
-        raise ValueError(
-            "compile_layers (--compile) and compile_step (--compile-step) compile the same forward two ways; choose one"
-        )
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
     if resume and (run_dir / RESULT_FILE).exists():
@@ -313,7 +330,7 @@ def run_task(
     _check_tokenizer(run, run_dir)
     # The Accelerator comes first: a bare PartialState created before it would settle the process group on its own
     # (on CPU without ACCELERATE_USE_CPU it silently becomes a single process); a broken group is refused here.
-    state = make_accelerator(run.settings, check_report_to(report_to), run_dir)
+    state = make_accelerator(run.settings, options.report_to, run_dir)
     if state.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / RUN_FILE).exists():
@@ -361,11 +378,11 @@ def run_task(
             run_dir,
             evaluate_fn=evaluate_fn,
             resume=resume,
-            progress=progress,
+            progress=options.progress,
             stop_after=stop_after,
             accelerator=state,
             evaluate_last=False,
-            data_workers=data_workers,
+            data_workers=options.data_workers,
             compile_step=compile_step,
         )  # the full evaluation below: the last step
     finally:
@@ -377,7 +394,7 @@ def run_task(
     save_tokenizer(run.task.tokenizer, run_dir / "model")
     eval_started = time.time()
     evaluation = eager(evaluate_model)(
-        model, run.task, run.preset.eval_n, run.preset.eval_batch_size, progress=progress
+        model, run.task, run.preset.eval_n, run.preset.eval_batch_size, progress=options.progress
     )
     write_evaluation(run, run_dir, evaluation)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

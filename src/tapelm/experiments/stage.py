@@ -30,6 +30,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from ..training.atomic import write_json_atomically
+from ..training.launchers import LocalLauncher
 from .archive import archive_comparison
 from .budget import (
     OVERHEAD_SECONDS,
@@ -44,10 +46,9 @@ from .budget import (
 )
 from .claims import CLAIMS, learned
 from .compare import Comparison, open_comparison
-from .launchers import Job, LocalLauncher, RunOptions
+from .launchers import Job
 from .plan import AT_GPU_SCALE, OwedComparison, at_laptop_scale
-from .runs import RESULT_FILE, RunSpec, option_flags, resolve
-from .train import write_json_atomically
+from .runs import RESULT_FILE, RunOptions, RunSpec, option_flags, resolve
 
 CHECK = ("rope", "tape")  # every claim's pair; seed 0 of these runs first in a comparison: its learning-curve check
 MARGIN = 1.15  # a run starts only where this much above its expected time (and OVERHEAD_SECONDS) is left
@@ -404,7 +405,7 @@ def _rope_run(owed: OwedComparison, flops: float) -> dict[str, Any]:
 
 
 def _environment() -> dict[str, Any]:
-    from .provenance import environment
+    from ..training.provenance import environment
 
     return environment()
 

@@ -14,8 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .runs import RunSpec, option_flags, resolve, run_task
-from .train import SCHEDULES, write_json_atomically
+from ..training.atomic import write_json_atomically
+from ..training.settings import SCHEDULES
+from .runs import RunOptions, RunSpec, option_flags, resolve, run_task
 
 
 def learning_curve(run_dir: Path) -> dict[str, list]:
@@ -89,7 +90,7 @@ def sweep(
             / f"lr{run.settings.lr:g}-{run.settings.schedule}-seed{spec.seed}-{run.settings_hash}"
         )
         print(f"[{index}/{len(runs)}] {base.task} / {label} ({run_dir})", flush=True)
-        result = run_task(run, run_dir, resume=True, progress=progress, command=command, compile_layers=compile_layers)
+        result = run_task(run, run_dir, RunOptions(progress, compile_layers), resume=True, command=command)
         if result is None:
             continue
         entries[label] = {

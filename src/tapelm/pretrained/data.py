@@ -106,7 +106,7 @@ def held_out_documents(
 @dataclass
 class TrainingText:
     """Micro-batches of `length` tokens drawn from the training streams of both corpora, as a pure function of the
-    batch index (the `batch_stream` of `tapelm.experiments.train.train`)."""
+    batch index (the `batch_stream` of `tapelm.training.loop.train`)."""
 
     streams: dict[str, np.ndarray]
     length: int

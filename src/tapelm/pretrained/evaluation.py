@@ -20,7 +20,6 @@ import time
 import numpy as np
 import torch
 
-from ..experiments.devices import model_device
 from ..experiments.tasks.passkey import (
     FILLER,
     KEY_HIGH,
@@ -29,6 +28,7 @@ from ..experiments.tasks.passkey import (
     key_line,
     question,
 )
+from ..training.devices import model_device
 
 PAPER_STRIDE = 256
 

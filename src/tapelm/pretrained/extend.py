@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from ..experiments.devices import process_device
-from ..experiments.launchers import die_with_parent
-from ..experiments.runs import RunSpec, resolve, run_task
+from ..experiments.runs import RunOptions, RunSpec, resolve, run_task
 from ..experiments.statistics import format_difference, interval, paired_difference, verdict
 from ..experiments.tasks.corpora import PYTHON_DOCS, STDLIB
+from ..training.devices import process_device
+from ..training.launchers import die_with_parent
 from .data import CORPORA, held_out_documents
 from .evaluation import evaluate_model, perplexity
 from .finetune import FinetuneSettings, finetune, pretrained_window, scaling_overrides
@@ -217,7 +217,7 @@ def train_base(out: Path, progress: bool = True) -> Path:
         return folder
     run = resolve(BASE_SPEC)
     if not (run_dir / RESULT_FILE).exists():
-        run_task(run, run_dir, resume=True, progress=progress, command="tapelm extend (the cpu-small base)")
+        run_task(run, run_dir, RunOptions(progress), resume=True, command="tapelm extend (the cpu-small base)")
     model = TapeForCausalLM.from_pretrained(run_dir / "model")
     save(
         to_llama(model, max_position_embeddings=BASE_WINDOW),

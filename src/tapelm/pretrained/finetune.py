@@ -108,8 +108,8 @@ class FinetuneSettings:
         self.train_settings()  # the training loop's own checks, now
 
     def train_settings(self):
-        """The `tapelm.experiments.train.TrainSettings` of this recipe."""
-        from ..experiments.train import TrainSettings
+        """The `tapelm.training.settings.TrainSettings` of this recipe."""
+        from ..training.settings import TrainSettings
 
         return TrainSettings(
             steps=self.steps,
@@ -320,12 +320,12 @@ def finetune(
     source_name: str | None = None,
     evaluate_fn=None,
 ) -> FinetuneResult:
-    """Build the method's model from `source`, train it with `tapelm.experiments.train.train` on real text (or
+    """Build the method's model from `source`, train it with `tapelm.training.loop.train` on real text (or
     `batch_stream`), merge LoRA and save the merged model and tokenizer to `run_dir/merged`. Resumes from `run_dir`'s
     checkpoints when they are a fine-tuning of the same `source_name` (the model's name, recorded in RUN_RECORD)
     with the same settings; ValueError otherwise. `evaluate_fn(model, step)`: called every `settings.eval_every`
-    steps (see `tapelm.experiments.train.train`)."""
-    from ..experiments.train import train
+    steps (see `tapelm.training.loop.train`)."""
+    from ..training.loop import train
 
     run_dir = Path(run_dir)
     check_run_folder(run_dir, settings, source_name)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from ..experiments.devices import model_device, process_device
 from ..experiments.markdown import HEADER, splice
 from ..experiments.tasks.passkey import KEY_HIGH
+from ..training.devices import model_device, process_device
 from .data import CORPORA, corpus_split, held_out_documents
 from .evaluation import evaluate_model, passkey_prompt, stride_for
 from .finetune import (

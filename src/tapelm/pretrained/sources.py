@@ -32,8 +32,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from ..experiments.train import load_saved_model
 from ..storage import cache_root
+from ..training.saved_models import load_saved_model
 
 logger = logging.getLogger(__name__)
 

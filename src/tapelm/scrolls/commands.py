@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..experiments.commands import add_train_flags
-from ..experiments.devices import process_device
+from ..training.devices import process_device
 from .tasks import ALL_TASKS, TASKS, get_task
 
 TRAIN_FLAGS = {
@@ -280,7 +280,7 @@ def _cli_score(args) -> None:
     scores = score(args.task, predictions, refs)
     text = json.dumps(scores, indent=1)
     if args.out:
-        from ..experiments.train import write_json_atomically
+        from ..training.atomic import write_json_atomically
 
         write_json_atomically(Path(args.out), scores)
     print(text)
@@ -317,7 +317,7 @@ def _cli_run(args) -> None:
     _threads(args)
     from accelerate.state import PartialState
 
-    from ..experiments.train import write_json_atomically
+    from ..training.atomic import write_json_atomically
     from .finetune import finetune
     from .metrics import average_score
 

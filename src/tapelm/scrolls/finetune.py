@@ -1,4 +1,4 @@
-"""Fine-tuning on one SCROLLS task through tapelm's training loop (`tapelm.experiments.train.train`: accelerate,
+"""Fine-tuning on one SCROLLS task through tapelm's training loop (`tapelm.training.loop.train`: accelerate,
 atomic checkpoints, exact resume), from any source `tapelm.scrolls.models.load_source` accepts.
 
 Presets:
@@ -28,14 +28,11 @@ import torch
 
 from ..experiments.tasks.base import collate
 from ..experiments.tasks.tokenization import save_tokenizer
-from ..experiments.train import (
-    CheckpointError,
-    TrainSettings,
-    check_run_dir,
-    make_accelerator,
-    train,
-    write_json_atomically,
-)
+from ..training.accelerator import make_accelerator
+from ..training.atomic import write_json_atomically
+from ..training.checkpoints import CheckpointError, check_run_dir
+from ..training.loop import train
+from ..training.settings import TrainSettings
 from .data import load_rows
 from .models import SCROLLS_RUN_FILE, load_source
 from .prompting import TARGET_CAPS, PromptSettings, check_document_room, training_example

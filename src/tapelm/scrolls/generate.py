@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..experiments.train import write_json_atomically
+from ..training.atomic import write_json_atomically
 from .data import Example
 from .prompting import PromptSettings, prompt_ids
 from .tasks import ScrollsTask

@@ -38,7 +38,7 @@ import torch
 
 from ..experiments.markdown import HEADER, splice
 from ..experiments.tasks.corpora import VAL_EVERY, corpus_files
-from ..experiments.train import write_json_atomically, write_text_atomically
+from ..training.atomic import write_json_atomically, write_text_atomically
 from .data import load_examples, references
 from .finetune import FinetuneSpec, finetune
 from .generate import DecodeSettings, predict
@@ -237,11 +237,11 @@ def build_data(
 
 def _text_run(root: Path, pe: str, progress: bool) -> Path:
     """The cpu-small `text` run of `pe` (trained now if absent; resumed if unfinished)."""
-    from ..experiments.runs import RunSpec, resolve, run_task
+    from ..experiments.runs import RunOptions, RunSpec, resolve, run_task
 
     run_dir = root / "train" / f"text-{pe}-seed0"
     if not (run_dir / "result.json").exists():
-        run_task(resolve(RunSpec(task="text", pe=pe, seed=0)), run_dir, resume=True, progress=progress)
+        run_task(resolve(RunSpec(task="text", pe=pe, seed=0)), run_dir, RunOptions(progress), resume=True)
     return run_dir
 
 
@@ -337,7 +337,7 @@ def run_laptop(plan: LaptopPlan = LaptopPlan()) -> dict[str, dict[str, Any]]:
 
 
 def _environment() -> dict[str, Any]:
-    from ..experiments.provenance import environment
+    from ..training.provenance import environment
 
     return environment()
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ROTARY_PE_TYPES, TapeConfig
-from ..experiments.train import load_saved_model
 from ..modeling import TapeForCausalLM
+from ..training.saved_models import load_saved_model
 
 SCROLLS_RUN_FILE = "scrolls.json"
 

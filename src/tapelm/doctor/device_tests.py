@@ -45,7 +45,7 @@ class Process:
     seen: int = 0
 
 
-class TestRun:
+class PytestRun:
     """pytest processes started with `start`, their events read into `results` (node id -> outcome, seconds,
     message) by `poll`, until `wait` finds them all done or the deadline passed."""
 
@@ -216,4 +216,4 @@ def lanes(tests: list[str], count: int) -> list[list[str]]:
     return groups
 
 
-__all__ = ["TEST_SECONDS", "TestRun", "collected", "lanes"]
+__all__ = ["TEST_SECONDS", "PytestRun", "collected", "lanes"]

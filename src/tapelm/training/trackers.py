@@ -1,4 +1,4 @@
-"""Experiment trackers a run reports to live (`--report-to`, as transformers' Trainer `report_to`), through
+"""Experiment trackers a run reports to live (`report_to`, as transformers' Trainer's), through
 accelerate's trackers: the Accelerator is made with `log_with` (`accelerator_options`), `start` opens one tracker
 run per training run and `train` logs its metric lines with `accelerator.log`. Trackers only watch: a run's numbers
 are the same with or without them.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# --report-to name -> (accelerate's availability check, the pip package that provides it)
+# report_to name -> (accelerate's availability check, the pip package that provides it)
 TRACKERS = {
     "tensorboard": ("is_tensorboard_available", "tensorboard"),
     "wandb": ("is_wandb_available", "wandb"),
@@ -26,13 +26,13 @@ def check_report_to(names: list[str] | tuple[str, ...] | None) -> tuple[str, ...
     names = [name for name in names or () if name != "none"]
     for name in names:
         if name not in TRACKERS:
-            raise ValueError(f"--report-to {name!r} is not allowed; choose from: {', '.join(TRACKERS)}, or none")
+            raise ValueError(f"report_to={name!r} is not allowed; choose from: {', '.join(TRACKERS)}, or none")
         check, package = TRACKERS[name]
         import accelerate.utils
 
         if not getattr(accelerate.utils, check)():
             raise ValueError(
-                f"--report-to {name} needs the {package} package, which is not installed: pip install {package}"
+                f"report_to={name!r} needs the {package} package, which is not installed: pip install {package}"
             )
     return tuple(dict.fromkeys(names))
 

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from ..experiments.devices import process_device
-from ..experiments.provenance import environment
-from ..experiments.runs import RunSpec, load_run, run_task
-from . import speed
-from .device_tests import TestRun, collected, lanes
+from ..bench import speed
+from ..experiments.runs import RunOptions, RunSpec, load_run, run_task
+from ..training.devices import process_device
+from ..training.provenance import environment
+from .device_tests import PytestRun, collected, lanes
 from .first_calls import run_first_calls
 
 PARTS = ("tests", "first-calls", "speed", "training", "generation")
@@ -78,7 +78,7 @@ not started runs on in a fresh one."""
 
 
 @dataclass(frozen=True)
-class TestSettings:
+class DeviceTestSettings:
     """How the law tests run on a device: the shared ones on `workers` pytest-xdist workers (where it is installed),
     those marked `own_process` in `processes` processes of their own beside them; `select`, a pytest -k expression;
     past `seconds` every process is stopped and what did not finish is recorded so."""
@@ -93,7 +93,7 @@ def run_tests(
     device: torch.device,
     tiny: bool,
     log: Path,
-    settings: TestSettings = TestSettings(),
+    settings: DeviceTestSettings = DeviceTestSettings(),
     progress: Callable[[dict], None] = lambda partial: None,
 ) -> dict:
     """The law tests on `device` in pytest processes (device_tests.py), the results so far handed to `progress` as
@@ -114,7 +114,7 @@ def run_tests(
         str(tests.parent),
         *(["-k", settings.select] if settings.select else []),
     ]
-    run = TestRun(
+    run = PytestRun(
         tests.parent,
         log.with_name(log.stem + "-processes"),
         None if settings.seconds is None else time.monotonic() + settings.seconds,
@@ -229,7 +229,7 @@ def run_training(tiny: bool, runs: Path) -> dict:
     results = {}
     for pe in ENCODINGS:
         started = time.perf_counter()
-        result = run_task(training_spec(pe, tiny), runs / pe, progress=False)
+        result = run_task(training_spec(pe, tiny), runs / pe, RunOptions(progress=False))
         results[pe] = {
             "seconds": time.perf_counter() - started,
             "first_loss": result["first_loss"],
@@ -280,7 +280,9 @@ def _speed_fast_paths(record: dict) -> str:
     return "on" if record["parts"].get("tests", {}).get("status") == "passed" else "auto"
 
 
-def run_doctor(out: Path, tiny: bool, skip: tuple[str, ...] = (), tests: TestSettings = TestSettings()) -> dict:
+def run_doctor(
+    out: Path, tiny: bool, skip: tuple[str, ...] = (), tests: DeviceTestSettings = DeviceTestSettings()
+) -> dict:
     """Every part on this process's device; the record, also written to `out`/doctor-<device>.json after each
     part and each test's result. A part that raises is recorded as failed with its traceback; the others still
     run."""
@@ -354,7 +356,10 @@ def _doctor(args: argparse.Namespace) -> int:
             raise ValueError(f"--{option}={value} is not allowed; it must be positive")
     tiny = args.tiny or process_device().type == "cpu"
     record = run_doctor(
-        Path(args.out), tiny, tuple(args.skip), TestSettings(args.workers, args.processes, args.select, args.seconds)
+        Path(args.out),
+        tiny,
+        tuple(args.skip),
+        DeviceTestSettings(args.workers, args.processes, args.select, args.seconds),
     )
     failed = [part for part, result in record["parts"].items() if result["status"] == "failed"]
     if failed:
