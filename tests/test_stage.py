@@ -345,6 +345,7 @@ def test_a_stage_runs_what_fits_brings_back_small_records_and_the_next_stage_con
             archive=second / "compare",
             overrides=TINY,
             progress=False,
+            log=print,
         )
         == 0
     )
@@ -467,7 +468,7 @@ def test_a_failed_run_is_recorded_the_others_run_and_the_stage_exits_nonzero(tmp
         (["--budget-seconds", "0"], "--budget-seconds=0.0 is not allowed; give the seconds the stage may take"),
         (
             ["--budget-seconds", "60", "--tasks", "flipflop"],
-            "--tasks 'flipflop' is not planned at GPU scale; choose from: mqar, passkey, text, addition",
+            "--tasks='flipflop' is not planned at GPU scale; choose from: mqar, passkey, text, addition",
         ),
         (["--budget-seconds", "60", "--data-workers", "-1"], "--data-workers=-1: give a number of processes >= 0"),
         (["--budget-seconds", "60", "--archive", "missing"], "--archive folder 'missing' does not exist"),

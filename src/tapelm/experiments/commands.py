@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +36,16 @@ FLAGS = {
     "time_minutes=": "--slurm-time=",
     "gpus_per_run=": "--slurm-gpus-per-run=",
     "cpus_per_run=": "--slurm-cpus-per-run=",
+    "budget_seconds=": "--budget-seconds=",
+    "out=": "--out=",
+    "tasks=": "--tasks=",
 }
 _FLAG_PATTERN = re.compile("|".join(rf"(?<![\w-]){re.escape(name)}" for name in FLAGS))
+
+
+def say(line: str) -> None:
+    """A library's progress or result line, printed as it comes."""
+    print(line, flush=True)
 
 
 def as_flags(message: str) -> str:
@@ -194,12 +201,11 @@ def launcher_from_args(args) -> Launcher:
     }
     if args.launcher not in LAUNCHERS:
         raise ValueError(f"--launcher {args.launcher!r} is not allowed; choose from: {', '.join(LAUNCHERS)}")
-    log = partial(print, flush=True)
     if args.launcher == "local":
         given = [flag for flag, value in slurm.items() if value is not None]
         if given:
             raise ValueError(f"{given[0]} is an option of --launcher slurm; add --launcher slurm or leave it out")
-        return LocalLauncher(args.jobs, log=log)
+        return LocalLauncher(args.jobs, log=say)
     if args.jobs != 1:
         raise ValueError(
             "--jobs is an option of --launcher local; on SLURM every run is a job of its own, with one GPU"
@@ -210,7 +216,7 @@ def launcher_from_args(args) -> Launcher:
         60 if args.slurm_time is None else args.slurm_time,
         1 if args.slurm_gpus_per_run is None else args.slurm_gpus_per_run,
         args.slurm_cpus_per_run,
-        log=log,
+        log=say,
     )
 
 
@@ -398,6 +404,7 @@ def _compare_command(args) -> None:
         launcher=launcher,
         data_workers=args.data_workers,
         report_to=args.report_to,
+        log=say,
     )
 
 
@@ -436,6 +443,7 @@ def _ablate_command(args) -> None:
         launcher=launcher,
         data_workers=args.data_workers,
         report_to=args.report_to,
+        log=say,
     )
 
 
@@ -478,6 +486,7 @@ def _sweep_command(args) -> None:
         schedules=args.schedule,
         name=args.name,
         compile_layers=args.compile,
+        log=say,
     )
 
 
@@ -542,6 +551,7 @@ def _stage_command(args) -> int:
         overrides={k: v for k, v in overrides.items() if v not in (None, {})},
         launcher=launcher_from_args(args),
         report_to=args.report_to,
+        log=say,
     )
 
 

@@ -11,6 +11,7 @@ comparison's result files, docs/results/compare) supplies the finished runs (`re
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shlex
 import shutil
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..training.launchers import LocalLauncher
+from ..training.launchers import LocalLauncher, Log
 from .claims import learned_threshold, verdict_lines
 from .evaluate import higher_is_better
 from .launchers import Job
@@ -44,6 +45,8 @@ from .statistics import (
 from .sweep import learning_curve
 from .tasks import TOKENIZER_FILE
 from .variants import check_encoding
+
+logger = logging.getLogger(__name__)
 
 COMPARISON_FILE = "comparison.json"
 DEFAULT_PES = ("tape", "rope")
@@ -131,8 +134,11 @@ def compare(
     launcher=None,
     data_workers: int = 0,
     report_to: tuple[str, ...] = (),
+    log: Log | None = None,
 ) -> dict[str, Any]:
-    """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`).
+    """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`). `log`
+    receives the progress lines, the table, the verdicts and the figures' paths (default: this module's logger; the
+    command prints them).
     `launcher` (`launchers`; default: local, `jobs` runs at once per device, each worker with torch's current thread
     count) trains the runs still to do. `ablation` records the command as `tapelm ablate` (the encodings are TAPE's
     variants). `compile_layers`, `data_workers` (split between concurrent runs), `report_to`: see `RunOptions`.
@@ -143,25 +149,23 @@ def compare(
     launcher = launcher or LocalLauncher(jobs)
     comparison = open_comparison(base, pes, seeds, root, command, ablation, compile_layers, archive)
     directory, runs, command = comparison.directory, comparison.runs, comparison.command
+    say = log or logger.info
     pending = []
     for index, ((pe, seed), run) in enumerate(runs.items(), 1):
         run_dir = comparison.run_dir(pe, seed)
         cached = comparison.finished(pe, seed)
-        print(
-            f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: {'cached' if cached else 'to run'} ({run_dir})",
-            flush=True,
-        )
+        say(f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: {'cached' if cached else 'to run'} ({run_dir})")
         if not cached:
             pending.append(Job(run, run_dir, command))
     for outcome in launcher.launch(pending, options):
         if outcome.error is not None:
             raise outcome.error
     summary = aggregate(directory)
-    print(summary["table"])
+    say(summary["table"])
     for line in verdict_lines(summary):
-        print(line)
+        say(line)
     for figure in summary["figures"]:
-        print(f"figure: {directory / figure}")
+        say(f"figure: {directory / figure}")
     return summary
 
 

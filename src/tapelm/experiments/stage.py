@@ -21,6 +21,7 @@ continues (`--archive`).
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import time
 import traceback
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..training.atomic import write_json_atomically
-from ..training.launchers import LocalLauncher
+from ..training.launchers import LocalLauncher, Log
 from .archive import archive_comparison
 from .budget import (
     OVERHEAD_SECONDS,
@@ -49,6 +50,8 @@ from .compare import Comparison, open_comparison
 from .launchers import Job
 from .plan import AT_GPU_SCALE, OwedComparison, at_laptop_scale
 from .runs import RESULT_FILE, RunOptions, RunSpec, option_flags, resolve
+
+logger = logging.getLogger(__name__)
 
 CHECK = ("rope", "tape")  # every claim's pair; seed 0 of these runs first in a comparison: its learning-curve check
 MARGIN = 1.15  # a run starts only where this much above its expected time (and OVERHEAD_SECONDS) is left
@@ -268,15 +271,14 @@ def _check_arguments(
 ) -> None:
     if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) or not budget_seconds > 0:
         raise ValueError(
-            f"--budget-seconds={budget_seconds!r} is not allowed; give the seconds the stage may take "
-            "(a positive number)"
+            f"budget_seconds={budget_seconds!r} is not allowed; give the seconds the stage may take (a positive number)"
         )
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out '{out}' is a file; give a folder for the stage's results")
+        raise ValueError(f"out='{out}' is a file; give a folder for the stage's results")
     known = list(dict.fromkeys(owed.task for owed in plan))
     unknown = [task for task in tasks or [] if task not in known]
     if unknown:
-        raise ValueError(f"--tasks '{unknown[0]}' is not planned at GPU scale; choose from: {', '.join(known)}")
+        raise ValueError(f"tasks={unknown[0]!r} is not planned at GPU scale; choose from: {', '.join(known)}")
 
 
 def run_stage(
@@ -292,13 +294,15 @@ def run_stage(
     dry_run: bool = False,
     launcher=None,
     report_to: tuple[str, ...] = (),
+    log: Log | None = None,
 ) -> int:
     """Run the next runs of `plan` (of `tasks`, or all) for at most `budget_seconds`, training in `root` and copying
     each finished run into `out`/compare; `archive`: the folder whose finished runs count as done (see module
     docstring). `dry_run`: plan and print, train nothing. `launcher` (`launchers`; default: local, one run at a
     time) trains the runs that may start, as many at once as it has slots; `report_to`: see `RunOptions`.
-    Returns 0, or 1 when a run failed."""
-    started = time.monotonic()
+    `log` receives each run's start line and the status table (default: this module's logger). Returns 0, or 1 when
+    a run failed."""
+    started, say = time.monotonic(), log or logger.info
     out = Path(out)
     options = RunOptions(progress, data_workers=data_workers, report_to=report_to)  # refuses bad ones, as below
     _check_arguments(budget_seconds, out, tasks, plan)
@@ -326,9 +330,9 @@ def run_stage(
     }
     if not dry_run:
         with launcher.session(options) as session:
-            _dispatch(session, launcher, budget_seconds, started, schedule, chosen, comparisons, out, record)
+            _dispatch(session, launcher, budget_seconds, started, schedule, chosen, comparisons, out, record, say)
     _write(out, record, schedule, chosen, comparisons, started)
-    print(format_status(record))
+    say(format_status(record))
     return 1 if any(run.failed for run in runs) else 0
 
 
@@ -342,6 +346,7 @@ def _dispatch(
     comparisons: list[Comparison],
     out: Path,
     record: dict[str, Any],
+    say: Log,
 ) -> None:
     """Keep the launcher's slots busy: start the runs that may start and fit in the time left, as many as slots are
     free; as each ends, archive it (or note its failure: one run's, e.g. out of memory, stops no other) and start
@@ -359,10 +364,9 @@ def _dispatch(
         jobs, entries = [], []
         for run, expected, basis in new:
             comparison, owed = comparisons[run.comparison], chosen[run.comparison]
-            print(
+            say(
                 f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
-                f"{left:.0f} s left",
-                flush=True,
+                f"{left:.0f} s left"
             )
             entries.append(
                 {

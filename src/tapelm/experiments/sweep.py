@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..training.atomic import write_json_atomically
+from ..training.launchers import Log
 from ..training.settings import SCHEDULES
 from .runs import RunOptions, RunSpec, option_flags, resolve, run_task
+
+logger = logging.getLogger(__name__)
 
 
 def learning_curve(run_dir: Path) -> dict[str, list]:
@@ -42,10 +46,12 @@ def sweep(
     schedules: list[str] | None = None,
     name: str | None = None,
     compile_layers: bool = False,
+    log: Log | None = None,
 ) -> dict[str, Any]:
     """Train `base` once per (encoding, learning rate, schedule, seed) (cached), then write OUT/NAME.json and .png;
     NAME defaults to TASK-PE[-PE...]-sweep. Encodings, seeds and schedules default to `base`'s. `compile_layers`: see
-    `run_task`."""
+    `run_task`. `log` receives the progress lines and each run's result (default: this module's logger)."""
+    say = log or logger.info
     pes, seeds = pes or [base.pe], seeds if seeds is not None else [base.seed]
     schedules = schedules or [None]
     if not learning_rates or any(lr <= 0 for lr in learning_rates):
@@ -89,7 +95,7 @@ def sweep(
             / spec.pe
             / f"lr{run.settings.lr:g}-{run.settings.schedule}-seed{spec.seed}-{run.settings_hash}"
         )
-        print(f"[{index}/{len(runs)}] {base.task} / {label} ({run_dir})", flush=True)
+        say(f"[{index}/{len(runs)}] {base.task} / {label} ({run_dir})")
         result = run_task(run, run_dir, RunOptions(progress, compile_layers), resume=True, command=command)
         if result is None:
             continue
@@ -127,11 +133,11 @@ def sweep(
     _plot(record, stem.with_suffix(".png"))
     for label, entry in entries.items():
         summary = entry["summary"]
-        print(
+        say(
             f"{label}: {entry['metric']} in-distribution {summary['in_distribution']:.4f}, longer "
             f"{summary['longer']:.4f}; final loss {entry['final_loss']:.4f}; {entry['seconds'] / 60:.1f} min"
         )
-    print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
+    say(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
     return record
 
 
