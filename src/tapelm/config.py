@@ -32,6 +32,10 @@ class TapeConfig(PreTrainedConfig):
       last layer never updates (its E would be discarded).
     - `causal`: False gives a bidirectional encoder.
 
+    - `rope_fraction` p (pe_type "rope" only): p-RoPE (Barbero et al., ICLR 2025): only the round(p x head_dim / 2)
+      highest of RoPE's frequencies rotate, the lowest pairs of dimensions are left as they are; 1 (default) is RoPE,
+      0 leaves every pair unrotated (NoPE).
+
     Baselines follow the paper's official code (VITA-Group/TAPE, models/llama/*.py) unless said otherwise:
 
     - `xpos_scale_base` 2048 (models/llama/xpos.py, `XposRotaryEmbedding(scale_base=2048)`).
@@ -107,6 +111,7 @@ class TapeConfig(PreTrainedConfig):
     tape_equivariant: bool = True
     tape_layers: str | list[int] = "all"
     causal: bool = True
+    rope_fraction: float = 1.0
     randpe_max_position: int | None = None
     randpe_eval_positions: str = "random"
     xpos_scale_base: float = 2048.0

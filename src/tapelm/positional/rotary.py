@@ -52,7 +52,12 @@ def rope_frequencies(theta: float, dim: int, device: torch.device | None = None)
 
 class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
     """transformers' rotary embedding (its scalings, dynamic updates and re-initialisation), with cos/sin computed in
-    float32, or float64 for a float64 model, from integer positions."""
+    float32, or float64 for a float64 model, from integer positions. With `rope_fraction` p < 1 (p-RoPE) only the
+    `rotating_pairs` highest frequencies rotate: the lowest ones have angle 0."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.rotating_pairs = round(config.rope_fraction * (config.head_dim // 2))
 
     def grouped_frequencies(self, groups: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """(groups, head_dim/2) in `dtype`: the (scaled) inverse frequencies, group g's times
@@ -68,7 +73,12 @@ class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
         """(B, N) integer positions -> cos, sin (B, N, head_dim/2), one per rotate-half pair, in the anchor's
         precision, at least float32."""
         wide = torch.promote_types(anchor.dtype, torch.float32)
-        angles = positions[..., None].to(wide) * self.inv_freq.to(device=positions.device, dtype=wide)
+        frequencies = self.inv_freq.to(device=positions.device, dtype=wide)
+        if self.rotating_pairs < frequencies.shape[-1]:  # p-RoPE: the lowest frequencies do not rotate
+            frequencies = frequencies * (
+                torch.arange(frequencies.shape[-1], device=positions.device) < self.rotating_pairs
+            )
+        angles = positions[..., None].to(wide) * frequencies
         return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +98,19 @@ class RoPE(PositionalEncoding):
     def __init__(self, config):
         super().__init__()
         self.rotary = TapeRotaryEmbedding(config)
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        fraction = config.rope_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+            raise ValueError(
+                f"rope_fraction={fraction!r} is not allowed; give the share of RoPE's frequencies that rotate "
+                "(p-RoPE), from 0 to 1"
+            )
+        if fraction != 1 and config.pe_type != "rope":
+            raise ValueError(
+                f"rope_fraction={fraction!r} is an option of pe_type='rope' (p-RoPE), not of pe_type={config.pe_type!r}"
+            )
 
     @classmethod
     def validate_config(cls, config) -> None:

@@ -226,6 +226,11 @@ def to_llama(model: TapeForCausalLM, max_position_embeddings: int | None = None)
             f"only a causal RoPE model without q/k/v-only biases converts to Llama (this one: pe_type="
             f"{config.pe_type!r}); convert the other way with from_pretrained_llama"
         )
+    if config.rope_fraction != 1:
+        raise ValueError(
+            f"a p-RoPE model (rope_fraction={config.rope_fraction}) leaves some frequencies unrotated, which Llama "
+            "cannot: only rope_fraction=1 converts to Llama"
+        )
     fields = {
         name: getattr(config, name)
         for name in _COPIED_FIELDS
