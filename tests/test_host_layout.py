@@ -15,6 +15,7 @@ from tapelm import PE_TYPES
 from tapelm.kernels.fla_layout import segments
 from tapelm.layout import HostLayout
 from tapelm.masks import build_attention_mask, packed_documents
+from tapelm.modeling import TapeModel
 
 LENGTH = 130
 """Tokens per row: more than one block of queries (`kernels.attention.blocks.BIAS_BLOCK`), so the blocked bias
@@ -26,9 +27,6 @@ where it lives (the host), so it is left out."""
 READS = {
     "fire": "FIRE runs its MLP once per distinct row of positions and finds the rows with torch.unique "
     "(positional/bias.py), whose output size is data",
-    "learned": "the learned table checks that no position lies beyond it with max() (positional/absolute.py)",
-    "randpe": "RandPE sizes its random draw by the largest position and the number of documents, read with max() "
-    "(positional/rotary.py)",
 }
 """Encodings whose own code reads the device in a training step, with the read."""
 
@@ -132,6 +130,7 @@ def test_the_host_layout_finds_the_masks_segments_and_real_tokens(rows, dense) -
     cuts = host.segments.cuts
     assert cuts is expected if not isinstance(expected, torch.Tensor) else torch.equal(cuts, expected)
     assert host.padded == (not mask.bool().all())
+    assert host.extent == (1, int(TapeModel._position_ids(None, mask, 0, *mask.shape, mask.device).max()) + 1)
     assert host.index is None if not host.padded else host.index.tolist() == mask.flatten().nonzero()[:, 0].tolist()
 
 
@@ -146,9 +145,12 @@ def test_the_host_layout_finds_the_documents_segments(lengths, batch_size) -> No
     given = [(ids, {"position_ids": positions})] + ([(ids, {"cu_seq_lens_q": cumulative})] if batch_size == 1 else [])
     for inputs, documents_given in given:
         host = HostLayout.of(inputs, **documents_given)
-        documents, _ = packed_documents(
+        documents, positions = packed_documents(
             documents_given.get("position_ids"), None, 0, True, batch_size, length, documents_given.get("cu_seq_lens_q")
         )
+        positions = documents_given.get("position_ids", positions)
+        count = 1 if documents is None else int(documents.max()) + 1
+        assert host.extent == (count, int(positions.max()) + 1)
         valid = build_attention_mask(None, documents, length, length, causal=True, dense=True, device=ids.device)
         expected = segments(valid, batch_size, length, length)
         cuts = host.segments.cuts
@@ -183,3 +185,10 @@ def test_a_host_layout_moves_its_tensors_only() -> None:
     moved = host.to("meta")
     assert moved.index.device.type == "meta" and moved.segments.cuts.device.type == "meta"
     assert (moved.shape, moved.padded, moved.segments.shortest) == (host.shape, host.padded, host.segments.shortest)
+
+
+def test_the_learned_table_refuses_positions_beyond_it_as_the_host_layout_gives_them() -> None:
+    model = tiny_model("learned", max_position_embeddings=8)
+    ids = batch("plain", 9)["input_ids"]
+    with pytest.raises(ValueError, match="^position 8 is beyond the learned table; pe_type='learned' allows"):
+        model(ids, host_layout=HostLayout.of(ids))

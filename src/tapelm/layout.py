@@ -77,8 +77,9 @@ class HostLayout:
     `host_layout`: whether some token is padding (`padded`) and the real tokens' flat indices (`index`, int64, None
     without padding); whether some row packs several documents (`documents`) and their cumulative lengths as
     `cu_seq_lens_q` gives them (`cu_seq_lens`); how the mask cuts the B x N tokens into causal sequences (`segments`,
-    for fla's kernels). Its tensors move with the batch (`to`, `pin_memory`, as a training loop moves a batch's
-    tensors); everything else stays Python values."""
+    for fla's kernels); the documents of the fullest row and 1 + the largest position the model gives a token
+    (`extent`, for RandPE's draw and the learned table's bound). Its tensors move with the batch (`to`,
+    `pin_memory`, as a training loop moves a batch's tensors); everything else stays Python values."""
 
     shape: tuple[int, int]
     padded: bool
@@ -86,6 +87,7 @@ class HostLayout:
     documents: bool
     cu_seq_lens: tuple[int, ...] | None
     segments: Segments
+    extent: tuple[int, int]
 
     @classmethod
     def of(
@@ -102,14 +104,16 @@ class HostLayout:
         real = None if attention_mask is None else attention_mask.bool().numpy()
         if real is not None and real.shape != (batch, length):
             raise ValueError(f"attention_mask {real.shape} must be 2D (batch, length) = {(batch, length)}")
-        starts, bounds = None, None
+        starts, bounds, documents = None, None, 1
         if cu_seq_lens_q is not None:
             bounds = tuple(cu_seq_lens_q.tolist())
             starts = np.zeros((batch, length), dtype=bool)
             starts[0, [b for b in bounds[:-1] if 0 <= b < length]] = True
+            documents = int(np.searchsorted(bounds[1:], length - 1, side="right")) + 1
         elif position_ids is not None and real is None:
             ids = position_ids.expand(batch, -1).numpy()
             starts = (np.diff(ids, axis=1, prepend=ids[:, :1] - 1) != 1) | (np.arange(length) == 0)
+            documents = int(starts.sum(1).max())
         padded = real is not None and not real.all()
         return cls(
             shape=(batch, length),
@@ -118,6 +122,7 @@ class HostLayout:
             documents=starts is not None and bool(starts[:, 1:].any()),
             cu_seq_lens=bounds,
             segments=_segments(real if padded else None, starts, batch, length),
+            extent=(documents, _positions_end(length, real, position_ids, bounds)),
         )
 
     def to(self, device, non_blocking: bool = False) -> HostLayout:
@@ -142,6 +147,18 @@ class HostLayout:
             raise ValueError("host_layout describes a batch without cached tokens; pass it with no cache")
         if self.padded and (attention_mask is None or attention_mask.dim() != 2):
             raise ValueError("host_layout says the batch is padded: pass its 2D attention_mask")
+
+
+def _positions_end(length: int, real, position_ids: torch.Tensor | None, bounds) -> int:
+    """1 + the largest position the model gives a token (`TapeModel._position_ids`): the given ones, those within
+    each document of `cu_seq_lens_q`, those counted over the real tokens, or 0 to N - 1."""
+    if position_ids is not None:
+        return int(position_ids.max()) + 1
+    if bounds is not None:
+        return int(np.diff(bounds).max())
+    if real is not None:
+        return max(int(real.sum(1).max()), 1)
+    return length
 
 
 def _segments(real: np.ndarray | None, starts: np.ndarray | None, batch: int, length: int) -> Segments:

@@ -341,7 +341,9 @@ class TapeModel(TapePreTrainedModel):
         if paths is None:
             paths = resolve(self.config.fast_paths, inputs_embeds.device, self.config.pe_type)
         ctx = PositionContext(
-            query_positions=self.positional.positions(position_ids, past, documents),
+            query_positions=self.positional.positions(
+                position_ids, past, documents, None if host is None else host.extent
+            ),
             paths=paths,
             token_mask=real_tokens(attention_mask, length, past, None if host is None else host.padded),
         )

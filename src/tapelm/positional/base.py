@@ -176,10 +176,16 @@ class PositionalEncoding(CustomInit):
         model's sizes); called when `config.pe_type` names it."""
 
     def positions(
-        self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None
+        self,
+        position_ids: torch.Tensor,
+        past: int = 0,
+        documents: torch.Tensor | None = None,
+        extent: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """The positions this encoding actually uses for tokens following `past` cached ones (RandPE resamples
-        them); `documents` (B, N) numbers the packed documents of each row (None: one per row)."""
+        them); `documents` (B, N) numbers the packed documents of each row (None: one per row); `extent`, the
+        documents of the fullest row and 1 + the largest of `position_ids`, when the host knew them (None: read them
+        from the tensors where needed)."""
         return position_ids
 
     def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
