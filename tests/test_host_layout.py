@@ -24,11 +24,6 @@ KINDS = ("plain", "padded", "packed", "cu_seq_lens")
 FAST_PATHS = ["attention-blocks"]
 """The fast paths the steps run: the CUDA one that also runs here. The CPU's own "attention-cpu-flash" reads the mask
 where it lives (the host), so it is left out."""
-READS = {
-    "fire": "FIRE runs its MLP once per distinct row of positions and finds the rows with torch.unique "
-    "(positional/bias.py), whose output size is data",
-}
-"""Encodings whose own code reads the device in a training step, with the read."""
 
 
 class NoDeviceReads(TorchDispatchMode):
@@ -84,17 +79,10 @@ def training_step(pe_type: str, inputs: dict):
     return loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
 
 
-def _steps():
-    """Every encoding and kind of batch, those whose encoding reads the device itself expected to fail."""
-    for pe in PE_TYPES:
-        for kind in KINDS:
-            reads = pe in READS and not (pe == "fire" and kind == "cu_seq_lens")  # FIRE: one row, nothing to find
-            marks = pytest.mark.xfail(reason=READS[pe], raises=AssertionError, strict=True) if reads else ()
-            yield pytest.param(pe, kind, marks=marks)
-
-
-@pytest.mark.parametrize("pe, kind", list(_steps()))
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pe", PE_TYPES)
 def test_a_training_step_with_its_host_layout_reads_nothing_from_the_device(pe, kind) -> None:
+    """Forward and backward of every encoding on every kind of batch, with the blocked bias attention."""
     inputs = with_host_layout(batch(kind))
     with NoDeviceReads():
         training_step(pe, inputs)
@@ -130,7 +118,9 @@ def test_the_host_layout_finds_the_masks_segments_and_real_tokens(rows, dense) -
     cuts = host.segments.cuts
     assert cuts is expected if not isinstance(expected, torch.Tensor) else torch.equal(cuts, expected)
     assert host.padded == (not mask.bool().all())
-    assert host.extent == (1, int(TapeModel._position_ids(None, mask, 0, *mask.shape, mask.device).max()) + 1)
+    positions = TapeModel._position_ids(None, mask, 0, *mask.shape, mask.device)
+    assert host.extent == (1, int(positions.max()) + 1)
+    assert_distinct_rows(host, positions)
     assert host.index is None if not host.padded else host.index.tolist() == mask.flatten().nonzero()[:, 0].tolist()
 
 
@@ -151,6 +141,7 @@ def test_the_host_layout_finds_the_documents_segments(lengths, batch_size) -> No
         positions = documents_given.get("position_ids", positions)
         count = 1 if documents is None else int(documents.max()) + 1
         assert host.extent == (count, int(positions.max()) + 1)
+        assert_distinct_rows(host, positions.expand(batch_size, -1))
         valid = build_attention_mask(None, documents, length, length, causal=True, dense=True, device=ids.device)
         expected = segments(valid, batch_size, length, length)
         cuts = host.segments.cuts
@@ -158,6 +149,13 @@ def test_the_host_layout_finds_the_documents_segments(lengths, batch_size) -> No
         assert host.documents == (len(lengths) > 1)
         shortest = length if expected is None else int((expected[1:] - expected[:-1]).min())
         assert host.segments.shortest == shortest
+
+
+def assert_distinct_rows(host: HostLayout, positions: torch.Tensor) -> None:
+    """The host's distinct rows of positions are `torch.unique`'s (FIRE's), in its order."""
+    rows, index = torch.unique(positions, dim=0, return_inverse=True)
+    first, host_index = host.distinct
+    assert torch.equal(positions[first], rows) and torch.equal(host_index, index)
 
 
 def test_a_host_layout_that_does_not_describe_the_batch_is_refused() -> None:
@@ -183,7 +181,8 @@ def test_a_host_layout_that_does_not_describe_the_batch_is_refused() -> None:
 def test_a_host_layout_moves_its_tensors_only() -> None:
     host = HostLayout.of(*batch("padded", 8).values())
     moved = host.to("meta")
-    assert moved.index.device.type == "meta" and moved.segments.cuts.device.type == "meta"
+    tensors = (moved.index, moved.segments.cuts, *moved.distinct)
+    assert all(tensor.device.type == "meta" for tensor in tensors)
     assert (moved.shape, moved.padded, moved.segments.shortest) == (host.shape, host.padded, host.segments.shortest)
 
 

@@ -78,8 +78,9 @@ class HostLayout:
     without padding); whether some row packs several documents (`documents`) and their cumulative lengths as
     `cu_seq_lens_q` gives them (`cu_seq_lens`); how the mask cuts the B x N tokens into causal sequences (`segments`,
     for fla's kernels); the documents of the fullest row and 1 + the largest position the model gives a token
-    (`extent`, for RandPE's draw and the learned table's bound). Its tensors move with the batch (`to`,
-    `pin_memory`, as a training loop moves a batch's tensors); everything else stays Python values."""
+    (`extent`, for RandPE's draw and the learned table's bound); the distinct rows of those positions (`distinct`,
+    for FIRE: each one's first row, in sorted order, and every row's index among them). Its tensors move with the
+    batch (`to`, `pin_memory`, as a training loop moves a batch's tensors); everything else stays Python values."""
 
     shape: tuple[int, int]
     padded: bool
@@ -88,6 +89,7 @@ class HostLayout:
     cu_seq_lens: tuple[int, ...] | None
     segments: Segments
     extent: tuple[int, int]
+    distinct: tuple[torch.Tensor, torch.Tensor]
 
     @classmethod
     def of(
@@ -115,6 +117,8 @@ class HostLayout:
             starts = (np.diff(ids, axis=1, prepend=ids[:, :1] - 1) != 1) | (np.arange(length) == 0)
             documents = int(starts.sum(1).max())
         padded = real is not None and not real.all()
+        positions = _positions(batch, length, real, position_ids, bounds)
+        _, first, inverse = np.unique(positions, axis=0, return_index=True, return_inverse=True)
         return cls(
             shape=(batch, length),
             padded=padded,
@@ -122,7 +126,8 @@ class HostLayout:
             documents=starts is not None and bool(starts[:, 1:].any()),
             cu_seq_lens=bounds,
             segments=_segments(real if padded else None, starts, batch, length),
-            extent=(documents, _positions_end(length, real, position_ids, bounds)),
+            extent=(documents, int(positions.max()) + 1),
+            distinct=(torch.from_numpy(first), torch.from_numpy(inverse.reshape(-1))),
         )
 
     def to(self, device, non_blocking: bool = False) -> HostLayout:
@@ -136,6 +141,7 @@ class HostLayout:
         cuts = self.segments.cuts
         return {
             "index": None if self.index is None else move(self.index),
+            "distinct": tuple(move(x) for x in self.distinct),
             "segments": replace(self.segments, cuts=move(cuts) if isinstance(cuts, torch.Tensor) else cuts),
         }
 
@@ -149,16 +155,17 @@ class HostLayout:
             raise ValueError("host_layout says the batch is padded: pass its 2D attention_mask")
 
 
-def _positions_end(length: int, real, position_ids: torch.Tensor | None, bounds) -> int:
-    """1 + the largest position the model gives a token (`TapeModel._position_ids`): the given ones, those within
-    each document of `cu_seq_lens_q`, those counted over the real tokens, or 0 to N - 1."""
+def _positions(batch: int, length: int, real, position_ids: torch.Tensor | None, bounds) -> np.ndarray:
+    """The positions (B, N) the model gives the tokens (`TapeModel._position_ids`): the given ones, those within each
+    document of `cu_seq_lens_q`, those counted over the real tokens, or 0 to N - 1."""
     if position_ids is not None:
-        return int(position_ids.max()) + 1
+        return position_ids.expand(batch, -1).numpy()
+    index = np.arange(length)
     if bounds is not None:
-        return int(np.diff(bounds).max())
+        return (index - np.asarray(bounds)[np.searchsorted(bounds[1:], index, side="right")])[None]
     if real is not None:
-        return max(int(real.sum(1).max()), 1)
-    return length
+        return np.maximum(np.cumsum(real, axis=1) - 1, 0)
+    return np.broadcast_to(index, (batch, length))
 
 
 def _segments(real: np.ndarray | None, starts: np.ndarray | None, batch: int, length: int) -> Segments:

@@ -346,6 +346,7 @@ class TapeModel(TapePreTrainedModel):
             ),
             paths=paths,
             token_mask=real_tokens(attention_mask, length, past, None if host is None else host.padded),
+            distinct_rows=None if host is None else host.distinct,
         )
         if self.positional.needs_key_positions:
             ctx.key_positions = key_positions(cache, ctx.query_positions)

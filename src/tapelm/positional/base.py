@@ -56,6 +56,8 @@ class PositionContext:
     (a tensor or a `tapelm.kernels.attention.RowBias`).
     `token_mask` (batch, N) is True for the new tokens that are real and False for padding (None: no padding), so
     that per-token state (FoX's forget gates, PaTH's convolution) can ignore padding tokens.
+    `distinct_rows`, when the host knew them (no cached tokens): the first row of each distinct row of the positions
+    the model gave the tokens (in sorted order; before RandPE resamples them) and each row's index among them.
     """
 
     query_positions: torch.Tensor
@@ -64,6 +66,7 @@ class PositionContext:
     tables: dict[str, torch.Tensor] = field(default_factory=dict)
     bias: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
+    distinct_rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class Float32Buffers(nn.Module):
