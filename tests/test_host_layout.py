@@ -164,6 +164,10 @@ def test_a_host_layout_that_does_not_describe_the_batch_is_refused() -> None:
     host = HostLayout.of(padded["input_ids"], padded["attention_mask"])
     with pytest.raises(ValueError, match=r"^host_layout describes a batch of shape \(3, 8\), not this one's \(3, 7\)$"):
         model(padded["input_ids"][:, 1:], attention_mask=padded["attention_mask"][:, 1:], host_layout=host)
+    with pytest.raises(
+        ValueError, match=r"^host_layout's tensors are on meta, the batch on cpu: move it with the batch"
+    ):
+        model(padded["input_ids"], attention_mask=padded["attention_mask"], host_layout=host.to("meta"))
     with pytest.raises(ValueError, match="^host_layout says the batch is padded: pass its 2D attention_mask$"):
         model(padded["input_ids"], host_layout=host)
     out = model(padded["input_ids"][:, :4], attention_mask=padded["attention_mask"][:, :4], use_cache=True)

@@ -145,10 +145,17 @@ class HostLayout:
             "segments": replace(self.segments, cuts=move(cuts) if isinstance(cuts, torch.Tensor) else cuts),
         }
 
-    def check(self, batch: int, length: int, attention_mask: torch.Tensor | None, cached: bool) -> None:
-        """Refuse a layout that does not describe this call's batch (ValueError)."""
+    def check(
+        self, batch: int, length: int, attention_mask: torch.Tensor | None, cached: bool, device: torch.device
+    ) -> None:
+        """Refuse a layout that does not describe this call's batch, or whose tensors are elsewhere (ValueError)."""
         if self.shape != (batch, length):
             raise ValueError(f"host_layout describes a batch of shape {self.shape}, not this one's {(batch, length)}")
+        if self.distinct[0].device != device:
+            raise ValueError(
+                f"host_layout's tensors are on {self.distinct[0].device}, the batch on {device}: move it with the "
+                "batch (host_layout.to(device))"
+            )
         if cached:
             raise ValueError("host_layout describes a batch without cached tokens; pass it with no cache")
         if self.padded and (attention_mask is None or attention_mask.dim() != 2):

@@ -305,7 +305,7 @@ class TapeModel(TapePreTrainedModel):
             check_room(cache, length)
         host = None if tracing(inputs_embeds) else kwargs.get("host_layout")  # traced programs read no data anyway
         if host is not None:
-            host.check(batch, length, attention_mask, cached=fixed or bool(past))
+            host.check(batch, length, attention_mask, fixed or bool(past), inputs_embeds.device)
         documents, document_positions = packed_documents(
             position_ids,
             attention_mask,
