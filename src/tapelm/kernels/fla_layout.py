@@ -1,5 +1,7 @@
 """What fla's attention kernels need from tapelm's calls: the batch cut into variable-length causal sequences (fla's
-`cu_seqlens`) from tapelm's mask, and fla's token-major layout."""
+`cu_seqlens`) from tapelm's mask (or from the batch's host layout, without reading the mask), and fla's token-major
+layout. fla 0.6's kernels themselves read `cu_seqlens` back to the host (`fla.ops.utils.prepare_chunk_indices`), so a
+segmented call (padding, packed documents) still waits for the device once inside fla; they take no host copy."""
 
 from __future__ import annotations
 
