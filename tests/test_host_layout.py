@@ -117,6 +117,7 @@ def test_the_host_layout_finds_the_masks_segments_and_real_tokens(rows, dense) -
     expected = segments(valid, *mask.shape, 6)
     cuts = host.segments.cuts
     assert cuts is expected if not isinstance(expected, torch.Tensor) else torch.equal(cuts, expected)
+    assert host.segments.shortest == shortest(expected, 6)
     assert host.padded == (not mask.bool().all())
     positions = TapeModel._position_ids(None, mask, 0, *mask.shape, mask.device)
     assert host.extent == (1, int(positions.max()) + 1)
@@ -147,8 +148,14 @@ def test_the_host_layout_finds_the_documents_segments(lengths, batch_size) -> No
         cuts = host.segments.cuts
         assert cuts is expected if not isinstance(expected, torch.Tensor) else torch.equal(cuts, expected)
         assert host.documents == (len(lengths) > 1)
-        shortest = length if expected is None else int((expected[1:] - expected[:-1]).min())
-        assert host.segments.shortest == shortest
+        assert host.segments.shortest == shortest(expected, length)
+
+
+def shortest(cuts, length: int) -> int:
+    """The shortest sequence of `segments`' answer `cuts` (rows of `length` tokens; 0 where it found none)."""
+    if cuts is None or cuts is False:
+        return length if cuts is None else 0
+    return int((cuts[1:] - cuts[:-1]).min())
 
 
 def assert_distinct_rows(host: HostLayout, positions: torch.Tensor) -> None:
