@@ -135,6 +135,7 @@ class HostLayout:
         return replace(self, **self._moved(lambda x: x.to(device, non_blocking=non_blocking)))
 
     def pin_memory(self) -> HostLayout:
+        """The layout with its tensors in page-locked memory (copies to a GPU then run without blocking)."""
         return replace(self, **self._moved(torch.Tensor.pin_memory))
 
     def _moved(self, move) -> dict:
