@@ -12,6 +12,7 @@ import torch
 
 from conftest import DEVICE
 from tapelm.experiments.runs import RunSpec, batch_stream, resolve
+from tapelm.layout import HostLayout
 from tapelm.training.checkpoints import list_checkpoints
 from tapelm.training.loop import train
 from tapelm.training.schedule import learning_rate_lambda
@@ -144,12 +145,23 @@ def test_a_compiled_step_trains_as_the_eager_step_and_the_next_run_reuses_its_co
 @pytest.mark.device
 @pytest.mark.compiles  # it switches CUDA's sync debugging itself; no device watching around it
 @pytest.mark.parametrize(
-    "pe, masked, compile_step", [("rope", False, False), ("tape", False, False), ("rope", True, True)]
+    "pe, kind, compile_step",
+    [
+        ("rope", "plain", False),
+        ("rope", "padded", False),
+        ("rope", "packed", False),
+        ("tape", "padded", False),
+        ("tape", "packed", False),
+        ("t5", "padded", False),
+        ("grape-ap", "padded", False),
+        ("rope", "padded", True),
+    ],
 )
-def test_a_step_between_log_steps_makes_no_host_sync(tmp_path, pe, masked, compile_step) -> None:
+def test_a_step_between_log_steps_makes_no_host_sync(tmp_path, pe, kind, compile_step) -> None:
     """`torch.cuda.set_sync_debug_mode("error")` from the drawing of a step's batches to the next drawing, for every
-    step that is not logged: any read from the device raises. Eager models read their attention mask (whether it
-    pads), so the eager cases train on unmasked batches; a compiled forward traces those reads away."""
+    step that is not logged: any read from the device raises. The batches are the task's padded ones, the same
+    unpadded ("plain") or packing two documents a row ("packed"), each with its host layout, so that the eager model
+    reads nothing from the device; a compiled forward traces those reads away."""
     if DEVICE.type != "cuda":
         pytest.skip("host syncs are a CUDA device's: run with pytest --device cuda")
     run = tiny_run(pe, steps=8, log_every=4, mixed_precision="bf16")
@@ -158,11 +170,33 @@ def test_a_step_between_log_steps_makes_no_host_sync(tmp_path, pe, masked, compi
     def watched(index):
         step = index + 1
         torch.cuda.set_sync_debug_mode("default" if step in (1, 4, 8) else "error")
-        batch = stream(index)
-        return batch if masked else {k: v for k, v in batch.items() if k != "attention_mask"}
+        return reshaped(stream(index), kind)
 
     try:
         result = train(run.build_model(), watched, run.settings, tmp_path, progress=False, compile_step=compile_step)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(result.losses) == 8
+
+
+def reshaped(batch: dict, kind: str) -> dict:
+    """A task's padded batch as it is ("padded"), without its mask ("plain"), or as rows of two documents whose
+    positions restart halfway ("packed"), each with its host layout."""
+    if kind == "padded":
+        return batch
+    ids = batch["input_ids"]
+    inputs = {"input_ids": ids}
+    if kind == "packed":
+        half = ids.shape[1] // 2
+        inputs["position_ids"] = torch.cat([torch.arange(half), torch.arange(ids.shape[1] - half)])[None]
+    return {**inputs, "labels": batch["labels"], "host_layout": HostLayout.of(**inputs)}
+
+
+def test_the_step_batches_are_host_laid_out() -> None:
+    """The batches the no-sync test trains on (on the CPU here): each with a host layout that describes it."""
+    batch = batch_stream(tiny_run("rope").task, 0, 8)(0)
+    for kind in ("plain", "padded", "packed"):
+        made = reshaped(batch, kind)
+        host = made["host_layout"]
+        assert host.shape == tuple(made["input_ids"].shape)
+        assert (host.padded, host.documents) == (kind == "padded", kind == "packed")

@@ -43,7 +43,7 @@ from .kernels.loss import loss_without_logits
 from .kernels.mlp import swiglu
 from .kernels.norm import rms_norm
 from .layout import TokenLayout
-from .masks import build_attention_mask, packed_documents, real_tokens
+from .masks import build_attention_mask, packed_documents, real_tokens, tracing
 from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer, build_encoding
 
 logger = logging.get_logger(__name__)
@@ -273,7 +273,8 @@ class TapeModel(TapePreTrainedModel):
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """`paths`: the fast paths this pass runs, resolved by the caller (`TapeForCausalLM`) or here from the
-        config's `fast_paths`."""
+        config's `fast_paths`. The keyword argument `host_layout` (a `tapelm.layout.HostLayout`, made with the batch)
+        says where its padding and documents are, so that the pass reads none of it from the device."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         check_cache_type(cache)
@@ -302,6 +303,9 @@ class TapeModel(TapePreTrainedModel):
         key_length = capacity(cache) if fixed else past + length
         if fixed:
             check_room(cache, length)
+        host = None if tracing(inputs_embeds) else kwargs.get("host_layout")  # traced programs read no data anyway
+        if host is not None:
+            host.check(batch, length, attention_mask, fixed or bool(past), inputs_embeds.device)
         documents, document_positions = packed_documents(
             position_ids,
             attention_mask,
@@ -311,6 +315,7 @@ class TapeModel(TapePreTrainedModel):
             length,
             kwargs.get("cu_seq_lens_q"),
             kwargs.get("cu_seq_lens_k"),
+            host,
         )
         position_ids = self._position_ids(
             position_ids if document_positions is None else document_positions,
@@ -330,20 +335,26 @@ class TapeModel(TapePreTrainedModel):
             dense=self.positional.adds_logit_bias or fixed,
             device=inputs_embeds.device,
             past=past,
+            padded=None if host is None else host.padded,
+            segments=None if host is None or not self.config.causal else host.segments,
         )
         if paths is None:
             paths = resolve(self.config.fast_paths, inputs_embeds.device, self.config.pe_type)
         ctx = PositionContext(
-            query_positions=self.positional.positions(position_ids, past, documents),
+            query_positions=self.positional.positions(
+                position_ids, past, documents, None if host is None else host.extent
+            ),
             paths=paths,
-            token_mask=real_tokens(attention_mask, length, past),
+            token_mask=real_tokens(attention_mask, length, past, None if host is None else host.padded),
+            distinct_rows=None if host is None else host.distinct,
         )
         if self.positional.needs_key_positions:
             ctx.key_positions = key_positions(cache, ctx.query_positions)
         self.positional.prepare(ctx, inputs_embeds.dtype)
         hidden = self.positional.embed(inputs_embeds, ctx)
         state = self.positional.initial_state(ctx, hidden.dtype)
-        layout = TokenLayout.of(ctx.token_mask if self.skip_padding else None, batch, length)
+        index = None if host is None else host.index
+        layout = TokenLayout.of(ctx.token_mask if self.skip_padding else None, batch, length, index)
         hidden = layout.pack(hidden)
 
         all_hidden = [] if output_hidden_states else None

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..config import TapeConfig
+from ..layout import HostLayout
 from ..modeling import TapeForCausalLM
 from ..training import trackers
 from ..training.accelerator import make_accelerator
@@ -261,11 +262,13 @@ def _check_identity(run: ResolvedRun, run_dir: Path) -> None:
 
 
 def batch_stream(task: Task, seed: int, batch_size: int):
-    """index -> one training micro-batch as model keyword arguments; a pure function of (seed, index)."""
+    """index -> one training micro-batch as model keyword arguments, with its padding known on the host
+    (`host_layout`); a pure function of (seed, index)."""
 
-    def make(index: int) -> dict[str, torch.Tensor]:
+    def make(index: int) -> dict[str, Any]:
         batch = task.train_batch(np.random.default_rng([seed, index]), batch_size)
-        return {"input_ids": batch.input_ids, "labels": batch.labels, "attention_mask": batch.attention_mask}
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        return {**inputs, "labels": batch.labels, "host_layout": HostLayout.of(**inputs)}
 
     return make
 

@@ -25,13 +25,26 @@ class LearnedAbsolute(PositionalEncoding):
         super().__init__()
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
 
-    def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+    def positions(
+        self,
+        position_ids: torch.Tensor,
+        past: int = 0,
+        documents: torch.Tensor | None = None,
+        extent: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        """The given positions, refused (ValueError) beyond the table."""
         limit = self.position_embeddings.num_embeddings
-        if not tracing(ctx.query_positions) and int(ctx.query_positions.max()) >= limit:
+        if tracing(position_ids):
+            return position_ids
+        largest = int(position_ids.max()) if extent is None else extent[1] - 1
+        if largest >= limit:
             raise ValueError(
-                f"position {int(ctx.query_positions.max())} is beyond the learned table; "
+                f"position {largest} is beyond the learned table; "
                 f"pe_type='learned' allows positions < max_position_embeddings={limit}"
             )
+        return position_ids
+
+    def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         return hidden + self.position_embeddings(ctx.query_positions.clamp(min=0))
 
 

@@ -56,6 +56,8 @@ class PositionContext:
     (a tensor or a `tapelm.kernels.attention.RowBias`).
     `token_mask` (batch, N) is True for the new tokens that are real and False for padding (None: no padding), so
     that per-token state (FoX's forget gates, PaTH's convolution) can ignore padding tokens.
+    `distinct_rows`, when the host knew them (no cached tokens): the first row of each distinct row of the positions
+    the model gave the tokens (in sorted order; before RandPE resamples them) and each row's index among them.
     """
 
     query_positions: torch.Tensor
@@ -64,6 +66,7 @@ class PositionContext:
     tables: dict[str, torch.Tensor] = field(default_factory=dict)
     bias: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
+    distinct_rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class Float32Buffers(nn.Module):
@@ -176,10 +179,16 @@ class PositionalEncoding(CustomInit):
         model's sizes); called when `config.pe_type` names it."""
 
     def positions(
-        self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None
+        self,
+        position_ids: torch.Tensor,
+        past: int = 0,
+        documents: torch.Tensor | None = None,
+        extent: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """The positions this encoding actually uses for tokens following `past` cached ones (RandPE resamples
-        them); `documents` (B, N) numbers the packed documents of each row (None: one per row)."""
+        them); `documents` (B, N) numbers the packed documents of each row (None: one per row); `extent`, the
+        documents of the fullest row and 1 + the largest of `position_ids`, when the host knew them (None: read them
+        from the tensors where needed)."""
         return position_ids
 
     def embed(self, hidden: torch.Tensor, ctx: PositionContext) -> torch.Tensor:

@@ -183,7 +183,7 @@ class FireFunction(CustomInit):
         rows = torch.cat([queries, keys], dim=1)
         index = None
         if len(rows) > 1 and length > 1 and not tracing(rows):  # a decoding step's MLP is a row per key: cheap
-            rows, index = torch.unique(rows, dim=0, return_inverse=True)
+            rows, index = distinct_rows(rows, ctx.distinct_rows)
         queries, keys = rows[:, :length], rows[:, length:]
 
         def block(start: int, end: int, seen: int | None) -> torch.Tensor:
@@ -228,6 +228,14 @@ class FIRE(RelativeBias):
 
     def make_layer(self, layer_idx: int) -> LayerPositional:
         return LayerPositional() if self.shared else FIRELayer(self.config)
+
+
+def distinct_rows(rows: torch.Tensor, known: tuple[torch.Tensor, torch.Tensor] | None):
+    """`torch.unique(rows, dim=0, return_inverse=True)`, from the indices the host `known` where it gives them."""
+    if known is None:
+        return torch.unique(rows, dim=0, return_inverse=True)
+    first, index = known
+    return rows.index_select(0, first), index
 
 
 class FIRELayer(LayerPositional):

@@ -146,7 +146,11 @@ class RandPE(RoPE):
             )
 
     def positions(
-        self, position_ids: torch.Tensor, past: int = 0, documents: torch.Tensor | None = None
+        self,
+        position_ids: torch.Tensor,
+        past: int = 0,
+        documents: torch.Tensor | None = None,
+        extent: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Each packed document (each row, without packing) draws its own subset, sized by its own largest position,
         so that it gets the positions it would get alone (in distribution)."""
@@ -159,11 +163,11 @@ class RandPE(RoPE):
             )
         position_ids = position_ids.clamp(min=0)
         documents = torch.zeros_like(position_ids) if documents is None else documents
-        count = int(documents.max()) + 1
+        count = int(documents.max()) + 1 if extent is None else extent[0]
         needed = position_ids.new_zeros(position_ids.shape[0], count).scatter_reduce(
             1, documents, position_ids + 1, "amax"
         )  # (B, documents)
-        most = int(needed.max())
+        most = int(needed.max()) if extent is None else max(extent[1], 1)
         if most > self.max_position:
             raise ValueError(f"RandPE needs {most} distinct positions but randpe_max_position={self.max_position}")
         scores = torch.rand(*needed.shape, self.max_position, device=position_ids.device)

@@ -25,7 +25,7 @@ from .. import candidates, first
 from . import blocks, unpadded
 from .cpu_flash import CpuFlashAttention
 from .efficient import bias_needs_grad, efficient_bias_attention
-from .inputs import AttentionMask, RowBias, materialized, with_bias
+from .inputs import AttentionMask, RowBias, Segments, materialized, with_bias
 from .naive import explicit_attention, padded_attention, sdpa_dtype
 
 Outputs = tuple[torch.Tensor, torch.Tensor | None]
@@ -173,6 +173,7 @@ __all__ = [
     "AttentionMask",
     "CANDIDATES",
     "RowBias",
+    "Segments",
     "attend",
     "attend_registered",
     "attend_stream",

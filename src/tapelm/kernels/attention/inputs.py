@@ -9,13 +9,26 @@ from dataclasses import dataclass
 import torch
 
 
+@dataclass(frozen=True)
+class Segments:
+    """How the batch's B x N tokens, laid out as one row, cut into causal sequences, as the batch maker knew it on the
+    host (`tapelm.kernels.fla_layout.segments`'s answer, found without reading the device): `cuts` the cumulative
+    lengths (int64, on the device) or None (every row one sequence) or False (no such cut), `shortest` the shortest
+    sequence's length (0 when `cuts` is False)."""
+
+    cuts: torch.Tensor | None | bool
+    shortest: int
+
+
 @dataclass
 class AttentionMask:
     """Which keys each query may see: `valid` (B, 1, N, T) booleans, or None with `is_causal` meaning SDPA's own
-    causal mask (no padding, no cache offset) and `is_causal=False` meaning every key."""
+    causal mask (no padding, no cache offset) and `is_causal=False` meaning every key. `segments`: how a causal mask
+    without cached keys cuts the batch into sequences, when the host knew it (None: read from `valid`)."""
 
     valid: torch.Tensor | None
     is_causal: bool
+    segments: Segments | None = None
 
 
 class RowBias:
@@ -76,4 +89,4 @@ def seen_keys(valid: torch.Tensor) -> int:
     return int(seen[-1]) + 1 if len(seen) else 1
 
 
-__all__ = ["AttentionMask", "RowBias", "materialized", "seen_keys", "with_bias"]
+__all__ = ["AttentionMask", "RowBias", "Segments", "materialized", "seen_keys", "with_bias"]

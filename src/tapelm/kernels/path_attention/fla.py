@@ -11,7 +11,7 @@ import torch
 
 from .. import fla_function
 from ..attention import AttentionMask
-from ..fla_layout import heads_first, heads_last, segments
+from ..fla_layout import heads_first, heads_last, segments, shortest
 
 HEAD_SIZES = (64, 128)
 """Head sizes (q, k and v) fla's PaTH tests run (the kernel asserts 16, 32, 64 or 128)."""
@@ -27,14 +27,14 @@ def kernel(x: torch.Tensor):
     return fla_function(x, "fla.ops.path_attn", "parallel_path_attn")
 
 
-def takes(q: torch.Tensor, v: torch.Tensor, cuts: torch.Tensor) -> bool:
-    """Whether the call lies within the shapes fla's tests run, `cuts` its segments' cumulative lengths."""
-    lengths = cuts[1:] - cuts[:-1]
+def takes(q: torch.Tensor, v: torch.Tensor, shortest_sequence: int) -> bool:
+    """Whether the call lies within the shapes fla's tests run, its shortest segment `shortest_sequence` tokens long
+    (all B x N tokens of q (B, H, N, d) go to fla as one row)."""
     return (
         q.shape[-1] in HEAD_SIZES
         and v.shape[-1] in HEAD_SIZES
-        and int(cuts[-1]) >= LEAST_TOKENS
-        and int(lengths.min()) >= SHORTEST_SEQUENCE
+        and q.shape[0] * q.shape[-2] >= LEAST_TOKENS
+        and shortest_sequence >= SHORTEST_SEQUENCE
     )
 
 
@@ -53,12 +53,10 @@ def path_attention(
     when some are cached): (B, H, N, dv), or None where the call lies outside fla's tested shapes."""
     run = kernel(q)
     cuts = None if run is None else segments(mask, q.shape[0], q.shape[-2], keys)
-    if run is None or cuts is False:
+    if run is None or cuts is False or not takes(q, v, shortest(mask, cuts, q.shape[-2])):
         return None
     if cuts is None:  # each row one sequence: one segment a row
         cuts = torch.arange(0, q.shape[0] * q.shape[-2] + 1, q.shape[-2], device=q.device)
-    if not takes(q, v, cuts):
-        return None
     out = run(
         heads_last(q, True),
         heads_last(raw_keys, True),
