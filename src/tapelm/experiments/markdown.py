@@ -14,13 +14,13 @@ HEADER = (
 )
 
 
-def _markers(name: str) -> tuple[str, str]:
+def markers(name: str) -> tuple[str, str]:
     return f"<!-- tapelm-report:begin {name} -->", f"<!-- tapelm-report:end {name} -->"
 
 
 def splice(document: str, name: str, content: str) -> str:
     """`document` with section `name`'s marked block replaced by `content` (appended when absent)."""
-    begin, end = _markers(name)
+    begin, end = markers(name)
     block = f"{begin}\n{content.rstrip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
     if pattern.search(document):
@@ -30,4 +30,4 @@ def splice(document: str, name: str, content: str) -> str:
 
 def has_section(document: str, name: str) -> bool:
     """Whether `document` holds section `name`'s begin marker."""
-    return _markers(name)[0] in document
+    return markers(name)[0] in document

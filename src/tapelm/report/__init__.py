@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiments.archive import archive_comparisons
-from ..experiments.markdown import HEADER, _markers, splice
+from ..experiments.markdown import HEADER, markers, splice
 from .sections import README_SECTIONS, SECTIONS, ReportContext, register_readme_section, register_section
 
 
@@ -89,7 +89,7 @@ def readme_sections(text: str, where: str) -> list[str]:
     being rewritten."""
     found, missing = [], []
     for name in README_SECTIONS:
-        begin, end = _markers(name)
+        begin, end = markers(name)
         counts = text.count(begin), text.count(end)
         if counts == (0, 0):
             missing.append(name)
@@ -101,7 +101,7 @@ def readme_sections(text: str, where: str) -> list[str]:
         else:
             found.append(name)
     if found and missing:
-        begin, end = _markers(missing[0])
+        begin, end = markers(missing[0])
         raise ValueError(
             f"{where} has the report's markers for {', '.join(found)} but not for {', '.join(missing)}: add "
             f"'{begin}' and '{end}' where the table goes"
