@@ -35,6 +35,9 @@ class TapeConfig(PreTrainedConfig):
     - `rope_fraction` p (pe_type "rope" only): p-RoPE (Barbero et al., ICLR 2025): only the round(p x head_dim / 2)
       highest of RoPE's frequencies rotate, the lowest pairs of dimensions are left as they are; 1 (default) is RoPE,
       0 leaves every pair unrotated (NoPE).
+    - `rope_layers` (pe_type "rope" only): which layers rotate q and k, the others attending without a positional
+      encoding (NoPE): "all" (default), "nope-every-4th" (every fourth layer NoPE, the 4th, 8th, ...: SmolLM3's
+      `no_rope_layer_interval` 4, as Llama 4 places its NoPE layers), or a list of the layer indices that rotate.
 
     Baselines follow the paper's official code (VITA-Group/TAPE, models/llama/*.py) unless said otherwise:
 
@@ -112,6 +115,7 @@ class TapeConfig(PreTrainedConfig):
     tape_layers: str | list[int] = "all"
     causal: bool = True
     rope_fraction: float = 1.0
+    rope_layers: str | list[int] = "all"
     randpe_max_position: int | None = None
     randpe_eval_positions: str = "random"
     xpos_scale_base: float = 2048.0

@@ -231,6 +231,11 @@ def to_llama(model: TapeForCausalLM, max_position_embeddings: int | None = None)
             f"a p-RoPE model (rope_fraction={config.rope_fraction}) leaves some frequencies unrotated, which Llama "
             "cannot: only rope_fraction=1 converts to Llama"
         )
+    if config.rope_layers != "all":
+        raise ValueError(
+            f"a model with NoPE layers (rope_layers={config.rope_layers!r}) does not convert to Llama, which rotates "
+            "in every layer: only rope_layers='all' converts"
+        )
     fields = {
         name: getattr(config, name)
         for name in _COPIED_FIELDS
