@@ -1,7 +1,8 @@
 """The attention logits of the GRAPE authors' released models, restated plainly for the tests (not their code, which
 is neither a package nor reachable in CI): model-architectures/GRAPE, model/llama-mha-grape-m-nonctx.py,
-llama-mha-grape-m-ctx.py and llama-mha-grape-ap-v1.py, with their defaults, multi-head attention (one KV head per
-query head) and without their optional extras (QK RMSNorm, KV shift), which are not positional.
+llama-mha-grape-m-ctx.py, llama-mha-grape-ap-v1.py and llama-mha-grape-a-querygated.py, -keygated.py and
+-querykeygated.py, with their defaults, multi-head attention (one KV head per query head) and without their optional
+extras (QK RMSNorm, KV shift), which are not positional.
 
 Every function takes the attention input x (B, T, C) after the block's norm and the weights in the authors' layout
 (nn.Linear's (out, in)), and returns the pre-softmax logits (B, H, T, T), -inf above the diagonal. Their rotation
@@ -100,3 +101,26 @@ def grape_ap(x, wq, wk, wv, wp, count: int, tie: str = "none", p_width: int = 8)
     terms = terms.masked_fill(~seen, 0.0)
     bias = terms.sum(-1, keepdim=True) - terms.cumsum(-1)
     return causal_logits(q, k, bias)
+
+
+def grape_a(x, wq, wk, omega, v, u, count: int, l2_norm: bool = True) -> torch.Tensor:
+    """GRAPE-A, query-gated (v given), key-gated (u given) or both: rate_h = slope_h * softplus(omega_h); gates
+    softplus(v_h . q_i / sqrt(D)) and softplus(u_h . k_j / sqrt(D)) with v, u L2-normalised (eps 1e-6);
+    bias(i, j) = -max(i - j, 0) * rate_h * (the query's gate + the key's gate)."""
+    q, k = heads(x, wq, count), heads(x, wk, count)
+    width, length = q.shape[-1], x.shape[1]
+
+    def gate(t, direction):  # (B, T, H, D), (H, D) -> (B, H, T)
+        if l2_norm:
+            direction = F.normalize(direction, p=2, dim=-1, eps=1e-6)
+        return F.softplus((t * direction).sum(-1) / math.sqrt(width)).transpose(1, 2)
+
+    rate = F.softplus(omega) * torch.tensor(alibi_slopes(count), dtype=x.dtype, device=x.device)
+    positions = torch.arange(length, device=x.device)
+    distance = (positions[:, None] - positions[None]).clamp_min(0).to(x.dtype)
+    total = 0
+    if v is not None:
+        total = total + gate(q, v)[..., :, None]
+    if u is not None:
+        total = total + gate(k, u)[..., None, :]
+    return causal_logits(q, k, -distance * rate.view(1, count, 1, 1) * total)

@@ -45,7 +45,8 @@ def tapelm_logits(model, x: torch.Tensor, layer_idx: int = 0) -> torch.Tensor:
         proj(x).view(batch, length, -1, DIM).transpose(1, 2)
         for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
     )
-    ctx = PositionContext(query_positions=torch.arange(length, device=x.device).expand(batch, -1), paths=NONE)
+    positions = torch.arange(length, device=x.device).expand(batch, -1)
+    ctx = PositionContext(query_positions=positions, key_positions=positions, paths=NONE)
     model.model.positional.prepare(ctx, x.dtype)
     valid = torch.ones(1, 1, length, length, dtype=torch.bool, device=x.device).tril()
     q, k = positional.transform_qk(q, k, None, ctx)
@@ -85,6 +86,17 @@ def authors_logits(model, pe_type: str, x: torch.Tensor, tie: str = "none", widt
             rope_log_freq(positional.spectrum, 1.0),
             HEADS,
         )
+    if pe_type.startswith("grape-a-"):  # no rotation, so no flip: the gates read q and k as they are
+        return ref.grape_a(
+            x,
+            attention.q_proj.weight,
+            attention.k_proj.weight,
+            positional.omega,
+            positional.query_gate,
+            positional.key_gate,
+            HEADS,
+            positional.normalize,
+        )
     wp = flip(positional.projection.weight, width) if tie == "none" else None
     return ref.grape_ap(x, wq, wk, flip(attention.v_proj.weight, DIM), wp, HEADS, tie, width)
 
@@ -98,6 +110,10 @@ CASES = [
     ("grape-ap", {"grape_ap_tie": "q"}),
     ("grape-ap", {"grape_ap_tie": "k"}),
     ("grape-ap", {"grape_ap_tie": "v"}),
+    ("grape-a-q", {}),
+    ("grape-a-k", {}),
+    ("grape-a-qk", {}),
+    ("grape-a-qk", {"grape_a_gate_l2_norm": False}),
 ]
 
 
@@ -211,6 +227,57 @@ def test_a_path_integral_whose_terms_depend_on_the_key_alone_is_fox():
 
 
 @pytest.mark.device
+@pytest.mark.parametrize("pe_type, gates", [("grape-a-q", 1), ("grape-a-k", 1), ("grape-a-qk", 2)])
+def test_grape_a_with_a_constant_gate_is_alibi(pe_type, gates):
+    """Zero gate directions make every gate softplus(0) = ln 2 (the query's plus the key's in GRAPE-A-QK); with
+    softplus(w_h) = 1 / (that sum) the bias is ALiBi's with its per-head slopes: the whole model is the ALiBi model
+    with the same weights."""
+    model = grape_model(pe_type)
+    for layer in model.model.layers:
+        positional = layer.positional
+        for direction in (positional.query_gate, positional.key_gate):
+            if direction is not None:
+                torch.nn.init.zeros_(direction)
+        torch.nn.init.constant_(positional.omega, math.log(math.expm1(1 / (gates * math.log(2)))))
+    alibi = copied_into(model, "alibi")
+    ids = torch.randint(0, 61, (2, 20), generator=torch.Generator().manual_seed(8), device="cpu").to(DEVICE)
+    torch.testing.assert_close(model(ids).logits, alibi(ids).logits, atol=1e-10, rtol=0)
+
+
+@pytest.mark.device
+def test_grape_a_qk_bias_is_the_query_gated_plus_the_key_gated_bias():
+    """With the same rate and directions, GRAPE-A-QK's bias is GRAPE-A-Q's plus GRAPE-A-K's."""
+    both = grape_model("grape-a-qk")
+    x = attention_input()
+    nope = tapelm_logits(copied_into(both, "nope"), x)
+    positional = both.model.layers[0].positional
+    parts = []
+    for pe_type, gate in (("grape-a-q", "query_gate"), ("grape-a-k", "key_gate")):
+        model = copied_into(both, pe_type)
+        with torch.no_grad():
+            model.model.layers[0].positional.omega.copy_(positional.omega)
+            getattr(model.model.layers[0].positional, gate).copy_(getattr(positional, gate))
+        parts.append(tapelm_logits(model, x) - nope)
+    seen = torch.isfinite(nope)
+    torch.testing.assert_close((tapelm_logits(both, x) - nope)[seen], (parts[0] + parts[1])[seen], atol=1e-12, rtol=0)
+    assert (parts[0][seen] < 0).any() and (parts[1][seen] < 0).any()
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("pe_type", ["grape-a-q", "grape-a-k", "grape-a-qk"])
+def test_grape_a_bias_is_relative_and_gated_by_content(pe_type):
+    """The bias reads positions only through i - j: shifting every position changes no logit (a law that is not
+    vacuous: the gates read q and k, so the model is not the ALiBi model with its weights)."""
+    model = grape_model(pe_type)
+    ids = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(9), device="cpu").to(DEVICE)
+    positions = torch.arange(16, device=DEVICE)[None].expand(2, -1)
+    logits = model(ids, position_ids=positions).logits
+    torch.testing.assert_close(model(ids, position_ids=positions + 37).logits, logits, atol=1e-10, rtol=0)
+    alibi = copied_into(model, "alibi")
+    assert not torch.allclose(alibi(ids).logits, logits, atol=1e-6)
+
+
+@pytest.mark.device
 @pytest.mark.parametrize("pe_type", ["grape-m-fixed", "grape-m"])
 def test_the_logits_depend_only_on_the_phase_difference(pe_type):
     """Putting a token in front advances every later token's phase (position, or accumulated increments) by the same
@@ -265,6 +332,9 @@ def test_grape_ap_sees_absolute_key_positions_as_the_released_code_does():
         (dict(grape_ctx_init_omega=-1e-3), "grape_ctx_init_omega"),
         (dict(grape_log_freq_scale=float("inf")), "grape_log_freq_scale"),
         (dict(grape_ap_base=0.0), "grape_ap_base"),
+        (dict(pe_type="grape-a-k", causal=False), "causal"),
+        (dict(grape_a_omega_init=0.0), "grape_a_omega_init"),
+        (dict(grape_a_gate_l2_norm="yes"), "grape_a_gate_l2_norm"),
         (dict(grape_share_across_heads=1), "grape_share_across_heads"),
         (
             dict(pe_type="grape-m-fixed", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
@@ -288,6 +358,7 @@ def test_invalid_grape_options_are_named_in_one_line(overrides, field):
         ("grape-ap", {"grape_ap_tie": "q"}),
         ("grape-ap", {"grape_ap_tie": "k"}),
         ("grape-ap", {"grape_ap_tie": "v"}),
+        ("grape-a-qk", {"grape_a_gate_l2_norm": False}),
     ],
 )
 def test_every_option_decodes_through_the_cache_as_a_full_pass(pe_type, options):

@@ -62,8 +62,9 @@ class TapeConfig(PreTrainedConfig):
       (32 as fla's `use_low_rank_w`; 0 means a full-rank projection) and `path_conv_size` the kernel of their short
       causal convolution (3 as fla's `conv_size`; 1 means no history).
 
-    GRAPE (Zhang et al. 2025; `pe_type` "grape-m-fixed", "grape-m" and "grape-ap"), with the defaults of the authors'
-    code and configurations (model-architectures/GRAPE; docs/ENCODINGS.md says where they differ from the paper):
+    GRAPE (Zhang et al. 2025; `pe_type` "grape-m-fixed", "grape-m", "grape-ap", "grape-a-q", "grape-a-k" and
+    "grape-a-qk"), with the defaults of the authors' code and configurations (model-architectures/GRAPE;
+    docs/ENCODINGS.md says where they differ from the paper):
 
     - multiplicative ("grape-m-fixed", "grape-m"): `grape_learnable_freq` True (the per-plane frequencies, one set per
       layer, start at RoPE's spectrum from `rope_parameters`), `grape_share_across_heads` True (False: one set per KV
@@ -74,6 +75,9 @@ class TapeConfig(PreTrainedConfig):
     - "grape-ap": `grape_ap_tie` "none" (a positional projection of width `grape_ap_head_dim` 8 per head, as the
       authors' runs; "q", "k", "v" use that projection's output instead, of width head_dim), rotated at
       `grape_ap_base` 1 (every plane at one radian per position).
+    - gated additive ("grape-a-q", "grape-a-k", "grape-a-qk"): each head's rate omega = ALiBi's slope x
+      softplus(w), w starting at softplus^-1(`grape_a_omega_init`) 1 (omega = the slope); the gate directions are
+      L2-normalised (`grape_a_gate_l2_norm` True).
 
     `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
 
@@ -139,6 +143,8 @@ class TapeConfig(PreTrainedConfig):
     grape_ap_tie: str = "none"
     grape_ap_head_dim: int = 8
     grape_ap_base: float = 1.0
+    grape_a_omega_init: float = 1.0
+    grape_a_gate_l2_norm: bool = True
     fast_paths: str | list[str] = "auto"
 
     def __post_init__(self, **kwargs):

@@ -6,6 +6,7 @@ from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
 from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionalEncoding, PositionContext
 from .bias import FIRE, ALiBi, CoPE, T5Bias
 from .fox import FoX
+from .grape_a import GrapeAKey, GrapeAQuery, GrapeAQueryKey
 from .grape_ap import GrapeAP
 from .grape_m import GrapeContextual, GrapeFixed
 from .path import PaTH
@@ -29,6 +30,9 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "grape-m-fixed": GrapeFixed,
     "grape-m": GrapeContextual,
     "grape-ap": GrapeAP,
+    "grape-a-q": GrapeAQuery,
+    "grape-a-k": GrapeAKey,
+    "grape-a-qk": GrapeAQueryKey,
 }
 
 
