@@ -523,6 +523,7 @@ BIASED = {
     "fox": {},
     "path": {},
     "grape-ap": {},
+    "grape-a-qk": {},
 }
 
 

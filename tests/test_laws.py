@@ -136,6 +136,9 @@ SHIFT_INVARIANT = [
     "path",
     "grape-m-fixed",
     "grape-m",
+    "grape-a-q",
+    "grape-a-k",
+    "grape-a-qk",
 ]
 
 
