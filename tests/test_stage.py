@@ -208,7 +208,7 @@ def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
     its estimates with their provenance (not the largest measured cost), and the stage says an estimate is one."""
     budget = gpu_budget()
     assert set(budget.step_costs) <= set(PE_TYPES)
-    assert budget.estimated == {"grape-m-fixed", "grape-m", "grape-ap"}
+    assert budget.estimated == {"grape-m-fixed", "grape-m", "grape-ap", "grape-a-q", "grape-a-k", "grape-a-qk"}
     assert "not measured on a GPU" in json.loads(BUDGET_FILE.read_text())["step_cost"]["estimated"]["source"]
     schedule = Schedule([], [], [])
     for pe in sorted(budget.estimated):
