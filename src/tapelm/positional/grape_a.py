@@ -58,7 +58,7 @@ class GrapeALayer(LayerPositional):
         direction = direction.to(wide)
         if self.normalize:
             direction = F.normalize(direction, dim=-1, eps=GATE_NORM_EPS)
-        batch, groups, length, width = x.shape
+        groups, width = x.shape[1], x.shape[-1]
         logits = torch.einsum("bgld,ghd->bghl", x.to(wide), direction.view(groups, -1, width))
         return F.softplus(logits.flatten(1, 2) / math.sqrt(width))
 
