@@ -39,6 +39,9 @@ NAMES = {
     "grape-m": "GRAPE-M",
     "grape-m-fixed": "GRAPE-M-fixed",
     "grape-ap": "GRAPE-AP",
+    "grape-a-q": "GRAPE-A-Q",
+    "grape-a-k": "GRAPE-A-K",
+    "grape-a-qk": "GRAPE-A-QK",
 }
 # Where a claim is judged when not beyond the training length.
 HEADLINES = {"all": "on the average over every length", "in_distribution": "at the training length"}
