@@ -161,8 +161,8 @@ class Session(ABC):
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exception: Any) -> None:  # noqa: B027 (a session without resources to free)
-        pass
+    def __exit__(self, *exception: Any) -> None:  # noqa: B027 (overridden only by sessions that hold workers)
+        """Free what the session holds: nothing here; a session with worker processes ends them."""
 
 
 class Launcher(ABC):
