@@ -119,7 +119,7 @@ def test_extension_runs_every_row_resumes_and_reports(finetune_inputs, tmp_path)
 
 def _summary(tape: list[float], lora: list[float]) -> dict:
     """A summary with TAPE's and LoRA's log-perplexity differences and passkey of given per-seed values."""
-    from tapelm.experiments.statistics import paired_difference
+    from tapelm.analysis.statistics import paired_difference
 
     difference = paired_difference(dict(enumerate(tape)), dict(enumerate(lora)))
     rows = {"tape": {"passkey": {"32": {"mean": 0.5}}}, "lora": {"passkey": {"32": {"mean": 0.0}}}}

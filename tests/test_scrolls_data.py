@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tapelm.experiments.tasks.tokenization import ByteTokenizer
+from tapelm.data.tokenization import ByteTokenizer
 from tapelm.scrolls.data import load_examples, load_rows
 from tapelm.scrolls.finetune import TrainingStream
 from tapelm.scrolls.models import TapeTextCodec

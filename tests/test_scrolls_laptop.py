@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tapelm.experiments.tasks.corpora import VAL_EVERY, corpus_files
+from tapelm.data.corpora import VAL_EVERY, corpus_files
 from tapelm.scrolls.data import load_examples
 from tapelm.scrolls.laptop import CAPS, QA_TASK, QUESTION, SUMMARY_TASK, LaptopPlan, _candidates, build_data
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from tapelm.analysis.statistics import interval, paired_difference, proportion_error, verdict
 from tapelm.experiments.claims import CLAIMS, judge
-from tapelm.experiments.statistics import interval, paired_difference, proportion_error, verdict
 
 
 def test_interval_is_the_t_interval_of_the_mean():

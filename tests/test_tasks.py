@@ -12,6 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tapelm.data.corpora import VAL_EVERY, corpus_files
+from tapelm.data.passkey_text import FILLER, TASK_LINE
 from tapelm.experiments.tasks import (
     IGNORE_INDEX,
     TASKS,
@@ -27,8 +29,6 @@ from tapelm.experiments.tasks import (
 )
 from tapelm.experiments.tasks.addition import format_problem
 from tapelm.experiments.tasks.base import HOLDOUT_EVERY, held_out
-from tapelm.experiments.tasks.corpora import VAL_EVERY, corpus_files
-from tapelm.experiments.tasks.passkey import FILLER, TASK_LINE
 from tapelm.experiments.tasks.text import sliding_windows
 
 SYNTHETIC = sorted(set(TASKS) - {"text"})

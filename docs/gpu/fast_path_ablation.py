@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from tapelm.analysis.statistics import interval
 from tapelm.bench.speed import SIZES, Options, Workload, check_device
-from tapelm.experiments.statistics import interval
 from tapelm.training.provenance import environment
 
 OFFERED = {

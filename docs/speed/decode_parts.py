@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from tapelm.analysis.statistics import interval
 from tapelm.bench.speed import SIZES, Options, Workload, cache_bytes
-from tapelm.experiments.statistics import interval
 from tapelm.training.provenance import environment
 
 TOKENS = 8

@@ -39,15 +39,15 @@ import torch
 from tqdm import tqdm
 from transformers import Cache, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
+from ..analysis.statistics import interval
 from ..config import PE_TYPES, TapeConfig
-from ..experiments.statistics import interval
-from ..experiments.variants import VARIANTS, resolve_variant
 from ..fast_paths import NAMES as FAST_PATH_NAMES
 from ..fast_paths import SETTINGS as FAST_PATH_SETTINGS
 from ..fast_paths import check_setting
 from ..kernels import fla_runs_on
 from ..modeling import TapeForCausalLM
 from ..training.provenance import environment, installed_version
+from ..variants import VARIANTS, resolve_variant
 
 PEERS = ("llama", "fla-fox", "fla-path")
 """Rows that are not tapelm encodings: `llama` is transformers' LlamaForCausalLM at the same size (RoPE);
@@ -75,7 +75,7 @@ class SpeedSize:
     decode_batches: tuple[int, ...] = (1, 8)
 
     def config(self, row: str, fast_paths="auto") -> TapeConfig:
-        """An encoding or one of TAPE's variants (`tapelm.experiments.variants`) with the given fast-path setting.
+        """An encoding or one of TAPE's variants (`tapelm.variants`) with the given fast-path setting.
         RandPE decodes on the given positions (a cache cannot be continued otherwise); it trains as always."""
         pe_type, options = resolve_variant(row)
         return TapeConfig(

@@ -17,8 +17,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from .evaluate import higher_is_better
-from .statistics import format_difference, paired_difference, verdict
+from ..analysis.statistics import format_difference, higher_is_better, paired_difference, verdict
 from .tasks import TASKS
 
 # In-distribution accuracy an encoding must reach before its length generalisation says anything (issue 8); tasks

@@ -12,8 +12,10 @@ import torch
 
 from ..config import PE_TYPES
 from ..training.devices import process_device
+from ..training.flags import TRAIN_FLAGS, add_train_flags
 from ..training.launchers import Launcher, LocalLauncher, SlurmLauncher
 from ..training.trackers import TRACKERS
+from ..variants import ABLATIONS
 from .compare import DEFAULT_PES, compare
 from .evaluate import EVAL_SEED, evaluate_model
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
@@ -21,7 +23,6 @@ from .runs import RunOptions, RunSpec, load_run, resolve, run_task, write_evalua
 from .stage import run_stage
 from .sweep import sweep
 from .tasks import TASKS
-from .variants import ABLATIONS
 
 LAUNCHERS = ("local", "slurm")
 # The library's argument names -> the flags that set them, for error messages (`as_flags`).
@@ -71,38 +72,6 @@ def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
                 value = text
         options[key.replace("-", "_")] = value
     return options
-
-
-TRAIN_FLAGS = {  # command-line flag -> TrainSettings field
-    "steps": int,
-    "lr": float,
-    "warmup": int,
-    "schedule": str,
-    "batch_size": int,
-    "grad_accum": int,
-    "clip": float,
-    "mixed_precision": str,
-    "eval_every": int,
-    "checkpoint_every": int,
-    "keep_last": int,
-    "log_every": int,
-    "weight_decay": float,
-}
-
-
-def add_train_flags(parser, exclude: tuple[str, ...] = (), flags: dict[str, type] | None = None) -> None:
-    """One flag per TrainSettings field in `flags` (default TRAIN_FLAGS; less `exclude`), default None = the
-    preset's, and --grad-checkpointing."""
-    for name, kind in (flags or TRAIN_FLAGS).items():
-        if name in exclude:
-            continue
-        parser.add_argument(
-            f"--{name.replace('_', '-')}",
-            type=kind,
-            default=None,
-            help=f"training setting {name} (default: the preset's)",
-        )
-    parser.add_argument("--grad-checkpointing", action="store_true", default=None, help="recompute activations")
 
 
 def add_run_arguments(parser, exclude: tuple[str, ...] = ()) -> None:

@@ -21,9 +21,17 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.statistics import (
+    format_difference,
+    higher_is_better,
+    interval,
+    paired_difference,
+    proportion_error,
+    verdict,
+)
 from ..training.launchers import LocalLauncher, Log
+from ..variants import check_encoding
 from .claims import learned_threshold, verdict_lines
-from .evaluate import higher_is_better
 from .launchers import Job
 from .runs import (
     RESULT_FILE,
@@ -35,16 +43,8 @@ from .runs import (
     resolve,
     settings_hash,
 )
-from .statistics import (
-    format_difference,
-    interval,
-    paired_difference,
-    proportion_error,
-    verdict,
-)
 from .sweep import learning_curve
 from .tasks import TOKENIZER_FILE
-from .variants import check_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -541,7 +541,7 @@ def write_figures(
     """Heatmaps (addition), the metric-against-length curves, the learning curves (`summary["learning_curves"]`, with
     the bar at which a run counts as learned) and, for variants with a positional state, its norm over training
     (`summary["state_norms"]`); returns the file names written."""
-    from .plots import curves, heatmap_grid, heatmaps, learning_panels, state_norm_panels
+    from ..analysis.plots import curves, heatmap_grid, heatmaps, learning_panels, state_norm_panels
 
     task, metric = summary["task"], summary["metric"]
     names = []

@@ -33,10 +33,6 @@ def seeded_torch_rng(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
-def higher_is_better(metric: str) -> bool:
-    return metric != "perplexity"
-
-
 def length_key(task: Task, condition: dict[str, Any]) -> int:
     """The x value of the metric-against-length curve (addition: the longer operand's digit count)."""
     if task.name == "addition":
@@ -144,7 +140,7 @@ def _score_both(task: SyntheticTask, logits_fn, condition, seed: int, n: int, ba
 
 def plot_evaluation(evaluation: dict[str, Any], path: Path, title: str) -> Path:
     """A heatmap (addition) or a metric-against-length curve of one evaluation."""
-    from .plots import curves, heatmap
+    from ..analysis.plots import curves, heatmap
 
     if evaluation["task"] == "addition":
         heatmap(evaluation["conditions"], path, title, edge=evaluation["training_edge"])

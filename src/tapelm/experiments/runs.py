@@ -35,10 +35,10 @@ from ..training.loop import train
 from ..training.saved_models import load_saved_model
 from ..training.settings import TrainSettings
 from ..training.trackers import check_report_to
+from ..variants import check_encoding, resolve_variant
 from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task, has_saved_tokenizer, is_saved_in, save_tokenizer
-from .variants import check_encoding, resolve_variant
 
 RUN_FILE = "run.json"
 RESULT_FILE = "result.json"

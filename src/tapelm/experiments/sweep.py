@@ -144,7 +144,7 @@ def sweep(
 def _plot(record: dict[str, Any], path: Path) -> None:
     """Training loss (top) and the in-distribution metric (bottom) against step, a column per encoding; a colour per
     (learning rate, schedule), a line style per seed."""
-    from .plots import _pyplot
+    from ..analysis.plots import _pyplot
 
     plt = _pyplot()
     pes = record["pes"]

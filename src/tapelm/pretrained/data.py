@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..experiments.tasks.corpora import PYTHON_DOCS, STDLIB, VAL_EVERY, corpus_files, python_docs, split_files
+from ..data.corpora import PYTHON_DOCS, STDLIB, VAL_EVERY, corpus_files, python_docs, split_files
 
 CORPORA = ("code", "prose")
 PROSE_OPTION = "--prose-corpus"

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from ..experiments.tasks.passkey import (
+from ..data.passkey_text import (
     FILLER,
     KEY_HIGH,
     KEY_LOW,

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
+from ..analysis.statistics import format_difference, interval, paired_difference, verdict
+from ..data.corpora import PYTHON_DOCS, STDLIB
 from ..experiments.runs import RunOptions, RunSpec, resolve, run_task
-from ..experiments.statistics import format_difference, interval, paired_difference, verdict
-from ..experiments.tasks.corpora import PYTHON_DOCS, STDLIB
 from ..training.devices import process_device
 from ..training.launchers import die_with_parent
 from .data import CORPORA, held_out_documents
@@ -382,7 +382,7 @@ def check_passkey_lengths(plan: ExtendPlan) -> None:
     """ValueError when a passkey length cannot hold a passkey document with the base's tokenizer."""
     from transformers import AutoTokenizer
 
-    from ..experiments.tasks.passkey import KEY_HIGH
+    from ..data.passkey_text import KEY_HIGH
     from .evaluation import passkey_prompt
     from .sources import load_pretrained
 
@@ -642,7 +642,7 @@ def _cell(stats: dict[str, float], spec: str, scale: float = 1.0) -> str:
 
 def write_figures(summary: dict[str, Any], figures: Path) -> list[str]:
     """Perplexity against length (one panel per corpus) and the validation curves; returns the file names."""
-    from ..experiments.plots import curves
+    from ..analysis.plots import curves
 
     figures.mkdir(parents=True, exist_ok=True)
     names, lengths = [], [int(n) for n in summary["lengths"]]

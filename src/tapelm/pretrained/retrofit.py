@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..experiments.markdown import HEADER, splice
-from ..experiments.tasks.passkey import KEY_HIGH
+from ..analysis.markdown import HEADER, splice
+from ..data.passkey_text import KEY_HIGH
 from ..training.devices import model_device, process_device
 from .data import CORPORA, corpus_split, held_out_documents
 from .evaluation import evaluate_model, passkey_prompt, stride_for

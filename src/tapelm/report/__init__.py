@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..experiments.archive import archive_comparisons
-from ..experiments.markdown import HEADER, markers, splice
+from ..analysis.markdown import HEADER, markers, splice
+from ..experiments import archive
 from .sections import README_SECTIONS, SECTIONS, ReportContext, register_readme_section, register_section
 
 
@@ -59,7 +59,7 @@ def build_report(
     context = ReportContext(
         root=root, figures=figures, figures_link=link, comparisons=out.parent / "results" / "compare"
     )
-    archive_comparisons(root, context.comparisons)
+    archive.archive_comparisons(root, context.comparisons)
     contents = {}
     for name in chosen:
         content = SECTIONS[name].build(context)

@@ -9,15 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..experiments import claims
-from ..experiments.archive import archived_comparisons
-from ..experiments.compare import COMPARISON_FILE, aggregate
-from ..experiments.plan import AT_GPU_SCALE, GPU, OwedComparison, default_settings_hash
+from ..experiments import archive, claims, compare, plan
 from ..experiments.presets import DEFAULT_PRESET
 from .extend_section import results_dir as extend_results
 from .sections import ReportContext, register_readme_section, register_section
 
-SCALES = {"laptop": DEFAULT_PRESET, "GPU": GPU}  # a scale's name and the preset its comparisons are run at
+SCALES = {"laptop": DEFAULT_PRESET, "GPU": plan.GPU}  # a scale's name and the preset its comparisons are run at
 
 
 def best_comparison(
@@ -38,12 +35,12 @@ def best_comparison(
     return best
 
 
-def _planned(claim: claims.Claim, preset: str) -> OwedComparison | None:
+def _planned(claim: claims.Claim, preset: str) -> plan.OwedComparison | None:
     """The comparison `tapelm stage` plans at `preset` for the claim's task and design, if any."""
     return next(
         (
             owed
-            for owed in AT_GPU_SCALE
+            for owed in plan.AT_GPU_SCALE
             if owed.preset == preset
             and owed.task == claim.task
             and claim.fits({"task": owed.task, "record": {"task_options": dict(owed.task_options)}})
@@ -56,7 +53,7 @@ def current_hash(claim: claims.Claim, preset: str) -> str | None:
     """The settings hash of the comparison that decides `claim` at `preset`'s current recipe: the default preset's
     (`tapelm compare TASK`), or the one `tapelm stage` plans for the claim's task and design at GPU scale."""
     if preset == DEFAULT_PRESET:
-        return default_settings_hash(claim.task)
+        return plan.default_settings_hash(claim.task)
     planned = _planned(claim, preset)
     return planned.settings_hash() if planned else None
 
@@ -82,12 +79,12 @@ def judge_at_scale(claim: claims.Claim, summary: dict[str, Any] | None, preset: 
     ]
 
 
-def archived_summaries(archive: Path, task: str) -> list[dict[str, Any]]:
+def archived_summaries(folder: Path, task: str) -> list[dict[str, Any]]:
     """The archived comparisons of `task`, aggregated, oldest first."""
     return [
-        aggregate(directory, write=False)
+        compare.aggregate(directory, write=False)
         for directory in sorted(
-            archived_comparisons(archive, task), key=lambda p: (p / COMPARISON_FILE).stat().st_mtime
+            archive.archived_comparisons(folder, task), key=lambda p: (p / compare.COMPARISON_FILE).stat().st_mtime
         )
     ]
 

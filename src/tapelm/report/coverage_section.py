@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from ..experiments import plan
-from ..experiments.compare import load_results
+from ..experiments import compare, plan
 from .sections import ReportContext, register_section
 
 
@@ -29,7 +28,9 @@ def build(context: ReportContext) -> str:
     for owed in (*plan.OWED, *plan.AT_GPU_SCALE):
         settings_hash = owed.settings_hash()
         directory = context.comparisons / owed.task / settings_hash
-        finished = {row: set(runs) for row, runs in load_results(directory).items()} if directory.is_dir() else {}
+        finished = (
+            {row: set(runs) for row, runs in compare.load_results(directory).items()} if directory.is_dir() else {}
+        )
         missing = owed.missing(finished)
         command = f"`{owed.command(list(missing), context.comparisons.as_posix())}`" if missing else ""
         scale = ", GPU scale" if owed.preset == plan.GPU else ""

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..analysis.statistics import format_difference, higher_is_better, paired_difference, verdict
 from ..experiments import claims
-from ..experiments.evaluate import higher_is_better
 from ..experiments.presets import DEFAULT_PRESET
-from ..experiments.statistics import format_difference, paired_difference, verdict
-from ..experiments.variants import VARIANTS
+from ..variants import VARIANTS
 from .claims_section import archived_summaries, best_comparison, current_hash, judge_all
 from .sections import ReportContext, register_readme_section
 

@@ -7,38 +7,36 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..experiments.archive import archived_comparisons
-from ..experiments.claims import learned_threshold, seeds_reaching
-from ..experiments.evaluate import higher_is_better
-from ..experiments.plan import GPU, superseded_by
-from ..experiments.statistics import verdict
-from ..experiments.variants import ABLATIONS, VARIANTS
+from ..analysis.statistics import higher_is_better, verdict
+from ..experiments import archive, claims, plan
+from ..experiments.tasks import TASKS
+from ..variants import ABLATIONS, VARIANTS
 from .sections import ReportContext, register_section
 
 TASK_ORDER = ("addition", "passkey", "mqar", "flipflop", "text")
 PAPER_ADDITION = {"rope": 26.32, "randpe": 26.56, "nope": 22.45, "fire": 26.98, "tape": 32.82}
 
 
-def _comparisons(archive: Path) -> list[Path]:
-    found = archived_comparisons(archive)
+def _comparisons(folder: Path) -> list[Path]:
+    found = archive.archived_comparisons(folder)
     rank = {task: i for i, task in enumerate(TASK_ORDER)}
     return sorted(found, key=lambda p: (rank.get(p.parent.name, len(rank)), p.parent.name, p.name))
 
 
 def build(context: ReportContext) -> str | None:
-    from ..experiments.compare import aggregate, load_results, write_figures
+    from ..experiments import compare
 
     parts = []
     for directory in _comparisons(context.comparisons):
         context.figures.mkdir(parents=True, exist_ok=True)
         for stale in context.figures.glob(f"{directory.name}-*"):
             stale.unlink()
-        everything = load_results(directory)
+        everything = compare.load_results(directory)
         for group, names in _row_groups(list(everything)):
-            summary = aggregate(directory, write=False, only=names)
+            summary = compare.aggregate(directory, write=False, only=names)
             results = {pe: by_seed for pe, by_seed in everything.items() if pe in names}
             prefix = f"{summary['settings_hash']}-{group + '-' if group else ''}"
-            figures = write_figures(summary, results, context.figures, prefix=prefix)
+            figures = compare.write_figures(summary, results, context.figures, prefix=prefix)
             (context.figures / f"{prefix}{summary['task']}-summary.json").write_text(
                 json.dumps({k: v for k, v in summary.items() if k != "table"}, indent=1)
             )
@@ -104,7 +102,7 @@ def _settings_line(summary: dict[str, Any], results: dict) -> str:
 
 
 def _recipe_note(summary: dict[str, Any]) -> str:
-    current = superseded_by(summary["task"], summary["record"]["preset"], summary["record"]["settings_hash"])
+    current = plan.superseded_by(summary["task"], summary["record"]["preset"], summary["record"]["settings_hash"])
     return f"; not the preset's current recipe, `{current}`" if current else ""
 
 
@@ -175,7 +173,7 @@ def _seeds_learning(rows: dict[str, Any], floor: float) -> str:
     """How robust the recipe is: per encoding, the share of seeds that reach `floor` on their own and the lowest."""
     parts = []
     for pe, row in rows.items():
-        reached, seeds = seeds_reaching(row, floor)
+        reached, seeds = claims.seeds_reaching(row, floor)
         parts.append(f"{pe} {reached} of {seeds} (lowest {_pct(min(row['per_seed']['in_distribution'].values()))})")
     return f"Seeds that learn on their own (≥ {_pct(floor)} in distribution): " + ", ".join(parts) + "."
 
@@ -232,7 +230,7 @@ def reading(summary: dict[str, Any]) -> list[str]:
     seeds = sorted({s for row in rows.values() for s in row["seeds"]})
     unlearned: list[str] = []
     if higher:
-        floor = learned_threshold(task)
+        floor = claims.learned_threshold(task)
         unlearned = [pe for pe, row in rows.items() if row["in_distribution"]["mean"] < floor]
         learned = [pe for pe in rows if pe not in unlearned]
         if learned:
@@ -273,45 +271,7 @@ def reading(summary: dict[str, Any]) -> list[str]:
     if tokens:
         out.append(_ranking(tokens, "accuracy", "Token accuracy", True))
     out += _versus_tape(summary, unlearned)
-    if tokens and task in ("passkey", "multikey"):
-        out.append(
-            "Passkey token accuracy includes the space and the closing period of the answer ' K.', 2 of "
-            "its (mostly 7) tokens: an encoding near 30% on it may retrieve no digit at all."
-        )
-    if tokens and task == "addition":
-        out.append(
-            "Token accuracy on longer operands counts mostly the first (least significant) answer digits, "
-            "so it measures partial length generalisation, not the ability to add longer numbers."
-        )
-    if task == "flipflop":
-        from ..experiments.tasks.flipflop import DENSE_P_IGNORE, SPARSE_P_IGNORE
-
-        out.append(
-            f"Each 'len' column (and each point of the by-length figure) averages flip-flop's three "
-            f"splits at that length: the training ignore rate, sparse (ignore rate {SPARSE_P_IGNORE}) and "
-            f"dense ({DENSE_P_IGNORE}); so the column at the training length sits below the in-distribution "
-            "number, which is the training split alone."
-        )
-    if tokens and task == "word_problem":
-        from ..experiments.tasks.word_problem import group_elements
-
-        group = summary["record"]["task_options"].get("group", "S3")
-        out.append(
-            f"Word-problem token accuracy is the share of running products right; guessing gives "
-            f"1/|{group}| = {_pct(1 / len(group_elements(group)))}. A longer sequence starts with as many "
-            "products as training had, so its token accuracy stays above chance even for a model that "
-            "tracks nothing beyond the training length; exact match needs every product right."
-        )
-    if task == "mqar":
-        options = summary.get("record", {}).get("task_options", {})
-        pairs = [options.get("num_pairs", 8) * m for m in options.get("eval_multipliers", (1, 2, 4))]
-        out.append(
-            "MQAR accuracy is the share of queries answered. A model that has learned the format but not "
-            "recall, answering each query with a value not yet asked for, scores H(n)/n for n pairs (H the "
-            "harmonic number): "
-            + ", ".join(f"{_pct(sum(1 / k for k in range(1, n + 1)) / n)} at {n}" for n in pairs)
-            + "."
-        )
+    out += TASKS[task].reading_notes(summary.get("record", {}).get("task_options", {}), bool(tokens))
     if "tape-non-equivariant" in summary.get("state_norms", {}):
         out.append(_stability(summary["state_norms"]))
     if task == "addition":
@@ -323,7 +283,7 @@ def reading(summary: dict[str, Any]) -> list[str]:
             )
     scale = (
         "the models are tiny and briefly trained ({} seed(s), a few minutes of CPU each)"
-        if summary.get("record", {}).get("preset") != GPU
+        if summary.get("record", {}).get("preset") != plan.GPU
         else "the models are the laptop's six times wider, "
         "trained with about 1,000x its compute ({} seed(s), minutes of a GPU each), still far from the paper's "
         "12 x 768 models trained for hours"

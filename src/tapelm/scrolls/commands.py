@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..experiments.commands import add_train_flags
 from ..training.devices import process_device
+from ..training.flags import add_train_flags
 from .tasks import ALL_TASKS, TASKS, get_task
 
 TRAIN_FLAGS = {

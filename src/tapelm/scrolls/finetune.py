@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..experiments.tasks.base import collate
-from ..experiments.tasks.tokenization import save_tokenizer
+from ..data.examples import collate
+from ..data.tokenization import save_tokenizer
 from ..training.accelerator import make_accelerator
 from ..training.atomic import write_json_atomically
 from ..training.checkpoints import CheckpointError, check_run_dir

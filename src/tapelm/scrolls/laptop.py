@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..experiments.markdown import HEADER, splice
-from ..experiments.tasks.corpora import VAL_EVERY, corpus_files
+from ..analysis.markdown import HEADER, splice
+from ..data.corpora import VAL_EVERY, corpus_files
 from ..training.atomic import write_json_atomically, write_text_atomically
 from .data import load_examples, references
 from .finetune import FinetuneSpec, finetune

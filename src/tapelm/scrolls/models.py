@@ -100,10 +100,11 @@ def text_task_codec(task_options: dict[str, Any], tokenizer_dir: str | Path) -> 
     """The tokenizer of the text task with `task_options` (a text run's identity): bytes, or the BPE saved in
     `tokenizer_dir` (never one trained anew: it would give other ids)."""
     if task_options.get("tokenizer", "byte") == "byte":
-        from ..experiments.tasks.tokenization import ByteTokenizer
+        from ..data.tokenization import ByteTokenizer
 
         return TapeTextCodec(ByteTokenizer())
-    from ..experiments.tasks import get_task, has_saved_tokenizer
+    from ..data.tokenization import has_saved_tokenizer
+    from ..experiments.tasks import get_task
 
     if not has_saved_tokenizer(tokenizer_dir):
         raise ValueError(

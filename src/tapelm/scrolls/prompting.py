@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..experiments.tasks.base import Example as TokenExample
+from ..data.examples import Example as TokenExample
 from .tasks import ScrollsTask
 
 SUMMARY_PREFIX = "Context:\n"

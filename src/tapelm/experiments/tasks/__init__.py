@@ -9,6 +9,17 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+from ...data.tokenization import (
+    TOKENIZER_FILE,
+    BackendTokenizer,
+    ByteTokenizer,
+    SymbolTokenizer,
+    Tokenizer,
+    has_saved_tokenizer,
+    is_saved_in,
+    load_tokenizer,
+    save_tokenizer,
+)
 from .addition import AdditionTask
 from .base import (
     IGNORE_INDEX,
@@ -29,17 +40,6 @@ from .mqar import MQARTask
 from .passkey import MultiKeyTask, PasskeyTask
 from .selective_copy import SelectiveCopyTask
 from .text import TextTask
-from .tokenization import (
-    TOKENIZER_FILE,
-    BackendTokenizer,
-    ByteTokenizer,
-    SymbolTokenizer,
-    Tokenizer,
-    has_saved_tokenizer,
-    is_saved_in,
-    load_tokenizer,
-    save_tokenizer,
-)
 from .word_problem import WordProblemTask
 
 _ALPHABETICAL = (

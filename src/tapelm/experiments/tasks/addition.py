@@ -16,11 +16,13 @@ markers are targets too (generation has to write them).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from ...data.tokenization import BOS, EOS, SymbolTokenizer
 from .base import Condition, Example, SyntheticTask, held_out
 from .options import check_choice, check_int
-from .tokenization import BOS, EOS, SymbolTokenizer
 
 FORMATS = ("plain", "index_hints")
 
@@ -61,6 +63,15 @@ def sequence_length(len_a: int, len_b: int, hints: bool = False) -> int:
 
 class AdditionTask(SyntheticTask):
     name = "addition"
+
+    @classmethod
+    def reading_notes(cls, options: dict[str, Any], token_accuracy: bool) -> list[str]:
+        if not token_accuracy:
+            return []
+        return [
+            "Token accuracy on longer operands counts mostly the first (least significant) answer digits, "
+            "so it measures partial length generalisation, not the ability to add longer numbers."
+        ]
 
     def __init__(
         self,

@@ -14,9 +14,9 @@ import string
 
 import numpy as np
 
+from ...data.tokenization import BOS, SymbolTokenizer
 from .base import Example, ScaledTask
 from .options import check_float, check_int, check_multipliers
-from .tokenization import BOS, SymbolTokenizer
 
 PRINT = "print "
 

@@ -9,11 +9,13 @@ training p_ignore), sparse (0.98) and dense (0.1), each at multiples of the trai
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from ...data.tokenization import BOS, SymbolTokenizer
 from .base import Condition, Example, SyntheticTask
 from .options import check_float, check_int, check_multipliers
-from .tokenization import BOS, SymbolTokenizer
 
 SPARSE_P_IGNORE, DENSE_P_IGNORE = 0.98, 0.1
 
@@ -24,6 +26,16 @@ def sequence_length(num_instructions: int) -> int:
 
 class FlipFlopTask(SyntheticTask):
     name = "flipflop"
+
+    @classmethod
+    def reading_notes(cls, options: dict[str, Any], token_accuracy: bool) -> list[str]:
+        return [
+            f"Each 'len' column (and each point of the by-length figure) averages flip-flop's three "
+            f"splits at that length: the training ignore rate, sparse (ignore rate {SPARSE_P_IGNORE}) and "
+            f"dense ({DENSE_P_IGNORE}); so the column at the training length sits below the in-distribution "
+            "number, which is the training split alone."
+        ]
+
     metric_name = "accuracy"
 
     def __init__(

@@ -9,15 +9,28 @@ conditions multiply num_pairs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from ...data.tokenization import BOS, SymbolTokenizer
 from .base import Example, ScaledTask
 from .options import check_int, check_multipliers
-from .tokenization import BOS, SymbolTokenizer
 
 
 class MQARTask(ScaledTask):
     name = "mqar"
+
+    @classmethod
+    def reading_notes(cls, options: dict[str, Any], token_accuracy: bool) -> list[str]:
+        pairs = [options.get("num_pairs", 8) * m for m in options.get("eval_multipliers", (1, 2, 4))]
+        guesses = (sum(1 / k for k in range(1, n + 1)) / n for n in pairs)
+        return [
+            "MQAR accuracy is the share of queries answered. A model that has learned the format but not "
+            "recall, answering each query with a value not yet asked for, scores H(n)/n for n pairs (H the "
+            "harmonic number): " + ", ".join(f"{100 * g:.1f}% at {n}" for g, n in zip(guesses, pairs)) + "."
+        ]
+
     size_name = "num_pairs"
     metric_name = "accuracy"
 

@@ -12,54 +12,30 @@ one of them; the queried line sits at the condition's depth, the others at unifo
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from ...data.passkey_text import KEY_HIGH, KEY_LOW, LABELS, compose, key_line, question
+from ...data.tokenization import ByteTokenizer
 from .base import Condition, Example, SyntheticTask, held_out
 from .options import check_fractions, check_int, check_multipliers
-from .tokenization import ByteTokenizer
 
-TASK_LINE = (
-    "There is an important info hidden inside a lot of irrelevant text. "
-    "Find it and memorize it. I will quiz you about the important information there."
-)
-FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
-LABELS = ("red", "blue", "green", "yellow", "purple", "orange", "white", "black")
-KEY_LOW, KEY_HIGH = 1, 50000
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-
-def key_line(key: int, label: str | None) -> str:
-    if label is None:
-        return f"The pass key is {key}. Remember it. {key} is the pass key."
-    return f"The pass key for {label} is {key}. Remember it. {key} is the pass key for {label}."
-
-
-def question(label: str | None) -> str:
-    if label is None:
-        return "What is the pass key? The pass key is"
-    return f"What is the pass key for {label}? The pass key for {label} is"
-
-
-def compose(needles: list[tuple[float, str]], query: str, answer: str, length: int) -> str:
-    """The prompt: task line, filler with each (depth, line) needle inserted, then `query`.
-
-    Adds whole filler sentences while prompt + answer stay within `length` bytes (none if nothing fits).
-    """
-    budget = length - len(" ".join([TASK_LINE, *(line for _, line in needles), query])) - len(answer)
-    filler: list[str] = []
-    while budget >= len(FILLER[len(filler) % len(FILLER)]) + 1:
-        filler.append(FILLER[len(filler) % len(FILLER)])
-        budget -= len(filler[-1]) + 1
-    slots = [round(depth * len(filler)) for depth, _ in needles]
-    body: list[str] = []
-    for index in range(len(filler) + 1):
-        body += [line for slot, (_, line) in zip(slots, needles) if slot == index]
-        body += filler[index : index + 1]
-    return " ".join([TASK_LINE, *body, query])
 
 
 class PasskeyTask(SyntheticTask):
     name = "passkey"
+
+    @classmethod
+    def reading_notes(cls, options: dict[str, Any], token_accuracy: bool) -> list[str]:
+        if not token_accuracy:
+            return []
+        return [
+            "Passkey token accuracy includes the space and the closing period of the answer ' K.', 2 of "
+            "its (mostly 7) tokens: an encoding near 30% on it may retrieve no digit at all."
+        ]
+
     labels: tuple[str | None, ...] = (None,)
 
     def __init__(

@@ -11,9 +11,9 @@ import string
 
 import numpy as np
 
+from ...data.tokenization import BOS, EOS, SymbolTokenizer
 from .base import Example, ScaledTask
 from .options import check_int, check_multipliers
-from .tokenization import BOS, EOS, SymbolTokenizer
 
 NOISE, SEPARATOR = ".", "|"
 

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...data.corpora import VAL_EVERY, corpus_sources
+from ...data.tokenization import BackendTokenizer, ByteTokenizer, Tokenizer, load_tokenizer
 from .base import (
     IGNORE_INDEX,
     Batch,
@@ -37,9 +39,7 @@ from .base import (
     check_eval_sizes,
     collate,
 )
-from .corpora import VAL_EVERY, corpus_sources
 from .options import check_choice, check_int, check_multipliers
-from .tokenization import BackendTokenizer, ByteTokenizer, Tokenizer, load_tokenizer
 
 TOKENIZERS = ("byte", "bpe")
 DEFAULT_TOKENIZER = "byte"

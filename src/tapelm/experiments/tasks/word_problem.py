@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import itertools
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
+from ...data.tokenization import SymbolTokenizer
 from .base import Example, ScaledTask
 from .options import check_choice, check_int, check_multipliers
-from .tokenization import SymbolTokenizer
 
 GROUPS = {"S3": 3, "S4": 4, "A4": 4, "S5": 5, "A5": 5}
 
@@ -84,6 +85,19 @@ def element_token(permutation: tuple[int, ...]) -> str:
 
 class WordProblemTask(ScaledTask):
     name = "word_problem"
+
+    @classmethod
+    def reading_notes(cls, options: dict[str, Any], token_accuracy: bool) -> list[str]:
+        if not token_accuracy:
+            return []
+        group = options.get("group", "S3")
+        return [
+            f"Word-problem token accuracy is the share of running products right; guessing gives "
+            f"1/|{group}| = {100 / len(group_elements(group)):.1f}%. A longer sequence starts with as many "
+            "products as training had, so its token accuracy stays above chance even for a model that "
+            "tracks nothing beyond the training length; exact match needs every product right."
+        ]
+
     size_name = "num_elements"
     metric_name = "exact_match"
     tagging = True

@@ -23,7 +23,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from ...storage import cache_root
+from ..storage import cache_root
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import PE_TYPES
+from .config import PE_TYPES
 
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "tape": ("tape", {}),  # full TAPE: attention and MLP updates, E mixed across heads

@@ -41,6 +41,11 @@ def paired_difference(
     return result
 
 
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of `metric` is better: every metric tapelm reports but perplexity."""
+    return metric != "perplexity"
+
+
 def verdict(difference: Mapping[str, float], higher_is_better: bool = True) -> str:
     """'better' / 'worse' when the interval of the paired difference excludes zero (in the direction where higher is
     better), else 'no difference shown'; 'too few seeds' under two pairs."""
@@ -72,4 +77,12 @@ def proportion_error(proportion: float, examples: int) -> float:
     return math.sqrt(max(proportion * (1 - proportion), 0.0) / examples)
 
 
-__all__ = ["CONFIDENCE", "interval", "paired_difference", "verdict", "format_difference", "proportion_error"]
+__all__ = [
+    "CONFIDENCE",
+    "interval",
+    "paired_difference",
+    "higher_is_better",
+    "verdict",
+    "format_difference",
+    "proportion_error",
+]
