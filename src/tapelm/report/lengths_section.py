@@ -1,0 +1,90 @@
+"""The report section "Far beyond the training length": for every archived comparison evaluated at 8x its training
+length or more, each encoding's accuracy against length (table and figure, log axis) and its fall per doubling, and
+whether accumulating encodings fall faster than decaying ones (`tapelm.experiments.lengths`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..analysis.plots import curves
+from ..experiments import archive, compare, lengths
+from .sections import ReportContext, register_section
+
+INTRO = (
+    "Does an encoding that accumulates position along the sequence (TAPE, PaTH, GRAPE-M) lose accuracy faster, far "
+    "beyond the training length, than one whose attention decays with distance (FoX, stick-breaking, Wall, ALiBi)? "
+    "Each comparison below was evaluated at 8x its training length or more. An encoding's fall is the least-squares "
+    "slope of its accuracy against log2(length / training length), in points per doubling; intervals are 95% t "
+    "intervals across seeds. The families are compared paired by seed, over the members that learned the task in "
+    "distribution; 'no difference shown' is a null result at this scale, not evidence of equal falls."
+)
+
+
+def _points(stats: dict[str, float]) -> str:
+    text = f"{stats['mean'] * 100:.1f}"
+    return text if stats["n"] < 2 else f"{text} ± {stats['half_width'] * 100:.1f}"
+
+
+def _table(rows: dict[str, dict[str, Any]], training: int) -> str:
+    widths = rows[next(iter(rows))]["lengths"]
+    header = ["encoding", "family"] + [f"{round(length / training)}x ({length})" for length in widths]
+    lines = ["| " + " | ".join(header + ["fall per doubling", "seeds"]) + " |", "|" + "---|" * (len(header) + 2)]
+    for pe, row in sorted(rows.items(), key=lambda item: -item[1]["fall"]["mean"]):
+        cells = [pe + ("" if row["learned"] else " (not learned)"), row["family"] or "–"]
+        cells += [_points(row["accuracy"][length]) for length in widths]
+        cells += [_points(row["fall"]), str(row["fall"]["n"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _answer(found: dict[str, Any]) -> str:
+    members, difference = found["members"], found["difference"]
+    named = "; ".join(f"{family}: {', '.join(names) or 'none learned'}" for family, names in members.items())
+    if difference["n"] == 0:
+        return f"Families ({named}): no seed has a learned member of both, so the question has no answer here."
+    shown = {"better": "accumulation falls more slowly", "worse": "accumulation falls faster"}
+    outcome = shown.get(found["verdict"], found["verdict"])
+    half = "" if difference["n"] < 2 else f" ± {difference['half_width'] * 100:.1f}"
+    return (
+        f"Accumulating minus decaying fall per doubling: {difference['mean'] * 100:+.1f}{half} points "
+        f"({difference['n']} seeds; {named}): **{outcome}**."
+    )
+
+
+def _subsection(directory: Path, context: ReportContext) -> str:
+    record = json.loads((directory / compare.COMPARISON_FILE).read_text())
+    results = compare.load_results(directory)
+    rows = lengths.encoding_rows(record["task"], results)
+    training = rows[next(iter(rows))]["lengths"][0]
+    context.figures.mkdir(parents=True, exist_ok=True)
+    name = f"{record['settings_hash']}-{record['task']}-lengths.png"
+    series = {
+        pe: (row["lengths"], [row["accuracy"][n]["mean"] for n in row["lengths"]], None) for pe, row in rows.items()
+    }
+    curves(
+        series,
+        context.figures / name,
+        f"{record['task']}: accuracy against length, mean over seeds",
+        "evaluation length (tokens, log scale)",
+        "accuracy",
+        edge=training,
+    )
+    title = f"### {record['task']} (`{record['settings_hash']}`, trained at {training} tokens)"
+    figure = f"![{record['task']} accuracy against length]({context.figures_link}/{name})"
+    return "\n\n".join([title, _table(rows, training), _answer(lengths.family_difference(rows)), figure])
+
+
+def build(context: ReportContext) -> str | None:
+    parts = [
+        _subsection(directory, context)
+        for directory in archive.archived_comparisons(context.comparisons)
+        if lengths.reaches_far(json.loads((directory / compare.COMPARISON_FILE).read_text()))
+    ]
+    return "\n\n".join([INTRO, *parts]) if parts else None
+
+
+register_section("far-lengths", "Far beyond the training length", build)
+
+__all__ = ["build"]
