@@ -18,6 +18,7 @@ from ..training.trackers import TRACKERS
 from ..variants import ABLATIONS
 from .compare import DEFAULT_PES, compare
 from .evaluate import EVAL_SEED, evaluate_model
+from .ladder import LADDER_TASKS, climb, rungs, write_prediction
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
 from .runs import RunOptions, RunSpec, load_run, resolve, run_task, write_evaluation
 from .stage import run_stage
@@ -524,11 +525,66 @@ def _stage_command(args) -> int:
     )
 
 
+def _add_ladder(commands) -> None:
+    parser = commands.add_parser(
+        "ladder",
+        help="the compute ladder: TAPE against RoPE at rungs from the laptop recipe toward the GPU recipe, and the "
+        "trend's prediction for the GPU rung",
+    )
+    parser.add_argument("task", help=f"one of: {', '.join(LADDER_TASKS)}")
+    parser.add_argument(
+        "--rungs",
+        nargs="+",
+        type=float,
+        default=[1, 3, 10],
+        metavar="FACTOR",
+        help="rungs as multiples of the laptop run's training FLOPs (default: 1 3 10; 1 is the laptop recipe)",
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds (default: 0 1 2)")
+    parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
+    parser.add_argument(
+        "--archive",
+        metavar="DIR",
+        help="reuse the finished runs `tapelm report` archived in DIR (docs/results/compare)",
+    )
+    parser.add_argument(
+        "--predict",
+        metavar="DIR",
+        help="after the rungs, fit the trend and write its prediction for the GPU recipe to DIR/TASK.json "
+        "(docs/results/ladder), once",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (default: 1)")
+    parser.add_argument("--list", action="store_true", help="print each rung's recipe and compute, train nothing")
+    add_launch_arguments(parser)
+    parser.set_defaults(handler=_ladder_command)
+
+
+def _ladder_command(args) -> None:
+    if args.threads < 1:
+        raise ValueError(f"--threads={args.threads} is not allowed; it must be a positive integer")
+    launcher = launcher_from_args(args)
+    found = rungs(args.task, args.rungs)  # refuses a bad task or factor before anything trains
+    if args.list:
+        for rung in found:
+            say(
+                f"{rung.nominal:g}x: t = {rung.t}, {rung.factor:.2f}x the laptop's training FLOPs; "
+                f"model {rung.spec.model_options or 'as the laptop'}, "
+                f"training {rung.spec.train_options or 'as the laptop'}"
+            )
+        return
+    torch.set_num_threads(args.threads)
+    climbed = climb(args.task, args.rungs, args.seeds, args.root, args.archive, launcher, log=say)
+    if args.predict:
+        path = write_prediction(args.task, climbed, args.predict)
+        say(f"wrote {path}")
+
+
 def add_commands(commands) -> None:
-    """Register train, eval, compare, ablate, sweep and stage on the `tapelm` sub-command parser `commands`."""
+    """Register train, eval, compare, ablate, sweep, stage and ladder on the `tapelm` sub-command parser `commands`."""
     _add_train(commands)
     _add_eval(commands)
     _add_compare(commands)
     _add_ablate(commands)
     _add_sweep(commands)
     _add_stage(commands)
+    _add_ladder(commands)

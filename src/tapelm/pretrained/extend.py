@@ -208,7 +208,6 @@ def train_base(out: Path, progress: bool = True) -> Path:
     with its tokenizer and its real window (max_position_embeddings = 128) to `out`/base/llama."""
     from transformers import AutoTokenizer
 
-    from ..experiments.runs import RESULT_FILE
     from ..modeling import TapeForCausalLM
     from .convert import save, to_llama
 
@@ -216,8 +215,7 @@ def train_base(out: Path, progress: bool = True) -> Path:
     if (folder / "config.json").is_file():
         return folder
     run = resolve(BASE_SPEC)
-    if not (run_dir / RESULT_FILE).exists():
-        run_task(run, run_dir, RunOptions(progress), resume=True, command="tapelm extend (the cpu-small base)")
+    run_task(run, run_dir, RunOptions(progress), resume=True, command="tapelm extend (the cpu-small base)")
     model = TapeForCausalLM.from_pretrained(run_dir / "model")
     save(
         to_llama(model, max_position_embeddings=BASE_WINDOW),

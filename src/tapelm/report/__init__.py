@@ -37,6 +37,7 @@ def build_report(
         coverage_section,
         extend_section,
         findings_section,
+        ladder_section,
         lengths_section,
         pretrained_section,
         scrolls_section,

@@ -1,0 +1,114 @@
+"""The report section of the compute ladder (`tapelm ladder TASK --predict docs/results/ladder`): per task, its rungs'
+TAPE - RoPE differences beyond the training length against compute, the trend's prediction for the GPU recipe as it
+was written (dated, with its commit), and, once `tapelm stage` has archived the GPU comparison, whether the GPU result
+fell inside the predicted interval."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..analysis.plots import _pyplot
+from ..analysis.statistics import interval
+from ..experiments import ladder
+from .sections import ReportContext, register_section
+
+
+def predictions_dir(context: ReportContext) -> Path:
+    return Path(context.figures).parent / "results" / "ladder"
+
+
+def _figure(record: dict[str, Any], observed: dict[int, float], path: Path) -> Path:
+    plt = _pyplot()
+    prediction = record["prediction"]
+    fig, axis = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    for rung in record["rungs"]:
+        stats = interval(list(rung["differences"].values()))
+        axis.errorbar(rung["compute"], stats["mean"] * 100, yerr=stats["half_width"] * 100, fmt="o", color="C0")
+    xs = [min(r["compute"] for r in record["rungs"]), prediction["at"]]
+    line = [(prediction["slope_per_decade"] * math.log10(x) + prediction["intercept"]) * 100 for x in xs]
+    axis.plot(xs, line, color="C0", linestyle="--", label="trend of the CPU rungs")
+    axis.errorbar(
+        prediction["at"],
+        prediction["mean"] * 100,
+        yerr=prediction["half_width"] * 100,
+        fmt="s",
+        color="C1",
+        label="predicted GPU rung (95%)",
+    )
+    if observed:
+        stats = interval(list(observed.values()))
+        axis.errorbar(
+            prediction["at"],
+            stats["mean"] * 100,
+            yerr=stats["half_width"] * 100,
+            fmt="D",
+            color="C2",
+            label="GPU rung measured",
+        )
+    axis.axhline(0, color="grey", linewidth=0.8)
+    axis.set_xscale("log")
+    axis.set_xlabel("training FLOPs of a RoPE run (log scale)")
+    axis.set_ylabel("TAPE - RoPE beyond the training length (points)")
+    axis.set_title(f"{record['task']}: the compute ladder", fontsize=10)
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _subsection(record: dict[str, Any], context: ReportContext) -> str:
+    task, prediction = record["task"], record["prediction"]
+    lines = [
+        f"### {task}",
+        "",
+        "| rung | training FLOPs (RoPE) | x laptop | TAPE - RoPE beyond the training length (points) | seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for rung in record["rungs"]:
+        stats = interval(list(rung["differences"].values()))
+        lines.append(
+            f"| {rung['nominal']:g}x | {rung['compute']:.3g} | {rung['factor']:.2f} | "
+            f"{stats['mean'] * 100:+.1f} ± {stats['half_width'] * 100:.1f} | {stats['n']} |"
+        )
+    predicted = (
+        f"Predicted on {record['date']} at commit `{record['commit'][:10]}`, before any GPU rung of {task} ran: "
+        f"at the GPU recipe's {prediction['at']:.3g} FLOPs, TAPE - RoPE = {prediction['mean'] * 100:+.1f} points, "
+        f"95% interval [{prediction['low'] * 100:+.1f}, {prediction['high'] * 100:+.1f}] (a line in log compute "
+        f"through {prediction['points']} per-seed differences; {prediction['slope_per_decade'] * 100:+.1f} points "
+        "per tenfold compute)."
+    )
+    observed = ladder.gpu_differences(context.comparisons, task)
+    if observed:
+        stats = interval(list(observed.values()))
+        predicted += (
+            f" Measured on the GPU: {stats['mean'] * 100:+.1f} ± {stats['half_width'] * 100:.1f} points "
+            f"({stats['n']} seeds): **{ladder.scored(prediction, stats['mean'])} the predicted interval**."
+        )
+    else:
+        predicted += " The GPU rung has not run yet."
+    context.figures.mkdir(parents=True, exist_ok=True)
+    name = f"ladder-{task}.png"
+    _figure(record, observed, context.figures / name)
+    return "\n".join(lines) + "\n\n" + predicted + f"\n\n![{task} compute ladder]({context.figures_link}/{name})"
+
+
+def build(context: ReportContext) -> str | None:
+    records = [json.loads(path.read_text()) for path in sorted(predictions_dir(context).glob("*.json"))]
+    if not records:
+        return None
+    intro = (
+        "Does TAPE's lead over RoPE grow, hold or vanish with compute? Each rung is a TAPE/RoPE comparison on the "
+        "CPU between the laptop recipe and the GPU recipe (`tapelm ladder`, the rule in docs/RECIPES.md); the trend "
+        "of the paired difference against log compute is extrapolated to the GPU recipe and committed before the "
+        "GPU runs it."
+    )
+    return "\n\n".join([intro, *(_subsection(record, context) for record in records)])
+
+
+register_section("compute-ladder", "The compute ladder: a prediction, then its test", build)
+
+__all__ = ["build"]
