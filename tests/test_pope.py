@@ -83,7 +83,7 @@ def test_the_logits_and_every_gradient_equal_x_transformers():
     (`apply_polar_pos_emb` calls `.float()`), so the two agree to float32's precision, not float64's (the float64
     restatement below holds tapelm to 1e-12)."""
     xt = pytest.importorskip(
-        "x_transformers.x_transformers", reason="x-transformers is not installed (pip install x-transformers)"
+        "x_transformers.x_transformers", reason="x-transformers is not installed (pip install tapelm[dev])"
     )
     model = pope_model()
     attention, positional = model.model.layers[0].self_attn, model.model.layers[0].positional
