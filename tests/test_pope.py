@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import DEVICE, new_model, tiny_config, tiny_model
+from conftest import DEVICE, decode_in_chunks, new_model, tiny_config, tiny_model, tokens
 from tapelm import TapeConfig
 from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
@@ -166,6 +166,16 @@ def test_without_phase_offsets_pope_is_rope_of_real_softplus_features_at_twice_t
     theta = rope_frequencies(10000.0, 2 * DIM, DEVICE).to(torch.float64)
     expected = torch.einsum("bhic,bhjc,ijc->bhij", q, k, (distance[..., None] * theta).cos())
     torch.testing.assert_close(ours[0] @ ours[1].transpose(-1, -2), expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.device
+def test_an_odd_head_dim_runs_and_decodes_as_the_full_pass():
+    """PoPE pairs no features (one frequency each), so head_dim may be odd; its 2d-wide keys through a cache give
+    the full pass's logits."""
+    model = tiny_model("pope", dtype=torch.float64, hidden_size=36, head_dim=9)
+    ids = tokens(2, 10)
+    full = model(ids, use_cache=False).logits
+    torch.testing.assert_close(decode_in_chunks(model, ids, [4, 1, 5]), full, atol=1e-10, rtol=0)
 
 
 def test_phase_offsets_start_at_zero_or_uniform_in_their_clamp():
