@@ -22,14 +22,16 @@ def test_cache_parity(pe_type):
 
 
 def test_cache_layers_hold_transformers_keys_and_values(pe_type):
-    """One cache layer per decoder layer, each with transformers' (B, Hkv, T, d) keys and values; the values are
-    exactly the V projections of the tokens (tapelm's extra state lives beside them)."""
+    """One cache layer per decoder layer, each with transformers' (B, Hkv, T, d) keys and values (PoPE's keys are
+    its complex features [m cos | m sin], 2d wide); the values are exactly the V projections of the tokens (tapelm's
+    extra state lives beside them)."""
     model = tiny_model(pe_type, num_hidden_layers=3)
     ids = tokens(2, 9)
     cache = model(ids, use_cache=True).cache
     config, shape = model.config, (2, model.config.num_key_value_heads, 9, model.config.head_dim)
+    key_shape = (*shape[:-1], shape[-1] * (2 if pe_type == "pope" else 1))
     assert len(cache.layers) == config.num_hidden_layers
-    assert all(layer.keys.shape == shape and layer.values.shape == shape for layer in cache.layers)
+    assert all(layer.keys.shape == key_shape and layer.values.shape == shape for layer in cache.layers)
     hidden = model(ids, output_hidden_states=True, use_cache=False).hidden_states
     for layer, block, x in zip(cache.layers, model.model.layers, hidden):
         v = block.self_attn.v_proj(block.input_layernorm(x, NONE)).view(2, 9, -1, config.head_dim).transpose(1, 2)

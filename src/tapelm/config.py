@@ -79,6 +79,11 @@ class TapeConfig(PreTrainedConfig):
       softplus(w), w starting at softplus^-1(`grape_a_omega_init`) 1 (omega = the slope); the gate directions are
       L2-normalised (`grape_a_gate_l2_norm` True).
 
+    PoPE (Gopalakrishnan et al. 2025; `pe_type` "pope"), as lucidrains/x-transformers' `polar_pos_emb`: magnitudes
+    softplus(q), softplus(k), phases position x RoPE's spectrum for a head twice as wide (theta from
+    `rope_parameters`), and a learned phase offset per head and frequency, clamped to [-2 pi, 0], starting at 0
+    (`pope_bias_init` "zero") or uniform in [-2 pi, 0] ("uniform", x-transformers' `polar_bias_uniform_init`).
+
     `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
 
     `fast_paths`: "auto" (default) runs each fast path (a kernel or formulation computing the same function as its
@@ -145,6 +150,7 @@ class TapeConfig(PreTrainedConfig):
     grape_ap_base: float = 1.0
     grape_a_omega_init: float = 1.0
     grape_a_gate_l2_norm: bool = True
+    pope_bias_init: str = "zero"
     fast_paths: str | list[str] = "auto"
 
     def __post_init__(self, **kwargs):

@@ -10,6 +10,7 @@ from .grape_a import GrapeAKey, GrapeAQuery, GrapeAQueryKey
 from .grape_ap import GrapeAP
 from .grape_m import GrapeContextual, GrapeFixed
 from .path import PaTH
+from .pope import PoPE
 from .rotary import RandPE, RoPE, XPos
 from .tape import TapeEncoding, TapeLayer
 
@@ -33,6 +34,7 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "grape-a-q": GrapeAQuery,
     "grape-a-k": GrapeAKey,
     "grape-a-qk": GrapeAQueryKey,
+    "pope": PoPE,
 }
 
 

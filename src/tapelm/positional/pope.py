@@ -1,0 +1,95 @@
+"""PoPE, polar coordinate position embedding (Gopalakrishnan, Csordas, Schmidhuber, Mozer 2025, arXiv 2509.10534;
+conventions read from lucidrains/x-transformers' `PolarEmbedding` and `apply_polar_pos_emb`, not copied): each of the
+d features of a query or key head becomes one complex number whose magnitude is content only, softplus(x_c), and
+whose phase is position only, t theta_c, so that query i of head h sees key j through
+
+    logit = sum_c softplus(q_c) softplus(k_c) cos((i - j) theta_c - delta_h,c) / sqrt(d)
+
+with d frequencies theta_c = rope_theta ** (-c / d), c < d (RoPE's spectrum for a head of width 2d,
+`rope_frequencies`), and a learned phase offset delta per query head and frequency, clamped to [-2 pi, 0] and
+starting at 0 (`pope_bias_init` "zero") or uniform in [-2 pi, 0] ("uniform").
+
+q and k leave the hook as [m cos | m sin], twice head_dim wide: RoPE's rotate-half layout of the complex numbers
+m e^{i phase}, whose dot product is the real part above; the softmax scale stays 1/sqrt(head_dim), as x-transformers'.
+x-transformers adds delta to the key's phase; tapelm subtracts it from the query's (the same logits), so that cached
+keys depend on the key and its position only and a query head of a grouped KV head has its own offsets. Magnitudes,
+angles and products are computed in float32 (float64 in a float64 model), q and k returned in their own dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import LayerPositional, PositionalEncoding, PositionContext, check_choice
+from .rotary import rope_frequencies
+
+POPE_BIAS_INITS = ("zero", "uniform")
+
+
+def polar(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """[m cos | m sin] with magnitudes m = softplus(x), computed in cos's dtype and returned in x's; x (..., d), cos and
+    sin broadcasting to it."""
+    magnitude = F.softplus(x.to(cos.dtype))
+    return torch.cat([magnitude * cos, magnitude * sin], dim=-1).to(x.dtype)
+
+
+class PoPELayer(LayerPositional):
+    """One layer's phase offsets delta (heads, head_dim), applied to the queries' phases."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.uniform_init = config.pope_bias_init == "uniform"
+        self.phase_bias = nn.Parameter(torch.empty(config.num_attention_heads, config.head_dim))
+
+    def init_weights(self, init, std: float) -> None:
+        if self.uniform_init:
+            init.uniform_(self.phase_bias, -2 * math.pi, 0.0)
+        else:
+            init.zeros_(self.phase_bias)
+
+    def transform_qk(self, q, k, state, ctx: PositionContext):
+        cos, sin = ctx.tables["polar"].unbind(0)  # (B or 1, 1, N, d)
+        delta = self.phase_bias.to(cos.dtype).clamp(-2 * math.pi, 0.0)[:, None]  # (H, 1, d)
+        shift_cos, shift_sin = delta.cos(), delta.sin()  # the query's phase t theta - delta
+        return polar(q, cos * shift_cos + sin * shift_sin, sin * shift_cos - cos * shift_sin), polar(k, cos, sin)
+
+
+class PoPE(PositionalEncoding):
+    """Model level: the phases t theta of this pass's positions, shared by every layer."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.theta = float(config.rope_parameters["rope_theta"])
+
+    @classmethod
+    def validate_fields(cls, config) -> None:
+        check_choice("pope_bias_init", config.pope_bias_init, POPE_BIAS_INITS)
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        rope_type = (config.rope_parameters or {}).get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(
+                f"rope_parameters rope_type={rope_type!r} is not allowed with pe_type='pope': its frequencies are "
+                "the default spectrum from rope_theta"
+            )
+
+    def prepare(self, ctx: PositionContext, dtype: torch.dtype) -> None:
+        """`ctx.tables["polar"]`: cos and sin of the phases, stacked (2, B or 1, 1, N, head_dim), in float32 or
+        wider."""
+        wide = torch.promote_types(dtype, torch.float32)
+        positions = ctx.query_positions[:1] if ctx.query_positions.stride(0) == 0 else ctx.query_positions
+        frequencies = rope_frequencies(self.theta, 2 * self.config.head_dim, positions.device).to(wide)
+        angles = positions[:, None, :, None].to(wide) * frequencies
+        ctx.tables["polar"] = torch.stack([angles.cos(), angles.sin()])
+
+    def make_layer(self, layer_idx: int) -> LayerPositional:
+        return PoPELayer(self.config, layer_idx)
+
+
+__all__ = ["PoPE", "PoPELayer", "polar"]
