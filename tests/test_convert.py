@@ -19,6 +19,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 import tapelm
@@ -42,6 +44,7 @@ FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
 }
 
 
@@ -87,6 +90,8 @@ def ids(length: int = 40, batch: int = 2) -> torch.Tensor:
         ("mistral", 2, False, {"sliding_window": None}),
         ("mistral", 3, True, {"sliding_window": None, "head_dim": 16}),
         ("qwen2", 2, False, {}),
+        ("smollm3", 2, True, {"no_rope_layer_interval": 2, "pad_token_id": None}),  # NoPE layers: layer_pe_types
+        ("smollm3", 3, False, {"no_rope_layers": [0, 1, 1], "pad_token_id": None, "attention_bias": True}),
         (
             "qwen2",
             3,
