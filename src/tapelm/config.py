@@ -179,7 +179,7 @@ class TapeConfig(PreTrainedConfig):
         """Whether TAPE layer `layer_idx` updates the positional features (`tape_layers`; never the last TAPE layer of
         the schedule, `layer_pe_types`)."""
         layers = self.num_hidden_layers
-        if layer_idx >= max(i for i, name in enumerate(layer_encodings(self)) if name == "tape"):
+        if layer_idx >= max((i for i, name in enumerate(layer_encodings(self)) if name == "tape"), default=-1):
             return False
         chosen = {
             "all": range(layers),
