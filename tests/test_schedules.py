@@ -3,6 +3,7 @@ computes what the model of its encoding computes there; transformers' SmolLM3 (N
 exactly; RoPE's older `rope_layers` is the RoPE/NoPE schedule; and a mix takes every user path a single encoding
 takes (padding, packing, caches, save/load, bf16 autocast)."""
 
+import json
 import re
 
 import pytest
@@ -178,6 +179,18 @@ def test_rope_layers_computes_smollm3s_schedule(rope_layers, no_rope_layers):
     for model in (old, new):
         model.load_state_dict(source.state_dict())
         torch.testing.assert_close(model(ids).logits, source(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_a_folder_saved_before_layer_pe_types_loads_and_computes_the_same(tmp_path):
+    """A config.json written before `layer_pe_types` existed (without the field) loads as its `rope_layers` schedule."""
+    model, ids = tiny_model("rope", num_hidden_layers=5, rope_layers="nope-every-4th"), tokens(2, 10)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["layer_pe_types"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).to(DEVICE).eval()
+    assert loaded.config.layer_pe_types is None and layer_encodings(loaded.config) == layer_encodings(model.config)
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))

@@ -35,11 +35,9 @@ def layer_encodings(config) -> list[str]:
     """The `pe_type` of every decoder layer, in order."""
     layers = range(config.num_hidden_layers)
     schedule = config.layer_pe_types
-    if schedule is None and config.rope_layers != "all":  # RoPE's own spelling of a RoPE/NoPE schedule
-        if config.rope_layers in ROPE_LAYER_SCHEDULES:
-            schedule = config.rope_layers
-        else:
-            return ["rope" if i in config.rope_layers else "nope" for i in layers]
+    if schedule is None and config.rope_layers != "all":  # RoPE's own spelling: a preset, or the layers that rotate
+        rotating = config.rope_layers
+        schedule = rotating if isinstance(rotating, str) else ["rope" if i in rotating else "nope" for i in layers]
     if schedule is None:
         return [config.pe_type] * len(layers)
     if isinstance(schedule, str):
