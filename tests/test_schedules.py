@@ -18,6 +18,7 @@ from tapelm.fast_paths import PATHS, resolve
 from tapelm.positional import ENCODINGS, layer_encodings
 from tapelm.positional.schedule import acts_outside_layers
 from tapelm.pretrained.convert import from_pretrained_llama
+from test_cache import compile_config
 from test_packing import documents, forward_and_gradients, packed
 
 pytestmark = pytest.mark.device
@@ -276,6 +277,25 @@ def test_a_mix_under_bf16_autocast_stays_near_float64_and_decodes_as_its_full_pa
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         model(ids, labels=ids).loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.compiles
+@pytest.mark.parametrize("name", ["smollm3", "tape-rope-alibi"])
+def test_a_mix_compiles_its_decode_step_on_a_static_cache_without_recompiling(name):
+    """As tests/test_cache.py asks of every encoding: one graph for the decode step, none again over the steps, the
+    dynamic cache's tokens (each layer's context view is traced as the layer's own)."""
+    torch._dynamo.reset()
+    model = scheduled(name, dtype=torch.float32)
+    model.generation_config.compile_config = compile_config(fullgraph=True)
+    ids = tokens(2, 6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    dynamic = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        static = model.generate(
+            ids, attention_mask=mask, max_new_tokens=10, do_sample=False, cache_implementation="static"
+        )
+    assert torch.equal(static, dynamic) and model._compiled_call is not None
 
 
 def test_auto_fast_paths_are_those_verified_for_every_encoding_of_a_mix():
