@@ -19,6 +19,7 @@ from tapelm.positional import ENCODINGS, layer_encodings
 from tapelm.positional.schedule import acts_outside_layers
 from tapelm.pretrained.convert import from_pretrained_llama
 from test_cache import compile_config
+from test_export import Prefill, padding_masks
 from test_packing import documents, forward_and_gradients, packed
 
 pytestmark = pytest.mark.device
@@ -296,6 +297,21 @@ def test_a_mix_compiles_its_decode_step_on_a_static_cache_without_recompiling(na
             ids, attention_mask=mask, max_new_tokens=10, do_sample=False, cache_implementation="static"
         )
     assert torch.equal(static, dynamic) and model._compiled_call is not None
+
+
+@pytest.mark.parametrize("name", ["smollm3", "tape-rope-alibi"])
+def test_an_exported_prefill_of_a_mix_computes_what_eager_code_does(name):
+    """torch.export traces a mix once for every padding mask of its shapes (as tests/test_export.py asks of every
+    encoding): the logits at real tokens and every cached key and value stream."""
+    model, ids = scheduled(name, dtype=torch.float32), tokens(2, 9)
+    masks = padding_masks(ids)
+    program = torch.export.export(Prefill(model), (ids, masks[0])).module()
+    for mask in masks:
+        (logits, *cached), (expected, *expected_cached) = program(ids, mask), Prefill(model)(ids, mask)
+        torch.testing.assert_close(logits[mask.bool()], expected[mask.bool()], atol=1e-6, rtol=1e-6)
+        assert len(cached) == len(expected_cached) == 2 * LAYERS
+        for got, want in zip(cached, expected_cached):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
 def test_auto_fast_paths_are_those_verified_for_every_encoding_of_a_mix():
