@@ -1,7 +1,7 @@
 """Per-layer position schedules (`layer_pe_types`): a schedule of one encoding is that encoding; in a mix every layer
 computes what the model of its encoding computes there; transformers' SmolLM3 (NoPE every fourth layer) converts
 exactly; RoPE's older `rope_layers` is the RoPE/NoPE schedule; and a mix takes every user path a single encoding
-takes (padding, packing, caches, save/load, bf16 autocast)."""
+takes (padding, packing, dynamic, static and compiled caches, torch.export, save/load, bf16 autocast)."""
 
 import json
 import re
