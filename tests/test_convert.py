@@ -19,6 +19,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 import tapelm
@@ -42,6 +44,7 @@ FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM),
 }
 
 
@@ -87,6 +90,8 @@ def ids(length: int = 40, batch: int = 2) -> torch.Tensor:
         ("mistral", 2, False, {"sliding_window": None}),
         ("mistral", 3, True, {"sliding_window": None, "head_dim": 16}),
         ("qwen2", 2, False, {}),
+        ("smollm3", 2, True, {"no_rope_layer_interval": 2, "pad_token_id": None}),  # NoPE layers: layer_pe_types
+        ("smollm3", 3, False, {"no_rope_layers": [0, 1, 1], "pad_token_id": None, "attention_bias": True}),
         (
             "qwen2",
             3,
@@ -232,8 +237,11 @@ def save_with_tokenizer(model: torch.nn.Module, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def test_convert_command_round_trip_through_auto_classes(tmp_path: Path):
-    source = random_source("qwen2", 3, True)
+@pytest.mark.parametrize(
+    "family, extra", [("qwen2", {}), ("smollm3", {"no_rope_layer_interval": 2, "pad_token_id": None})]
+)
+def test_convert_command_round_trip_through_auto_classes(family, extra, tmp_path: Path):
+    source = random_source(family, 3, True, **extra)
     save_with_tokenizer(source, tmp_path / "src")
     assert cli_main(["convert", str(tmp_path / "src"), str(tmp_path / "dst")]) == 0
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "dst").to(DEVICE).eval()
@@ -246,7 +254,7 @@ def test_convert_command_round_trip_through_auto_classes(tmp_path: Path):
 def test_convert_command_reports_an_unsupported_checkpoint(tmp_path: Path, capsys):
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20)).save_pretrained(tmp_path / "gpt2")
     assert cli_main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "dst")]) == 2
-    assert "supports: llama, mistral, qwen2" in capsys.readouterr().err
+    assert "supports: llama, mistral, qwen2, smollm3" in capsys.readouterr().err
 
 
 @pytest.mark.slow

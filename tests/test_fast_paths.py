@@ -178,6 +178,10 @@ TAPE_VARIANTS = {
     "grouped": {"num_key_value_heads": 4},
     "blocks 2x4": {"tape_block": (2, 4)},
     "attention update only": {"tape_update": "attention"},
+    "schedule with RoPE and ALiBi layers": {
+        "num_hidden_layers": 4,
+        "layer_pe_types": ["tape", "rope", "tape", "alibi"],
+    },
 }
 BATCHES = ("plain", "padded", "packed")
 
@@ -447,7 +451,7 @@ def test_a_forward_pass_resolves_its_setting_once(monkeypatch):
     model = tiny_model("tape", fast_paths=["rotation-autograd"]).train()
     ids = tokens(2, 9)
     model(ids, labels=ids).loss.backward()
-    assert calls == [(["rotation-autograd"], ids.device, "tape")]  # cuda:0 where DEVICE is "cuda"
+    assert calls == [(["rotation-autograd"], ids.device, ("tape",))]  # cuda:0 where DEVICE is "cuda"
 
 
 def test_every_fast_path_is_one_candidate_of_one_dispatcher_beside_its_reference():

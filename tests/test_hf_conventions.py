@@ -16,6 +16,11 @@ VARIANTS = [(pe, {}) for pe in PE_TYPES] + [
     ("fire", {"fire_shared": True}),
     ("t5", {"t5_shared": True}),
     ("fox", {"fox_gate_bias_init": 2.0}),
+    ("tape", {"num_hidden_layers": 4, "layer_pe_types": ["tape", "fire", "t5", "tape"]}),
+    (
+        "rope",
+        {"num_hidden_layers": 3, "layer_pe_types": ["fire", "t5", "rope"], "fire_shared": True, "t5_shared": True},
+    ),
 ]
 VARIANT_IDS = [pe + "".join(f"-{k}={v}" for k, v in options.items()) for pe, options in VARIANTS]
 

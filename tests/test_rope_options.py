@@ -139,5 +139,5 @@ def test_a_partly_nope_model_does_not_convert_to_llama():
 
     with pytest.raises(ValueError, match="only rope_fraction=1 converts to Llama"):
         to_llama(p_rope(0.5))
-    with pytest.raises(ValueError, match="only rope_layers='all' converts"):
+    with pytest.raises(ValueError, match="only a model whose every layer is RoPE converts"):
         to_llama(scheduled([0, 1]))

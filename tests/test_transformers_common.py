@@ -75,11 +75,16 @@ class CausalModelTester:
         return self.get_config(), {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
-def _tape_config(pe_type: str):
+def _tape_config(pe_type: str, **options):
     def make(**sizes):
         # RandPE on the given positions: its default random draw per forward pass is nondeterministic by design.
         return TapeConfig(
-            pe_type=pe_type, fire_hidden_size=8, cope_max_positions=16, randpe_eval_positions="given", **sizes
+            pe_type=pe_type,
+            fire_hidden_size=8,
+            cope_max_positions=16,
+            randpe_eval_positions="given",
+            **options,
+            **sizes,
         )
 
     return make
@@ -108,4 +113,10 @@ def _suite(name: str, make_config, model_classes) -> type:
 for _pe_type in PE_TYPES:
     _name = f"TestCommon_{_pe_type.replace('-', '_')}"
     globals()[_name] = _suite(_name, _tape_config(_pe_type), (TapeModel, TapeForCausalLM))
+# a per-layer schedule as a preset, which follows any num_hidden_layers a test sets: ALiBi and NoPE layers in turn
+TestCommon_schedule = _suite(
+    "TestCommon_schedule",
+    _tape_config("alibi", layer_pe_types="nope-every-2nd"),
+    (TapeModel, TapeForCausalLM),
+)
 TestCommon_llama = _suite("TestCommon_llama", LlamaConfig, (LlamaModel, LlamaForCausalLM))

@@ -6,7 +6,7 @@ from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
 from .fast_paths import check_setting as check_fast_paths
-from .positional import ENCODINGS, validate_encodings
+from .positional import ENCODINGS, layer_encodings, validate_encodings
 from .positional.base import check_choice, check_positive
 from .remote_code import AUTO_MAP, write_modules
 
@@ -38,6 +38,14 @@ class TapeConfig(PreTrainedConfig):
     - `rope_layers` (pe_type "rope" only): which layers rotate q and k, the others attending without a positional
       encoding (NoPE): "all" (default), "nope-every-4th" (every fourth layer NoPE, the 4th, 8th, ...: SmolLM3's
       `no_rope_layer_interval` 4, as Llama 4 places its NoPE layers), or a list of the layer indices that rotate.
+      Kept for saved configs: it is the RoPE/NoPE case of `layer_pe_types`, and computes what that schedule does.
+
+    `layer_pe_types` gives each layer its own encoding (`tapelm.positional.schedule`): None (default: every layer
+    uses `pe_type`), a list of one registered pe_type per layer, or a preset applied to `pe_type`: "nope-every-4th"
+    (the 4th, 8th, ... layers NoPE: SmolLM3, Llama 4) or "nope-every-2nd" (NoPE and `pe_type` layers interleaved
+    one to one, as RNoPE, without its sliding window). Each layer computes what the model of its encoding computes
+    there; a mix may not hold encodings that change the input embeddings or the positions of every layer (learned,
+    sinusoidal, randpe).
 
     Baselines follow the paper's official code (VITA-Group/TAPE, models/llama/*.py) unless said otherwise:
 
@@ -125,6 +133,7 @@ class TapeConfig(PreTrainedConfig):
     causal: bool = True
     rope_fraction: float = 1.0
     rope_layers: str | list[int] = "all"
+    layer_pe_types: str | list[str] | None = None
     randpe_max_position: int | None = None
     randpe_eval_positions: str = "random"
     xpos_scale_base: float = 2048.0
@@ -163,8 +172,9 @@ class TapeConfig(PreTrainedConfig):
         if self.randpe_max_position is None and isinstance(self.max_position_embeddings, int):
             self.randpe_max_position = 2 * self.max_position_embeddings
         self.tape_block = tuple(self.tape_block)
-        if isinstance(self.fast_paths, tuple):  # a list, as config.json reads it back
-            self.fast_paths = list(self.fast_paths)
+        for name in ("fast_paths", "layer_pe_types"):  # a list, as config.json reads it back
+            if isinstance(getattr(self, name), tuple):
+                setattr(self, name, list(getattr(self, name)))
         super().__post_init__(**kwargs)
         # the `tapelm.remote_code` modules every saved folder gets: part of the config itself, so that a config read
         # back from its JSON equals the one written
@@ -172,9 +182,10 @@ class TapeConfig(PreTrainedConfig):
         self._validate()
 
     def tape_updates_layer(self, layer_idx: int) -> bool:
-        """Whether TAPE layer `layer_idx` updates the positional features (`tape_layers`; never the last layer)."""
+        """Whether TAPE layer `layer_idx` updates the positional features (`tape_layers`; never the last TAPE layer of
+        the schedule, `layer_pe_types`)."""
         layers = self.num_hidden_layers
-        if layer_idx == layers - 1:
+        if layer_idx >= max((i for i, name in enumerate(layer_encodings(self)) if name == "tape"), default=-1):
             return False
         chosen = {
             "all": range(layers),

@@ -146,21 +146,23 @@ def check_setting(setting) -> None:
         raise ValueError(f"fast_paths names unknown fast path(s) {', '.join(unknown)}; {allowed}")
 
 
-def resolve(setting, device: torch.device, encoding: str) -> FastPaths:
-    """The paths on for one forward pass of an `encoding` model on `device` under the config's `setting`."""
+def resolve(setting, device: torch.device, encodings: str | tuple[str, ...]) -> FastPaths:
+    """The paths on for one forward pass on `device` under the config's `setting`, of a model whose layers use
+    `encodings` (a `pe_type`, or those of a per-layer schedule: "auto" turns on what is verified for all)."""
     key = setting if isinstance(setting, str) else tuple(setting)
+    encodings = (encodings,) if isinstance(encodings, str) else encodings
     if torch.compiler.is_compiling():  # traced as constants; the compiler guards on the setting itself
-        return _resolve(key, device.type, encoding)
-    return _cached_resolve(key, device.type, encoding)
+        return _resolve(key, device.type, encodings)
+    return _cached_resolve(key, device.type, encodings)
 
 
-def _resolve(setting: str | tuple[str, ...], device_type: str, encoding: str) -> FastPaths:
+def _resolve(setting: str | tuple[str, ...], device_type: str, encodings: tuple[str, ...]) -> FastPaths:
     if setting == "off":
         return NONE
     if setting == "on":
         return frozenset(NAMES)
     if setting == "auto":
-        return frozenset(path.name for path in PATHS if path.verified_for(device_type, encoding))
+        return frozenset(path.name for path in PATHS if all(path.verified_for(device_type, name) for name in encodings))
     check_setting(setting)
     return frozenset(setting)
 

@@ -44,7 +44,7 @@ from .kernels.mlp import swiglu
 from .kernels.norm import rms_norm
 from .layout import TokenLayout
 from .masks import build_attention_mask, packed_documents, real_tokens, tracing
-from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer, build_encoding
+from .positional import CustomInit, LayerPositional, PositionContext, TapeLayer, build_encoding, encodings_in
 
 logger = logging.get_logger(__name__)
 
@@ -339,7 +339,7 @@ class TapeModel(TapePreTrainedModel):
             segments=None if host is None or not self.config.causal else host.segments,
         )
         if paths is None:
-            paths = resolve(self.config.fast_paths, inputs_embeds.device, self.config.pe_type)
+            paths = resolve(self.config.fast_paths, inputs_embeds.device, encodings_in(self.config))
         ctx = PositionContext(
             query_positions=self.positional.positions(
                 position_ids, past, documents, None if host is None else host.extent
@@ -359,12 +359,12 @@ class TapeModel(TapePreTrainedModel):
 
         all_hidden = [] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             if all_hidden is not None:  # the layer reads the returned grid, so gradients reach it (as in Llama)
                 all_hidden.append(layout.unpack(hidden))
                 hidden = layout.pack(all_hidden[-1])
             hidden, state, probs = layer(
-                hidden, state, ctx, mask, layout, cache=cache, output_attentions=output_attentions
+                hidden, state, ctx.for_layer(index), mask, layout, cache=cache, output_attentions=output_attentions
             )
             if all_attentions is not None:
                 all_attentions.append(probs)
@@ -441,7 +441,7 @@ class TapeForCausalLM(TapePreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> CausalLMOutputWithPast:
         given = input_ids if input_ids is not None else inputs_embeds  # neither: the model's own error follows
-        paths = None if given is None else resolve(self.config.fast_paths, given.device, self.config.pe_type)
+        paths = None if given is None else resolve(self.config.fast_paths, given.device, encodings_in(self.config))
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -12,6 +12,7 @@ from .grape_m import GrapeContextual, GrapeFixed
 from .path import PaTH
 from .pope import PoPE
 from .rotary import RandPE, RoPE, XPos
+from .schedule import Schedule, encodings_in, is_scheduled, layer_encodings, validate_schedule
 from .tape import TapeEncoding, TapeLayer
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
@@ -39,28 +40,33 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
 
 
 def validate_encodings(config) -> None:
-    """Raise ValueError naming the first invalid positional field or combination: every encoding's own fields (a
-    config carries them all, whatever its `pe_type`), then what the chosen encoding needs."""
+    """Raise ValueError naming the first invalid positional field or combination: the layers' schedule, every
+    encoding's own fields (a config carries them all, whatever its `pe_type`), then what each encoding its layers use
+    needs."""
+    validate_schedule(config, ENCODINGS)
     for encoding in dict.fromkeys(ENCODINGS.values()):
         encoding.validate_fields(config)
-    chosen = ENCODINGS[config.pe_type]
-    if chosen.causal_only and not config.causal:
-        raise ValueError(
-            f"causal=False is not allowed with pe_type={config.pe_type!r}: its positional signal only "
-            "runs from earlier to later tokens"
-        )
-    chosen.validate_config(config)
+    for name in encodings_in(config):
+        chosen = ENCODINGS[name]
+        if chosen.causal_only and not config.causal:
+            raise ValueError(
+                f"causal=False is not allowed with pe_type={name!r}: its positional signal only "
+                "runs from earlier to later tokens"
+            )
+        chosen.validate_config(config)
 
 
 def build_encoding(config) -> PositionalEncoding:
-    """The model-level encoding named by `config.pe_type`."""
-    return ENCODINGS[config.pe_type](config)
+    """The model-level encoding: the one `config.pe_type` names, or a `Schedule` of the layers' encodings."""
+    return Schedule(config, ENCODINGS) if is_scheduled(config) else ENCODINGS[config.pe_type](config)
 
 
 __all__ = [
     "ENCODINGS",
     "CustomInit",
     "build_encoding",
+    "encodings_in",
+    "layer_encodings",
     "PositionalEncoding",
     "LayerPositional",
     "PerLayerEncoding",

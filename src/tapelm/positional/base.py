@@ -56,6 +56,8 @@ class PositionContext:
     (a tensor or a `tapelm.kernels.attention.RowBias`).
     `token_mask` (batch, N) is True for the new tokens that are real and False for padding (None: no padding), so
     that per-token state (FoX's forget gates, PaTH's convolution) can ignore padding tokens.
+    `layer_views`, set by a per-layer schedule (`tapelm.positional.schedule`): each layer's own view of the context
+    (its encoding's `tables` and `bias`); None: every layer reads this one (`for_layer`).
     `distinct_rows`, when the host knew them (no cached tokens): the first row of each distinct row of the positions
     the model gave the tokens (in sorted order; before RandPE resamples them) and each row's index among them.
     """
@@ -67,6 +69,11 @@ class PositionContext:
     bias: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
     distinct_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+    layer_views: tuple[PositionContext, ...] | None = None
+
+    def for_layer(self, layer_idx: int) -> PositionContext:
+        """The context decoder layer `layer_idx` reads."""
+        return self if self.layer_views is None else self.layer_views[layer_idx]
 
 
 class Float32Buffers(nn.Module):

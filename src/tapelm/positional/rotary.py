@@ -27,19 +27,9 @@ from .base import (
     check_positive,
     check_positive_number,
 )
+from .schedule import encodings_in
 
 RANDPE_EVAL_POSITIONS = ("random", "given")
-ROPE_LAYER_SCHEDULES = ("all", "nope-every-4th")
-
-
-def rotating_layers(config) -> set[int]:
-    """The layers whose q and k RoPE rotates (`rope_layers`); the others are NoPE layers."""
-    layers, schedule = range(config.num_hidden_layers), config.rope_layers
-    if schedule == "all":
-        return set(layers)
-    if schedule == "nope-every-4th":
-        return {i for i in layers if (i + 1) % 4}
-    return set(schedule)
 
 
 def check_even_head_dim(config) -> None:
@@ -109,7 +99,6 @@ class RoPE(PositionalEncoding):
     def __init__(self, config):
         super().__init__()
         self.rotary = TapeRotaryEmbedding(config)
-        self.rotating = rotating_layers(config)
 
     @classmethod
     def validate_fields(cls, config) -> None:
@@ -119,25 +108,9 @@ class RoPE(PositionalEncoding):
                 f"rope_fraction={fraction!r} is not allowed; give the share of RoPE's frequencies that rotate "
                 "(p-RoPE), from 0 to 1"
             )
-        if fraction != 1 and config.pe_type != "rope":
+        if fraction != 1 and "rope" not in encodings_in(config):
             raise ValueError(
                 f"rope_fraction={fraction!r} is an option of pe_type='rope' (p-RoPE), not of pe_type={config.pe_type!r}"
-            )
-        schedule, layers = config.rope_layers, config.num_hidden_layers
-        if isinstance(schedule, str):
-            check_choice("rope_layers", schedule, ROPE_LAYER_SCHEDULES)
-        elif (
-            not isinstance(schedule, (list, tuple))
-            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers for i in schedule)
-            or len(set(schedule)) != len(schedule)
-        ):
-            raise ValueError(
-                f"rope_layers={schedule!r} is not allowed; give one of {', '.join(ROPE_LAYER_SCHEDULES)} or a list of "
-                f"distinct layer indices from 0 to {layers - 1}"
-            )
-        if schedule != "all" and config.pe_type != "rope":
-            raise ValueError(
-                f"rope_layers={schedule!r} is an option of pe_type='rope', not of pe_type={config.pe_type!r}"
             )
 
     @classmethod
@@ -148,8 +121,7 @@ class RoPE(PositionalEncoding):
         ctx.tables["angles"] = torch.cat(self.rotary.tables(ctx.query_positions, dtype), dim=-1)[:, None].to(dtype)
 
     def make_layer(self, layer_idx: int) -> LayerPositional:
-        """A rotating layer, or a NoPE layer where `rope_layers` leaves it out."""
-        return RotaryLayer() if layer_idx in self.rotating else LayerPositional()
+        return RotaryLayer()
 
 
 class RandPE(RoPE):

@@ -1,10 +1,11 @@
 """Pretrained Llama-family checkpoints -> `TapeForCausalLM`, exact at step 0 (shared/TAPE.md §6).
 
 `from_pretrained_llama` reads the sizes, RoPE (with its scaling), GQA, tied embeddings and biases of a transformers
-`LlamaForCausalLM`, `MistralForCausalLM` or `Qwen2ForCausalLM`, builds the matching `TapeConfig` (TAPE by default;
-`pe_type="rope"` gives the same model in tapelm's skeleton, which is what the fine-tuning baselines use), copies every
-weight, and leaves TAPE's own parameters at their initialisation (W_att = W_up = 0), so the converted model computes
-the source's logits.
+`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM` or `SmolLM3ForCausalLM`, builds the matching `TapeConfig`
+(TAPE by default; `pe_type="rope"` gives the same model in tapelm's skeleton, which is what the fine-tuning baselines
+use), copies every weight, and leaves TAPE's own parameters at their initialisation (W_att = W_up = 0), so the
+converted model computes the source's logits. SmolLM3's NoPE layers (`no_rope_layers`) become NoPE layers of a
+per-layer schedule (`layer_pe_types`), the others `pe_type`'s.
 
 Sliding-window attention (Mistral, Qwen2 with `use_sliding_window`) is not part of tapelm's skeleton: such a model
 is converted with full causal attention and a warning naming `sliding_window`. The two agree exactly on sequences up
@@ -21,11 +22,17 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from ..config import TapeConfig
 from ..modeling import TapeForCausalLM
+from ..positional import layer_encodings
 
 logger = logging.getLogger(__name__)
 
 # model_type -> the transformers causal-LM class it must be (every one: rotate-half RoPE, SwiGLU MLP, RMSNorm).
-SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+SUPPORTED_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+}
 CONVERTIBLE_PE_TYPES = ("tape", "rope", "grape-m-fixed")
 # Options a caller may not override: they are read from the source checkpoint.
 _COPIED_FIELDS = (
@@ -48,6 +55,7 @@ _COPIED_FIELDS = (
     "eos_token_id",
     "pad_token_id",
     "causal",
+    "layer_pe_types",
 )
 
 
@@ -83,6 +91,14 @@ def _attention_biases(config: PretrainedConfig) -> dict:
     if config.model_type == "qwen2":  # q, k, v biased, o not
         return {"attention_bias": False, "qkv_bias": True}
     return {"attention_bias": bool(getattr(config, "attention_bias", False))}
+
+
+def _layer_schedule(config: PretrainedConfig, pe_type: str) -> dict:
+    """SmolLM3's NoPE layers (`no_rope_layers[i]` 0) as `layer_pe_types`: `pe_type` where the source rotates."""
+    rotates = getattr(config, "no_rope_layers", None)
+    if rotates is None or all(rotates):
+        return {}
+    return {"layer_pe_types": [pe_type if rotate else "nope" for rotate in rotates]}
 
 
 def _sliding_window(config: PretrainedConfig) -> int | None:
@@ -142,6 +158,7 @@ def tape_config_from(
         pad_token_id=config.pad_token_id,
         initializer_range=getattr(config, "initializer_range", 0.02),
         **_attention_biases(config),
+        **_layer_schedule(config, pe_type),
     )
     return TapeConfig(**fields, pe_type=pe_type, **options)
 
@@ -231,10 +248,11 @@ def to_llama(model: TapeForCausalLM, max_position_embeddings: int | None = None)
             f"a p-RoPE model (rope_fraction={config.rope_fraction}) leaves some frequencies unrotated, which Llama "
             "cannot: only rope_fraction=1 converts to Llama"
         )
-    if config.rope_layers != "all":
+    if set(layer_encodings(config)) != {"rope"}:
         raise ValueError(
-            f"a model with NoPE layers (rope_layers={config.rope_layers!r}) does not convert to Llama, which rotates "
-            "in every layer: only rope_layers='all' converts"
+            f"a model with other layers than RoPE's (layer_pe_types={config.layer_pe_types!r}, rope_layers="
+            f"{config.rope_layers!r}) does not convert to Llama, which rotates in every layer: only a model whose "
+            "every layer is RoPE converts"
         )
     fields = {
         name: getattr(config, name)

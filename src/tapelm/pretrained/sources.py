@@ -37,7 +37,7 @@ from ..training.saved_models import load_saved_model
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm3")
 
 
 @dataclass(frozen=True)
