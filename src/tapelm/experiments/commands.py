@@ -34,6 +34,7 @@ FLAGS = {
     "SlurmLauncher": "--launcher slurm",
     "jobs=": "--jobs=",
     "data_workers=": "--data-workers=",
+    "checkpoint_minutes=": "--checkpoint-minutes=",
     "report_to=": "--report-to=",
     "time_minutes=": "--slurm-time=",
     "gpus_per_run=": "--slurm-gpus-per-run=",
@@ -121,6 +122,17 @@ def add_report_to(parser) -> None:
     )
 
 
+def add_checkpoint_minutes(parser) -> None:
+    parser.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        metavar="MINUTES",
+        help="also checkpoint every MINUTES of training (at a log step), so that a run a deadline or a "
+        "preemption stops resumes from at most that long ago; 0: only --checkpoint-every's (default: the "
+        "preset's: 3 in gpu, 0 elsewhere); a resumed run ends as an unbroken one, so not part of a run's identity",
+    )
+
+
 def add_launch_arguments(parser) -> None:
     """Where the runs train (`launchers`): --launcher, --jobs, the SLURM options, --data-workers, --report-to."""
     parser.add_argument(
@@ -198,6 +210,7 @@ def run_options_from_args(args) -> RunOptions:
         data_workers=getattr(args, "data_workers", 0),
         report_to=args.report_to,
         compile_step=getattr(args, "compile_step", None),
+        checkpoint_minutes=getattr(args, "checkpoint_minutes", None),
     )
 
 
@@ -243,6 +256,7 @@ def _add_train(commands) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_run_arguments(parser)
     add_report_to(parser)
+    add_checkpoint_minutes(parser)
     parser.add_argument(
         "--compile-step",
         action="store_true",
@@ -499,6 +513,7 @@ def _add_stage(commands) -> None:
     parser.add_argument("--eval-n", type=int, help="examples per evaluation condition over the recipes'")
     parser.add_argument("--eval-batch-size", type=int, help="evaluation batch size over the recipes'")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_checkpoint_minutes(parser)
     parser.set_defaults(handler=_stage_command)
 
 
@@ -521,6 +536,7 @@ def _stage_command(args) -> int:
         overrides={k: v for k, v in overrides.items() if v not in (None, {})},
         launcher=launcher_from_args(args),
         report_to=args.report_to,
+        checkpoint_minutes=args.checkpoint_minutes,
         log=say,
     )
 

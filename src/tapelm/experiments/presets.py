@@ -60,6 +60,10 @@ class Preset:
     # Compile the training forward for the run's shapes (`compile_for_steps`; not part of a run's identity): off in
     # every preset until a GPU visit measures what it gains against what compiling costs (docs/GPU.md).
     compile_step: bool = False
+    # Also checkpoint every that many minutes of training (`RunOptions.checkpoint_minutes`; not part of a run's
+    # identity: a resumed run ends as an unbroken one does), so that a run stopped by a visit's deadline or a SLURM
+    # preemption resumes from at most that long ago; 0: only the settings' `checkpoint_every`.
+    checkpoint_minutes: float = 0.0
 
 
 _SMALL = ModelSize(
@@ -242,10 +246,17 @@ PRESETS: dict[str, dict[str, Preset]] = {
 DEFAULT_PRESET = "cpu-small"
 
 
+# A GPU run's checkpoint (0.17-0.35 GB at these sizes: 14-29M parameters, their AdamW moments, in float32) every 3
+# minutes of training: a second or so of writing against at most 3 minutes lost to a visit's deadline or a preemption.
+GPU_CHECKPOINT_MINUTES = 3.0
+
+
 def _at_gpu_scale(task: str, model: ModelSize, train: TrainSettings) -> Preset:
     """The laptop recipe of `task` with a GPU model and budget: its task options and evaluation sizes, so that both
     scales are tested on the same test sets."""
-    return replace(PRESETS[DEFAULT_PRESET][task], model=model, train=train, threads=None)
+    return replace(
+        PRESETS[DEFAULT_PRESET][task], model=model, train=train, threads=None, checkpoint_minutes=GPU_CHECKPOINT_MINUTES
+    )
 
 
 # Steps (docs/RECIPES.md, "GPU scale"): MQAR's from the one GPU learning curve measured (RoPE at 99.2% of queries by

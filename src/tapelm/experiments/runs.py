@@ -31,7 +31,7 @@ from ..training.atomic import write_json_atomically
 from ..training.checkpoints import CheckpointError, check_run_dir
 from ..training.devices import describe_device
 from ..training.launchers import shared_data_workers
-from ..training.loop import train
+from ..training.loop import check_minutes, train
 from ..training.saved_models import load_saved_model
 from ..training.settings import TrainSettings
 from ..training.trackers import check_report_to
@@ -285,15 +285,20 @@ class RunOptions:
     `compile_layers`: train with torch.compile'd decoder layers (`compile_for_training`); `data_workers`: processes
     that make the batches ahead (`train`; a launcher splits them between the runs it trains at once); `report_to`:
     experiment trackers to log to (`trackers`); `compile_step`: compile the whole model's training forward instead
-    (`tapelm.training.step.compile_for_steps`; None: the preset's choice)."""
+    (`tapelm.training.step.compile_for_steps`; None: the preset's choice); `checkpoint_minutes`: also checkpoint
+    every that many minutes of training (`train`; 0: only the settings' `checkpoint_every`; None: the preset's
+    choice), so that a run stopped by a deadline or a preemption loses at most that much when it resumes."""
 
     progress: bool = True
     compile_layers: bool = False
     data_workers: int = 0
     report_to: tuple[str, ...] = ()
     compile_step: bool | None = None
+    checkpoint_minutes: float | None = None
 
     def __post_init__(self) -> None:
+        if self.checkpoint_minutes is not None:
+            check_minutes(self.checkpoint_minutes)
         if isinstance(self.data_workers, bool) or not isinstance(self.data_workers, int) or self.data_workers < 0:
             raise ValueError(f"data_workers={self.data_workers!r}: give a number of processes >= 0")
         if self.compile_layers and self.compile_step:
@@ -325,6 +330,9 @@ def run_task(
     compile_layers, compile_step = options.compile_layers, options.compile_step
     if compile_step is None:
         compile_step = run.preset.compile_step and not compile_layers
+    checkpoint_minutes = options.checkpoint_minutes
+    if checkpoint_minutes is None:
+        checkpoint_minutes = run.preset.checkpoint_minutes
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
     if resume and (run_dir / RESULT_FILE).exists():
@@ -387,6 +395,7 @@ def run_task(
             evaluate_last=False,
             data_workers=options.data_workers,
             compile_step=compile_step,
+            checkpoint_minutes=checkpoint_minutes,
         )  # the full evaluation below: the last step
     finally:
         trackers.finish(state)
@@ -417,6 +426,7 @@ def run_task(
         "first_loss": losses[0][1] if losses else None,
         "final_loss": losses[-1][1] if losses else None,
         "train_seconds_this_session": trained.seconds,
+        "resumed_from_step": trained.start_step,
         "eval_seconds": time.time() - eval_started,
         "session_seconds": time.time() - started,
         "world_size": trained.world_size,

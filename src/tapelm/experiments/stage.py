@@ -16,6 +16,11 @@ those of the newest code), never from the machine that makes the prediction. Eac
 OUT/compare as they lie in docs/results/compare, and OUT/stage.json says what ran, what did not fit, what is left and
 what each estimate comes from; `tapelm report --root OUT` merges them into the archive, from which the next stage
 continues (`--archive`).
+
+A run that a visit's deadline or a SLURM preemption stops mid-way keeps its newest checkpoint in `root` (the gpu
+recipes write one every few minutes of training: `Preset.checkpoint_minutes`); the next stage that trains in the same
+`root` resumes it from there, and ends it as an unbroken run would. A checkpoint never leaves the machine: on a GPU
+visit whose `root` is lost with it, the run starts over (docs/GPU.md).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..training.atomic import write_json_atomically
+from ..training.checkpoints import list_checkpoints
 from ..training.launchers import LocalLauncher, Log
 from .archive import archive_comparison
 from .budget import (
@@ -60,8 +66,10 @@ STAGE_FILE = "stage.json"
 
 @dataclass
 class PlannedRun:
-    """One run of a planned comparison, and what is known of it: its recorded seconds (train and evaluate), whether
-    it learned and the RoPE rate it measured, once finished; the error that stopped it in this stage."""
+    """One run of a planned comparison, and what is known of it: its recorded seconds (train and evaluate, the whole
+    run's), whether it learned and the RoPE rate it measured, once finished; where unfinished, the step of the
+    checkpoint it resumes from (a deadline or a preemption stopped it) and the fraction of its steps left; the error
+    that stopped it in this stage."""
 
     comparison: int
     pe: str
@@ -70,6 +78,8 @@ class PlannedRun:
     learned: bool | None = None
     rate: Rate | None = None
     failed: str | None = None
+    resumes_from: int = 0
+    left: float = 1.0
 
     @property
     def finished(self) -> bool:
@@ -133,7 +143,18 @@ class Schedule:
         return current_rate([*self.rates, *(r.rate for r in self.runs if r.rate is not None)])
 
     def expected(self, run: PlannedRun) -> tuple[float, str]:
-        """Seconds `run` is expected to take, start to finish, and what that rests on."""
+        """Seconds `run` is expected to take to its end (from its checkpoint, where it resumes from one: that share
+        of a whole run's, an estimate that counts the whole run's evaluation in the steps), and what that rests on."""
+        seconds, basis = self._whole(run)
+        if run.resumes_from:
+            return (
+                seconds * run.left,
+                f"{basis}; {run.left:.0%} of it left after its checkpoint at step {run.resumes_from}",
+            )
+        return seconds, basis
+
+    def _whole(self, run: PlannedRun) -> tuple[float, str]:
+        """Seconds a whole run like `run` is expected to take, start to finish, and what that rests on."""
         if own := self._seconds(run.comparison, run.pe):
             return max(own), f"its {len(own)} finished run(s) here"
         cost, source = self.cost(run.pe)
@@ -257,13 +278,27 @@ def _open(owed: OwedComparison, overrides: dict[str, Any], root: Path, archive: 
 
 
 def _known(comparison: Comparison, run: PlannedRun, task: str) -> None:
-    """Fill in a finished run's seconds, whether it learned and the RoPE rate it measured, from its result.json."""
-    path = comparison.run_dir(run.pe, run.seed) / RESULT_FILE
+    """Fill in a finished run's seconds, whether it learned and the RoPE rate it measured, from its result.json;
+    an unfinished one's checkpoint to resume from (a deadline or a preemption stopped it in an earlier stage)."""
+    run_dir = comparison.run_dir(run.pe, run.seed)
+    path = run_dir / RESULT_FILE
     if path.exists():
         result = json.loads(path.read_text())
-        run.seconds = float(result["session_seconds"])
+        run.seconds = whole_run_seconds(result)
         run.learned = learned(task, result["metric"], result["summary"]["in_distribution"])
         run.rate = measured_rate(result, f"{task}/{comparison.directory.name}/{run.pe}/seed{run.seed}")
+    elif checkpoints := list_checkpoints(run_dir):
+        steps = comparison.runs[run.pe, run.seed].settings.steps
+        run.resumes_from = checkpoints[-1][0]
+        run.left = 1 - run.resumes_from / steps
+
+
+def whole_run_seconds(result: dict[str, Any]) -> float:
+    """A finished run's seconds, start to finish: its session's, plus, where it resumed from a checkpoint at step k
+    (`resumed_from_step`), its first k steps at the pace of its session's training."""
+    start, steps = result.get("resumed_from_step", 0), result["identity"]["train"]["steps"]
+    earlier = result["train_seconds_this_session"] * start / (steps - start) if start else 0.0
+    return float(result["session_seconds"]) + earlier
 
 
 def _check_arguments(
@@ -294,17 +329,23 @@ def run_stage(
     dry_run: bool = False,
     launcher=None,
     report_to: tuple[str, ...] = (),
+    checkpoint_minutes: float | None = None,
     log: Log | None = None,
 ) -> int:
     """Run the next runs of `plan` (of `tasks`, or all) for at most `budget_seconds`, training in `root` and copying
     each finished run into `out`/compare; `archive`: the folder whose finished runs count as done (see module
     docstring). `dry_run`: plan and print, train nothing. `launcher` (`launchers`; default: local, one run at a
-    time) trains the runs that may start, as many at once as it has slots; `report_to`: see `RunOptions`.
+    time) trains the runs that may start, as many at once as it has slots; `report_to`, `checkpoint_minutes` (None:
+    the recipes', every 3 minutes of training in the gpu preset): see `RunOptions`. A run that an earlier stage's
+    deadline or a preemption stopped resumes from its checkpoint in `root`, expected to take the share of its steps
+    left.
     `log` receives each run's start line and the status table (default: this module's logger). Returns 0, or 1 when
     a run failed."""
     started, say = time.monotonic(), log or logger.info
     out = Path(out)
-    options = RunOptions(progress, data_workers=data_workers, report_to=report_to)  # refuses bad ones, as below
+    options = RunOptions(  # refuses bad ones, as below
+        progress, data_workers=data_workers, report_to=report_to, checkpoint_minutes=checkpoint_minutes
+    )
     _check_arguments(budget_seconds, out, tasks, plan)
     launcher = launcher or LocalLauncher()
     chosen = [owed for owed in plan if tasks is None or owed.task in tasks]
@@ -378,6 +419,7 @@ def _dispatch(
                     "expected_from": basis,
                     "launcher": launcher.name,
                     "at_once": len(running) + len(new),
+                    **({"resumes_from_step": run.resumes_from} if run.resumes_from else {}),
                 }
             )
             jobs.append(

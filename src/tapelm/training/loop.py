@@ -1,5 +1,6 @@
 """A generic training loop on accelerate: AdamW, warm-up then cosine or constant, clipping, accumulation, mixed
-precision, gradient checkpointing, periodic evaluation, JSONL metrics, atomic checkpoints and exact resume.
+precision, gradient checkpointing, periodic evaluation, JSONL metrics, atomic checkpoints (every N steps, or every M
+minutes of training) and exact resume.
 
 It knows nothing about tasks. Give it a model whose forward returns an object with `.loss`, a batch stream and
 settings:
@@ -85,6 +86,7 @@ def train(
     evaluate_last: bool = True,
     data_workers: int = 0,
     compile_step: bool = False,
+    checkpoint_minutes: float = 0.0,
 ) -> TrainResult:
     """Train `model` for `settings.steps` optimizer updates and save it to `run_dir/model`.
 
@@ -100,6 +102,9 @@ def train(
     not a setting: it changes no number, only whether a GPU waits for the CPU to make its next batch).
     compile_step: compile the model for the run's fixed batch shapes (`compile_for_steps`); the same function to
     float rounding, so not a setting either.
+    checkpoint_minutes: also write a checkpoint at the first log step at least that many minutes (wall clock, the
+    main process's) after the previous one or the start of this call (0: only `checkpoint_every`'s). Not a setting
+    either: a checkpoint changes no number, and a run resumed from one ends as an unbroken run does.
 
     Between log steps the loop reads nothing from the device (`training_step`): token counts come from the batches'
     host copies, and the steps' losses are read at the next log, evaluation or checkpoint step. A non-finite loss
@@ -110,6 +115,7 @@ def train(
 
     run_dir = Path(run_dir)
     check_int("data_workers", data_workers, 0)
+    check_minutes(checkpoint_minutes)
     checkpoint = check_run_dir(run_dir, settings, resume)
     accelerator = check_world(accelerator or make_accelerator(settings))
     set_seed(settings.seed)
@@ -129,7 +135,7 @@ def train(
         disable=not (progress and accelerator.is_main_process),
         dynamic_ncols=True,
     )
-    started = time.perf_counter()
+    started = last_saved = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
     unread: list[torch.Tensor] = []  # the mean losses of the steps since the last read, on the device
     last_step = settings.steps if stop_after is None else min(settings.steps, stop_after)
@@ -155,12 +161,17 @@ def train(
                 torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are read already
             loss, grad_norm = training_step(model, on_device, accelerator, optimizer, scheduler, settings.clip)
             unread.append(loss)
-            logged = step % settings.log_every == 0 or step in (1, last_step)  # the first loss is always logged
+            # The first and last losses are always logged; a stop (`stop_after`) logs no line of its own, so that a
+            # run stopped and resumed logs the unbroken run's lines.
+            logged = step % settings.log_every == 0 or step in (1, settings.steps)
             evaluated = evaluate_fn is not None and (
                 (settings.eval_every and step % settings.eval_every == 0) or (step == settings.steps and evaluate_last)
             )
-            saved = settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.steps
-            if logged or evaluated or saved:
+            saved = step < settings.steps and (
+                (settings.checkpoint_every and step % settings.checkpoint_every == 0)
+                or (logged and _minutes_passed(accelerator, checkpoint_minutes, last_saved))
+            )
+            if logged or evaluated or saved or step == last_step:
                 result.losses += read_losses(unread, step - len(unread) + 1)
                 unread.clear()
             if logged:
@@ -185,6 +196,7 @@ def train(
                     _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result)
             if saved:
                 save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
+                last_saved = time.perf_counter()
     finally:
         batches.close()
         bar.close()
@@ -194,6 +206,29 @@ def train(
         save_checkpoint(accelerator, run_dir, settings.steps, micro, settings.keep_last)
         save_model(accelerator, model, run_dir / "model")
     return result
+
+
+def check_minutes(checkpoint_minutes: object) -> None:
+    """ValueError unless `checkpoint_minutes` is a number >= 0."""
+    if (
+        isinstance(checkpoint_minutes, bool)
+        or not isinstance(checkpoint_minutes, (int, float))
+        or not (checkpoint_minutes >= 0)
+    ):
+        raise ValueError(f"checkpoint_minutes={checkpoint_minutes!r}: give minutes >= 0 (0: no timed checkpoints)")
+
+
+def _minutes_passed(accelerator, minutes: float, since: float) -> bool:
+    """Whether `minutes` (> 0) have passed since `since` on the main process's clock, the same answer on every
+    process (broadcast: they save a checkpoint together or not at all)."""
+    if not minutes:
+        return False
+    passed = [time.perf_counter() - since >= 60 * minutes]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(passed, from_process=0)
+    return passed[0]
 
 
 def _prepare(model, parameters, settings: TrainSettings, accelerator, compile_step: bool, graphs: bool):
