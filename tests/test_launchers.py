@@ -183,6 +183,37 @@ def test_a_comparison_on_submitit_killed_mid_run_resumes_to_the_local_result(loc
         assert training(comparison.run_dir(pe, 0)) == training(local / pe / "seed0")
 
 
+@pytest.mark.slow  # a submitit job that starts twice (about 50 s here)
+def test_a_preempted_job_requeues_through_submitit_and_resumes_to_the_local_result(local, tmp_path) -> None:
+    """submitit's preemption signal (USR2, what SLURM sends a job it preempts) reaches the training job after its
+    first timed checkpoint: submitit's handler calls the job's `checkpoint`, requeues it (its local executor starts
+    the job again), the requeued job resumes from the checkpoint, and its result equals the one trained unbroken in
+    this process. The signal goes to the job's process itself: `LocalJob._interrupt` sends it to submitit's local
+    controller, which does not pass it on."""
+    pytest.importorskip("submitit", reason="submitit is not installed (pip install tapelm[cluster])")
+    import psutil  # accelerate's dependency
+    from submitit.local.local import LocalJobEnvironment
+
+    launcher = SlurmLauncher(tmp_path / "slurm", time_minutes=30, gpus_per_run=0, cluster="local", poll_seconds=0.2)
+    comparison = open_comparison(BASE, ["rope"], [0], tmp_path / "runs")
+    run_dir = comparison.run_dir("rope", 0)
+    job = Job(comparison.runs["rope", 0], run_dir, comparison.command)
+    (handle,) = launcher.submit([job], RunOptions(progress=False, checkpoint_minutes=1e-9))  # every log step
+    deadline = time.time() + 300
+    while not list_checkpoints(run_dir) and time.time() < deadline:
+        time.sleep(0.02)
+    assert not (run_dir / RESULT_FILE).exists()
+    (task,) = psutil.Process(handle._process.pid).children()  # the job, under submitit's local controller
+    task.send_signal(LocalJobEnvironment._usr_sig())
+    result = handle.result()
+    log = handle.stdout() or ""
+    assert "this job is preempted" in log and "Calling checkpoint method" in log and "Requeued job" in log
+    assert 0 < result["resumed_from_step"] < BASE.train_options["steps"]
+    whole = json.loads((local / "rope" / "seed0" / RESULT_FILE).read_text())
+    assert 0 < result["tokens_this_session"] < whole["tokens_this_session"]  # it went on from its checkpoint
+    assert training(run_dir) == training(local / "rope" / "seed0")
+
+
 @pytest.mark.device
 def test_on_cuda_every_visible_gpu_trains_runs_pinned_to_it(tmp_path) -> None:
     """`pytest --device cuda`: two runs at once per visible GPU, each in a worker that sees only its GPU; every GPU
