@@ -17,7 +17,7 @@ from tapelm.experiments.plan import AT_GPU_SCALE
 from tapelm.experiments.presets import PRESETS, get_preset
 from tapelm.experiments.runs import RESULT_FILE, RunOptions, RunSpec, batch_stream, resolve, run_task
 from tapelm.experiments.stage import _open, ordered_runs, run_stage, whole_run_seconds
-from tapelm.training.checkpoints import list_checkpoints
+from tapelm.training.checkpoints import list_checkpoints, verify_checkpoint
 from tapelm.training.loop import train
 from test_stage import TEXT, TINY, schedule
 
@@ -100,8 +100,11 @@ def test_a_task_run_stopped_after_its_timed_checkpoints_resumes_to_the_same_resu
     timed = RunOptions(progress=False, checkpoint_minutes=EVERY_LOG_STEP)
     assert run_task(SPEC, cut, timed, stop_after=5) is None
     assert [step for step, _ in list_checkpoints(cut)] == [2, 4] and not (cut / RESULT_FILE).exists()
+    recorded = verify_checkpoint(list_checkpoints(cut)[-1][1])["train_seconds"]
     resumed = run_task(SPEC, cut, options, resume=True)
     assert (whole["resumed_from_step"], resumed["resumed_from_step"]) == (0, 4)
+    assert (whole["train_seconds_before_this_session"], resumed["train_seconds_before_this_session"]) == (0, recorded)
+    assert recorded > 0
     for key in ("summary", "mean", "final_loss", "first_loss", "settings_hash", "identity"):
         assert resumed[key] == whole[key], key
     assert 0 < resumed["tokens_this_session"] < whole["tokens_this_session"]
@@ -136,7 +139,7 @@ def test_bad_checkpoint_minutes_are_one_line_errors_before_anything_starts(tmp_p
 
 def test_the_stage_expects_a_resumed_run_to_take_the_share_of_its_steps_left() -> None:
     """A run stopped at step 600 of 2,400 is expected to take three quarters of a whole run, and says so; a run
-    that resumed is counted whole: its session's seconds plus its first steps at its session's pace."""
+    that resumed is counted whole: its last session's seconds plus the training its checkpoint recorded."""
     plan = schedule((0, "rope", 0, 100.0, True))
     tape = next(r for r in plan.runs if (r.comparison, r.pe, r.seed) == (0, "tape", 0))
     whole, _ = plan.expected(tape)
@@ -146,16 +149,9 @@ def test_the_stage_expects_a_resumed_run_to_take_the_share_of_its_steps_left() -
         "; 75% of it left after its checkpoint at step 600"
     )
     assert plan.minutes_left() < schedule((0, "rope", 0, 100.0, True)).minutes_left()
-    result = {
-        "identity": {"train": {"steps": 2400}},
-        "session_seconds": 130.0,
-        "train_seconds_this_session": 90.0,
-        "resumed_from_step": 600,
-    }
-    assert whole_run_seconds(result) == pytest.approx(130.0 + 90.0 * 600 / 1800)
-    assert whole_run_seconds({**result, "resumed_from_step": 0}) == 130.0
-    del result["resumed_from_step"]  # written before runs recorded it: counted as unbroken
-    assert whole_run_seconds(result) == 130.0
+    result = {"session_seconds": 130.0, "train_seconds_before_this_session": 30.0}
+    assert whole_run_seconds(result) == 160.0
+    assert whole_run_seconds({"session_seconds": 130.0}) == 130.0  # written before results recorded it
     assert ordered_runs(AT_GPU_SCALE[:1])[0].left == 1.0
 
 

@@ -427,6 +427,7 @@ def run_task(
         "final_loss": losses[-1][1] if losses else None,
         "train_seconds_this_session": trained.seconds,
         "resumed_from_step": trained.start_step,
+        "train_seconds_before_this_session": trained.earlier_seconds,
         "eval_seconds": time.time() - eval_started,
         "session_seconds": time.time() - started,
         "world_size": trained.world_size,

@@ -294,11 +294,9 @@ def _known(comparison: Comparison, run: PlannedRun, task: str) -> None:
 
 
 def whole_run_seconds(result: dict[str, Any]) -> float:
-    """A finished run's seconds, start to finish: its session's, plus, where it resumed from a checkpoint at step k
-    (`resumed_from_step`), its first k steps at the pace of its session's training."""
-    start, steps = result.get("resumed_from_step", 0), result["identity"]["train"]["steps"]
-    earlier = result["train_seconds_this_session"] * start / (steps - start) if start else 0.0
-    return float(result["session_seconds"]) + earlier
+    """A finished run's seconds, start to finish: its last session's, plus the training before it that the
+    checkpoint it resumed from recorded (none in a result written before results recorded it)."""
+    return float(result["session_seconds"]) + result.get("train_seconds_before_this_session", 0.0)
 
 
 def _check_arguments(

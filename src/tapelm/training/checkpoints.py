@@ -116,8 +116,9 @@ def newest_intact_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return None
 
 
-def save_checkpoint(accelerator, run_dir: Path, step: int, micro: int, keep_last: int) -> Path:
-    """accelerate's save_state into a temporary folder, a manifest, then one atomic rename."""
+def save_checkpoint(accelerator, run_dir: Path, step: int, micro: int, keep_last: int, seconds: float) -> Path:
+    """accelerate's save_state into a temporary folder, a manifest (with the data position `micro` and the
+    `seconds` the run has trained so far, over all its sessions), then one atomic rename."""
     root = run_dir / CHECKPOINT_DIR
     final = root / f"step-{step:08d}"
     temporary = root / f".step-{step:08d}.tmp"
@@ -129,7 +130,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, micro: int, keep_last
     accelerator.save_state(str(temporary), safe_serialization=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        write_manifest(temporary, step, {"data_position": micro, "world_size": accelerator.num_processes})
+        extra = {"data_position": micro, "world_size": accelerator.num_processes, "train_seconds": seconds}
+        write_manifest(temporary, step, extra)
         if final.exists():
             shutil.rmtree(final)
         os.replace(temporary, final)

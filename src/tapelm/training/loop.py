@@ -59,7 +59,9 @@ EvaluateFn = Callable[[torch.nn.Module, int], Mapping[str, Any]]
 @dataclass
 class TrainResult:
     """What a finished `train` call returns. `losses` are this run's per-step mean training losses (all processes
-    averaged), indexed from the first step trained by this call (`start_step` + 1)."""
+    averaged), indexed from the first step trained by this call (`start_step` + 1); `seconds` this call's training,
+    `earlier_seconds` the run's before it (recorded in the checkpoint it resumed from; 0 from the start, or from a
+    checkpoint written before checkpoints recorded it)."""
 
     run_dir: Path
     steps: int
@@ -68,6 +70,7 @@ class TrainResult:
     final_loss: float = float("nan")
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    earlier_seconds: float = 0.0
     world_size: int = 1
     tokens: int = 0
 
@@ -121,10 +124,14 @@ def train(
     set_seed(settings.seed)
     graphs = compile_step and accelerator.device.type == "cuda" and settings.grad_accum == 1
     model, optimizer, scheduler = _prepare(model, parameters, settings, accelerator, compile_step, graphs)
-    start_step, micro, metrics_path = _restore(accelerator, run_dir, settings, checkpoint, resume)
+    start_step, micro, earlier, metrics_path = _restore(accelerator, run_dir, settings, checkpoint, resume)
 
     result = TrainResult(
-        run_dir=run_dir, steps=settings.steps, start_step=start_step, world_size=accelerator.num_processes
+        run_dir=run_dir,
+        steps=settings.steps,
+        start_step=start_step,
+        earlier_seconds=earlier,
+        world_size=accelerator.num_processes,
     )
     rank, world = accelerator.process_index, accelerator.num_processes
     bar = tqdm(
@@ -195,7 +202,8 @@ def train(
                 with torch.compiler.set_stance("force_eager") if compile_step else contextlib.nullcontext():
                     _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result)
             if saved:
-                save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last)
+                seconds = earlier + time.perf_counter() - started
+                save_checkpoint(accelerator, run_dir, step, micro, settings.keep_last, seconds)
                 last_saved = time.perf_counter()
     finally:
         batches.close()
@@ -203,7 +211,7 @@ def train(
     result.seconds = time.perf_counter() - started
     result.final_loss = result.losses[-1] if result.losses else float("nan")
     if step >= settings.steps:
-        save_checkpoint(accelerator, run_dir, settings.steps, micro, settings.keep_last)
+        save_checkpoint(accelerator, run_dir, settings.steps, micro, settings.keep_last, earlier + result.seconds)
         save_model(accelerator, model, run_dir / "model")
     return result
 
@@ -252,10 +260,12 @@ def _prepare(model, parameters, settings: TrainSettings, accelerator, compile_st
     return model, optimizer, scheduler
 
 
-def _restore(accelerator, run_dir: Path, settings: TrainSettings, checkpoint, resume: bool) -> tuple[int, int, Path]:
-    """The step and data position to start from (a checkpoint's state loaded), with the run directory's
-    settings.json written and its metrics.jsonl cut back to the start step; and that file's path."""
-    start_step, micro = 0, 0
+def _restore(
+    accelerator, run_dir: Path, settings: TrainSettings, checkpoint, resume: bool
+) -> tuple[int, int, float, Path]:
+    """The step, data position and seconds trained to start from (a checkpoint's state loaded), with the run
+    directory's settings.json written and its metrics.jsonl cut back to the start step; and that file's path."""
+    start_step, micro, earlier = 0, 0, 0.0
     if checkpoint is not None:
         start_step, path = checkpoint
         manifest = verify_checkpoint(path)
@@ -266,6 +276,7 @@ def _restore(accelerator, run_dir: Path, settings: TrainSettings, checkpoint, re
             )
         accelerator.load_state(str(path))
         micro = int(manifest["data_position"])
+        earlier = float(manifest.get("train_seconds", 0.0))
     metrics_path = run_dir / "metrics.jsonl"
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -275,7 +286,7 @@ def _restore(accelerator, run_dir: Path, settings: TrainSettings, checkpoint, re
         elif metrics_path.exists():
             metrics_path.unlink()
     accelerator.wait_for_everyone()
-    return start_step, micro, metrics_path
+    return start_step, micro, earlier, metrics_path
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
