@@ -1,0 +1,81 @@
+"""Wall attention in plain PyTorch, the reference: softmax over s_ij = scale sum_n q_in k_jn exp(G_in - G_jn), G the
+cumulative per-channel log gates, a block of queries at a time.
+
+No factor exp(G) or exp(-G) is formed alone (either overflows over a long context). A block's earlier keys are read
+through the block's first query as anchor A: exp(G_i - G_j) = exp(G_i - A) exp(A - G_j), both factors at most 1
+since G never grows (log gates are at most 0); the pairs inside the block take the difference G_i - G_j directly.
+With gradients each block runs inside an activation checkpoint, so no N x T x d tensor per head is kept."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..attention import AttentionMask
+
+BLOCK = 32
+"""Queries per block: the pairs inside a block cost an exponential per channel, the earlier keys one per block."""
+
+
+def wall_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cumulative: torch.Tensor,
+    mask: AttentionMask,
+    scale: float,
+    probabilities: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Wall attention of the last N of T tokens: q (B, H, N, d), k (B, Hkv, T, d), v (B, Hkv, T, dv), `cumulative`
+    (B, H, T, d) the cumulative log gates of every key (the queries' are its last N rows), in float32 or wider;
+    `mask` says which keys each query sees (causal, the queries being the last N keys). Returns the output
+    (B, H, N, dv) in v's dtype and, when `probabilities`, the attention weights (B, H, N, T) (else None)."""
+    length, keys = q.shape[-2], k.shape[-2]
+    groups = q.shape[1] // k.shape[1]
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), cumulative.dtype)
+    past = keys - length
+    blocks, weights = [], []
+    for start in range(0, length, BLOCK):
+        end = min(start + BLOCK, length)
+        if mask.valid is None:
+            valid = torch.ones(end - start, past + end, dtype=torch.bool, device=q.device).tril(past + start)
+        else:
+            valid = mask.valid[..., start:end, : past + end]
+
+        def block(q_rows, k, v, cumulative, valid=valid, start=past + start, end=past + end):
+            return _block(q_rows.to(dtype), k.to(dtype), v, cumulative.to(dtype), valid, start, end, groups, scale)
+
+        args = (
+            q[..., start:end, :],
+            k[..., : past + end, :],
+            v[..., : past + end, :],
+            cumulative[..., : past + end, :],
+        )
+        if torch.is_grad_enabled() and not probabilities:
+            out, _ = checkpoint(block, *args, use_reentrant=False)
+        else:
+            out, probs = block(*args)
+            if probabilities:
+                weights.append(F.pad(probs, (0, keys - probs.shape[-1])))
+        blocks.append(out)
+    return torch.cat(blocks, dim=-2), torch.cat(weights, dim=-2) if probabilities else None
+
+
+def _block(q, k, v, cumulative, valid, start: int, end: int, groups: int, scale: float):
+    """The output and weights of queries start..end-1 (as key indices) over keys 0..end-1; `valid`
+    (.., end - start, end)."""
+    k = k.repeat_interleave(groups, dim=1)  # the gates are per query head
+    anchor = cumulative[..., start : start + 1, :]
+    mine = cumulative[..., start:end, :]
+    earlier = (q * (mine - anchor).exp()) @ (k[..., :start, :] * (anchor - cumulative[..., :start, :]).exp()).mT
+    causal = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).tril()[..., None]
+    decay = torch.where(causal, mine[..., :, None, :] - mine[..., None, :, :], 0.0).exp()
+    inside = (q[..., :, None, :] * k[..., None, start:end, :] * decay).sum(-1)
+    logits = torch.cat([earlier, inside], dim=-1) * scale
+    probs = logits.masked_fill(~valid, float("-inf")).softmax(-1)
+    values = v.repeat_interleave(groups, dim=1)
+    return (probs @ values.to(probs.dtype)).to(v.dtype), probs
+
+
+__all__ = ["BLOCK", "wall_attention"]
