@@ -12,6 +12,7 @@ from .grape_m import GrapeContextual, GrapeFixed
 from .path import PaTH
 from .rotary import RandPE, RoPE, XPos
 from .tape import TapeEncoding, TapeLayer
+from .wall import Wall
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "tape": TapeEncoding,
@@ -33,6 +34,7 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "grape-a-q": GrapeAQuery,
     "grape-a-k": GrapeAKey,
     "grape-a-qk": GrapeAQueryKey,
+    "wall": Wall,
 }
 
 

@@ -35,7 +35,7 @@ def wall_attention(
     groups = q.shape[1] // k.shape[1]
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), cumulative.dtype)
     past = keys - length
-    blocks, weights = [], []
+    blocks = []
     for start in range(0, length, BLOCK):
         end = min(start + BLOCK, length)
         if mask.valid is None:
@@ -43,27 +43,32 @@ def wall_attention(
         else:
             valid = mask.valid[..., start:end, : past + end]
 
-        def block(q_rows, k, v, cumulative, valid=valid, start=past + start, end=past + end):
-            return _block(q_rows.to(dtype), k.to(dtype), v, cumulative.to(dtype), valid, start, end, groups, scale)
+        def block(q_rows, k, cumulative, valid=valid, start=past + start, end=past + end):
+            return _weights(q_rows.to(dtype), k.to(dtype), cumulative.to(dtype), valid, start, end, groups, scale)
 
-        args = (
-            q[..., start:end, :],
-            k[..., : past + end, :],
-            v[..., : past + end, :],
-            cumulative[..., : past + end, :],
-        )
-        if torch.is_grad_enabled() and not probabilities:
-            out, _ = checkpoint(block, *args, use_reentrant=False)
-        else:
-            out, probs = block(*args)
-            if probabilities:
-                weights.append(F.pad(probs, (0, keys - probs.shape[-1])))
-        blocks.append(out)
-    return torch.cat(blocks, dim=-2), torch.cat(weights, dim=-2) if probabilities else None
+        args = (q[..., start:end, :], k[..., : past + end, :], cumulative[..., : past + end, :])
+        if probabilities:
+            blocks.append(F.pad(block(*args), (0, keys - past - end)))
+            continue
+
+        def output(*args, weights=block, values=v[..., : past + end, :]):
+            return _mix(weights(*args), values)
+
+        grad = torch.is_grad_enabled()
+        blocks.append(checkpoint(output, *args, use_reentrant=False) if grad else output(*args))
+    if not probabilities:
+        return torch.cat(blocks, dim=-2), None
+    weights = torch.cat(blocks, dim=-2)
+    return _mix(weights, v), weights
 
 
-def _block(q, k, v, cumulative, valid, start: int, end: int, groups: int, scale: float):
-    """The output and weights of queries start..end-1 (as key indices) over keys 0..end-1; `valid`
+def _mix(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The weights (B, H, n, t) applied to the values (B, Hkv, t, dv), in v's dtype."""
+    return (probs @ v.repeat_interleave(probs.shape[1] // v.shape[1], dim=1).to(probs.dtype)).to(v.dtype)
+
+
+def _weights(q, k, cumulative, valid, start: int, end: int, groups: int, scale: float) -> torch.Tensor:
+    """The attention weights of queries start..end-1 (as key indices) over keys 0..end-1; `valid`
     (.., end - start, end)."""
     k = k.repeat_interleave(groups, dim=1)  # the gates are per query head
     anchor = cumulative[..., start : start + 1, :]
@@ -73,9 +78,7 @@ def _block(q, k, v, cumulative, valid, start: int, end: int, groups: int, scale:
     decay = torch.where(causal, mine[..., :, None, :] - mine[..., None, :, :], 0.0).exp()
     inside = (q[..., :, None, :] * k[..., None, start:end, :] * decay).sum(-1)
     logits = torch.cat([earlier, inside], dim=-1) * scale
-    probs = logits.masked_fill(~valid, float("-inf")).softmax(-1)
-    values = v.repeat_interleave(groups, dim=1)
-    return (probs @ values.to(probs.dtype)).to(v.dtype), probs
+    return logits.masked_fill(~valid, float("-inf")).softmax(-1)
 
 
 __all__ = ["BLOCK", "wall_attention"]
