@@ -63,7 +63,8 @@ class TapeConfig(PreTrainedConfig):
       causal convolution (3 as fla's `conv_size`; 1 means no history).
     - Wall (Tilde Research 2026, fla's `WallAttention`; `pe_type` "wall"): `wall_gate_bias_init` is the bias of the
       per-channel decay gates at initialisation (8 as fla's `gate_init_bias`: every gate starts near 1, attention
-      near plain softmax).
+      near plain softmax); `wall_scalar_gate` False (fla's `use_scalar_gate`) adds FoX's gate per head, its bias
+      starting at `wall_gate_bias_init` too.
 
     GRAPE (Zhang et al. 2025; `pe_type` "grape-m-fixed", "grape-m", "grape-ap", "grape-a-q", "grape-a-k" and
     "grape-a-qk"), with the defaults of the authors' code and configurations (model-architectures/GRAPE;
@@ -138,6 +139,7 @@ class TapeConfig(PreTrainedConfig):
     path_low_rank: int = 32
     path_conv_size: int = 3
     wall_gate_bias_init: float = 8.0
+    wall_scalar_gate: bool = False
     grape_learnable_freq: bool = True
     grape_share_across_heads: bool = True
     grape_log_freq_scale: float = 16.0

@@ -1,6 +1,6 @@
 """Wall attention, softmax over s_ij = scale sum_n q_in k_jn exp(G_in - G_jn) with G the cumulative per-channel log
-gates: the reference (`naive`) and fla's kernels ("wall-attention-fla": its parallel kernel for a pass without
-cached keys, its decode kernel for cached ones)."""
+gates (and a FoX-style scalar gate per head where it is on): the reference (`naive`) and fla's kernels
+("wall-attention-fla": its parallel kernel for a pass without cached keys, its decode kernel for cached ones)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import torch
 from ...fast_paths import FastPaths
 from .. import candidates, first
 from ..attention import AttentionMask
-from .naive import BLOCK
+from .naive import BLOCK, Gates
 from .naive import wall_attention as naive_wall_attention
 
 
-def _fla(q, k, v, log_gates, cumulative, mask, scale):
+def _fla(q, k, v, gates, mask, scale):
     from .fla import wall_attention
 
-    return wall_attention(q, k, v, log_gates, cumulative, mask, scale)
+    return wall_attention(q, k, v, gates, mask, scale)
 
 
 CANDIDATES = candidates("wall-attention", ("fla", _fla))
@@ -26,21 +26,19 @@ def wall_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    log_gates: torch.Tensor,
-    cumulative: torch.Tensor,
+    gates: Gates,
     mask: AttentionMask,
     scale: float,
     paths: FastPaths,
     probabilities: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Wall attention of the last N of T tokens (`naive.wall_attention`), `log_gates` (B, H, N, d) the new tokens'
-    log gates and `cumulative` (B, H, T, d) every key's cumulative sums: the first candidate that is on and takes
+    """Wall attention of the last N of T tokens (`naive.wall_attention`): the first candidate that is on and takes
     the call, else the reference. Weights (`probabilities`) come from the reference only."""
     if not probabilities:
-        out = first(CANDIDATES, paths, q, k, v, log_gates, cumulative, mask, scale)
+        out = first(CANDIDATES, paths, q, k, v, gates, mask, scale)
         if out is not None:
             return out, None
-    return naive_wall_attention(q, k, v, cumulative, mask, scale, probabilities)
+    return naive_wall_attention(q, k, v, gates, mask, scale, probabilities)
 
 
-__all__ = ["BLOCK", "CANDIDATES", "naive_wall_attention", "wall_attention"]
+__all__ = ["BLOCK", "CANDIDATES", "Gates", "naive_wall_attention", "wall_attention"]
