@@ -16,7 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICE, decode_in_chunks, new_model, tiny_config, tiny_model, tokens
+from accuracy import BATCHES, batch_inputs, compare_paths, outputs
+from conftest import DEVICE, WEIGHT_STD, decode_in_chunks, new_model, tiny_config, tiny_model, tokens
+from tapelm import fast_paths
 from tapelm.kernels.attention import AttentionMask
 from tapelm.kernels.forgetting_attention.naive import forgetting_bias
 from tapelm.kernels.wall_attention import naive
@@ -254,3 +256,129 @@ def test_gates_start_near_one():
     assert layer.gate.weight.shape == (32, 32) and layer.scalar_gate.weight.shape == (4, 32)
     for gate in (layer.gate, layer.scalar_gate):
         assert torch.equal(gate.bias, torch.full_like(gate.bias, 8.0))
+
+
+# --- fla's kernels (fast path "wall-attention-fla") --------------------------------------------------------------
+
+ON_GPU = DEVICE.type == "cuda"
+
+
+def decode_stand_in(q, v, p_curr, k_tilde, r_cache, sink_bias, scale, cache_chunk_size, g_scalar_cumsum=None):
+    """What fla's `parallel_wall_attn_decode` computes (its docstring and `build_wall_kv_cache`'s: k_tilde_j =
+    k_j 2^(R_c(j) - P_j), R_c the prefix at key j's chunk start), restated for the CPU, where its kernel does not
+    run: the last queries over every cached key, prefix sums in base 2."""
+    queries, keys = q.shape[1], v.shape[1]
+    anchors = r_cache.repeat_interleave(cache_chunk_size, dim=1)[:, :keys]
+    causal = torch.ones(queries, keys, dtype=torch.bool, device=q.device).tril(keys - queries)[None, :, :, None, None]
+    exponent = (p_curr[:, :, None] - anchors[:, None]).masked_fill(~causal, 0.0)
+    logits = (q[:, :, None] * k_tilde[:, None] * torch.exp2(exponent)).sum(-1) * scale  # (B, Tq, T, HQ)
+    if g_scalar_cumsum is not None:
+        logits = logits + (g_scalar_cumsum[:, -queries:, None] - g_scalar_cumsum[:, None]) * math.log(2)
+    probs = logits.masked_fill(~causal[..., 0], -math.inf).softmax(2)
+    values = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    return torch.einsum("bqth,bthd->bqhd", probs, values.to(probs.dtype)).to(v.dtype), None
+
+
+@pytest.fixture
+def routed(monkeypatch, fla_naive):
+    """The calls that reached fla's kernels, each (name, cu_seqlens or None): the kernels on CUDA; on the CPU fla's
+    naive op for the parallel kernel and `decode_stand_in` for the decode kernel (tapelm's shape checks and fla's
+    `build_wall_kv_cache`, plain PyTorch, run as they are)."""
+    import fla.ops.wall_attn as library
+
+    import tapelm.kernels
+
+    calls = []
+    if not ON_GPU:
+        takes = tapelm.kernels.fla_takes
+        monkeypatch.setattr(tapelm.kernels, "fla_takes", lambda x: x.device.type == "cpu" or takes(x))
+    parallel = library.parallel_wall_attn if ON_GPU else fla_naive
+    decode = library.parallel_wall_attn_decode if ON_GPU else decode_stand_in
+
+    def parallel_call(q, k, v, g, g_scalar=None, scale=None, cu_seqlens=None):
+        calls.append(("parallel", cu_seqlens))
+        return parallel(q, k, v, g, g_scalar=g_scalar, scale=scale, cu_seqlens=cu_seqlens).to(q.dtype)
+
+    def decode_call(*args, **kwargs):
+        calls.append(("decode", None))
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(library, "parallel_wall_attn", parallel_call)
+    monkeypatch.setattr(library, "parallel_wall_attn_decode", decode_call)
+    return calls
+
+
+def fla_model(on: bool, dtype, **overrides):
+    """Heads of 64, fla's path alone or no fast path, weights half the tiny models' scale, gate biases 4 (log g
+    about -0.02 a token: fla rescales keys by the decay over up to 64 of them, which must stay within float32)."""
+    paths = ["wall-attention-fla"] if on else []
+    model = tiny_model("wall", dtype=dtype, fast_paths=paths, std=WEIGHT_STD / 2, hidden_size=256, **overrides)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for gate in (layer.positional.gate, layer.positional.scalar_gate):
+                if gate is not None:
+                    gate.bias.fill_(4.0)
+    return model
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_fla_computes_the_reference_function(routed, batch, scalar):
+    """Logits and every parameter's gradient through fla's parallel kernel against the reference, for a plain, a
+    left-padded and a packed batch (one row of segments where the mask cuts the batch), with and without the scalar
+    gate; every attention call went to fla."""
+    ids = tokens(2, 40)
+    inputs = batch_inputs(batch, ids)
+
+    def run(setting, dtype):
+        net = fla_model(setting == "on", dtype, wall_scalar_gate=scalar).train()
+        logits = net(ids, **inputs).logits
+        generator = torch.Generator().manual_seed(3)
+        weights = torch.randn(logits.shape, generator=generator, dtype=torch.float64, device="cpu")
+        (logits * weights.to(DEVICE, dtype)).sum().backward()
+        return outputs(net, logits=logits)
+
+    with fast_paths.recording() as ran:
+        compare_paths(run, torch.bfloat16 if ON_GPU else torch.float64, exact=1e-4)
+    assert ran == {"wall-attention-fla"} and {name for name, _ in routed} == {"parallel"}
+    assert all((cut is None) == (batch == "plain") for _, cut in routed)
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+def test_fla_decodes_what_the_reference_computes(routed, scalar):
+    """A prompt through the parallel kernel, then tokens one at a time through the decode kernel over tapelm's cache,
+    against the reference's full pass; a left-padded batch decodes on the reference (the decode kernel takes no
+    mask)."""
+    dtype = torch.float32 if ON_GPU else torch.float64
+    ids = tokens(2, 70)
+    with torch.no_grad():
+        expected = fla_model(False, dtype, wall_scalar_gate=scalar)(ids).logits
+        got = decode_in_chunks(fla_model(True, dtype, wall_scalar_gate=scalar), ids, [66, 1, 1, 1, 1])
+    close(got, expected, 2e-3 if ON_GPU else 1e-4)
+    assert [name for name, _ in routed] == ["parallel"] * 2 + ["decode"] * 8
+    routed.clear()
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    net = fla_model(True, dtype)
+    with torch.no_grad():
+        generated = net.generate(ids[:, :20], attention_mask=mask[:, :20], max_new_tokens=3, do_sample=False)
+    assert "decode" not in {name for name, _ in routed}
+    reference = fla_model(False, dtype).generate(
+        ids[:, :20], attention_mask=mask[:, :20], max_new_tokens=3, do_sample=False
+    )
+    assert torch.equal(generated, reference)
+
+
+def test_fla_leaves_decoding_to_the_reference_where_rescaled_keys_overflow(routed):
+    """Gates of e^-20 a token: fla's keys rescaled over a chunk pass float32's range, so decoding stays on the
+    reference, which computes every decay as a difference, and gives its tokens."""
+    dtype = torch.float32
+    ids = tokens(1, 30)
+    nets = [fla_model(on, dtype) for on in (True, False)]
+    with torch.no_grad():
+        for net in nets:
+            for layer in net.model.layers:
+                layer.positional.gate.bias.fill_(-20.0)
+        generated, reference = (net.generate(ids, max_new_tokens=3, do_sample=False) for net in nets)
+    assert [name for name, _ in routed] == ["parallel"] * 2
+    assert torch.equal(generated, reference)

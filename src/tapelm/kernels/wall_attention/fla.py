@@ -3,8 +3,10 @@ token-major one and back, the log gates per query head and channel in float32 (f
 fla sums itself; the scalar gate's as its `g_scalar`). A pass without cached keys runs `parallel_wall_attn`, the mask
 as fla's variable-length segments (packed documents; padding, each padding token a segment of its own). Cached keys
 run fla's decode kernel over keys rescaled per chunk of `CHUNK` (rebuilt from tapelm's cache at each call, from the
-cumulative sums tapelm keeps), only without gradients and where every query sees every earlier key (the decode
-kernel takes no mask: a padded batch goes to the reference). Any other call is left to the reference (None)."""
+cumulative sums tapelm keeps), only without gradients, where every query sees every earlier key (the decode
+kernel takes no mask: a padded batch goes to the reference) and where the rescaled keys are finite (k_j 2^(R - P_j)
+grows with the decay over a chunk, past float32's range for gates closed enough). Any other call is left to the
+reference (None)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def _decode(q, k, v, gates: Gates, mask, scale) -> torch.Tensor | None:
     build = kernel(q, "build_wall_kv_cache")
     prefix = heads_last(gates.every, False).float() / math.log(2)  # fla's prefix sums are in base 2
     rescaled, anchors = build(heads_last(k, False), prefix, CHUNK, out_dtype=k.dtype)
+    if not bool(torch.isfinite(rescaled).all()):  # a chunk's gates past float32's range: the reference is exact
+        return None
     scalar = None if gates.scalar_every is None else heads_last(gates.scalar_every[..., 0], False).float() / math.log(2)
     out, _ = run(
         heads_last(q, False),
