@@ -370,15 +370,15 @@ def test_fla_decodes_what_the_reference_computes(routed, scalar):
 
 
 def test_fla_leaves_decoding_to_the_reference_where_rescaled_keys_overflow(routed):
-    """Gates of e^-20 a token: fla's keys rescaled over a chunk pass float32's range, so decoding stays on the
-    reference, which computes every decay as a difference, and gives its tokens."""
-    dtype = torch.float32
-    ids = tokens(1, 30)
-    nets = [fla_model(on, dtype) for on in (True, False)]
+    """Gates of e^-20 a token: fla's keys rescaled over a chunk pass float32's range after 5 tokens, so decoding goes
+    to the reference from there, which computes every decay as a difference, and gives its tokens (a one-token
+    prompt: fla's parallel kernel clamps such gates)."""
+    ids = tokens(1, 1)
+    nets = [fla_model(on, torch.float32) for on in (True, False)]
     with torch.no_grad():
         for net in nets:
             for layer in net.model.layers:
                 layer.positional.gate.bias.fill_(-20.0)
-        generated, reference = (net.generate(ids, max_new_tokens=3, do_sample=False) for net in nets)
-    assert [name for name, _ in routed] == ["parallel"] * 2
-    assert torch.equal(generated, reference)
+        generated, reference = (net.generate(ids, max_new_tokens=9, do_sample=False) for net in nets)
+    decoded = [name for name, _ in routed].count("decode")
+    assert 0 < decoded < 2 * 8 and torch.equal(generated, reference)
