@@ -113,14 +113,13 @@ def _logits(q, k, cumulative, anchored, start: int, end: int) -> torch.Tensor:
     k = _per_query_head(k[..., chunk:, :], q.shape[1]).to(q.dtype)  # the gates are per query head
     near = q * (mine - anchor).exp()
     ends = cumulative[..., BLOCK - 1 : chunk : BLOCK, :]
-    chunks = (near[..., None, :, :] * (anchor - ends).exp()[..., :, None, :]) @ anchored[..., :chunk, :].unflatten(
-        -2, (-1, BLOCK)
-    ).mT  # (B, H, chunks, n, BLOCK)
-    before = near @ (k[..., : start - chunk, :] * (anchor - cumulative[..., chunk:start, :]).exp()).mT
+    chunks = anchored[..., :chunk, :] * (anchor - ends).exp().repeat_interleave(BLOCK, dim=-2)
+    before = k[..., : start - chunk, :] * (anchor - cumulative[..., chunk:start, :]).exp()
+    earlier = near @ torch.cat([chunks, before], dim=-2).mT
     causal = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).tril()[..., None]
     decay = torch.where(causal, mine[..., :, None, :] - mine[..., None, :, :], 0.0).exp()
     inside = (q[..., :, None, :] * k[..., None, start - chunk :, :] * decay).sum(-1)
-    return torch.cat([chunks.transpose(-3, -2).flatten(-2), before, inside], dim=-1)
+    return torch.cat([earlier, inside], dim=-1)
 
 
 __all__ = ["BLOCK", "Gates", "wall_attention"]
