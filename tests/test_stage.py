@@ -212,10 +212,11 @@ def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
     assert budget.estimated == {"grape-m-fixed", "grape-m", "grape-ap", "grape-a-q", "grape-a-k", "grape-a-qk", "wall"}
     assert "not measured on a GPU" in json.loads(BUDGET_FILE.read_text())["step_cost"]["estimated"]["source"]
     schedule = Schedule([], [], [])
+    measured = {pe: cost for pe, cost in budget.step_costs.items() if pe not in budget.estimated}
     for pe in sorted(budget.estimated):
-        assert schedule.cost(pe) == (budget.step_costs[pe], "estimated")
-        assert step_cost(pe) < max(budget.step_costs.values())
-    assert schedule.cost("path") == (max(budget.step_costs.values()), "bench")
+        assert schedule.cost(pe) == (budget.step_costs[pe], "estimated") == (step_cost(pe), "estimated")
+        assert pe == "wall" or step_cost(pe) < max(measured.values())  # Wall's reference is estimated above PaTH's
+    assert schedule.cost("path") == (max(measured.values()), "bench")
 
 
 def test_the_prediction_says_which_gain_each_budget_needs_and_lists_the_unmeasured_one_apart() -> None:

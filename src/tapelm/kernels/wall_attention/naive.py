@@ -71,18 +71,17 @@ def wall_attention(
                 logits = logits + (scalar[..., start:end, :] - scalar.mT).to(logits.dtype)
             return logits.masked_fill(~valid, float("-inf")).softmax(-1)
 
+        def output(*args, weights=block, values=v[..., :end, :]):
+            return _mix(weights(*args), values)
+
         rows = slice(None, end)
         args = (q[..., start - past : end - past, :], k[..., rows, :], cumulative[..., rows, :], _part(scalar, rows))
         if probabilities:
             blocks.append(F.pad(block(*args), (0, keys - end)))
-            start = end
-            continue
-
-        def output(*args, weights=block, values=v[..., :end, :]):
-            return _mix(weights(*args), values)
-
-        grad = torch.is_grad_enabled()
-        blocks.append(checkpoint(output, *args, use_reentrant=False) if grad else output(*args))
+        elif torch.is_grad_enabled():
+            blocks.append(checkpoint(output, *args, use_reentrant=False))
+        else:
+            blocks.append(output(*args))
         start = end
     if not probabilities:
         return torch.cat(blocks, dim=-2), None
