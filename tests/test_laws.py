@@ -140,6 +140,7 @@ SHIFT_INVARIANT = [
     "grape-a-k",
     "grape-a-qk",
     "pope",
+    "wall",
 ]
 
 

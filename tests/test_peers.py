@@ -1,4 +1,5 @@
-"""The contextual peers FoX and PaTH: their own laws, beyond the ones every encoding passes."""
+"""The contextual peers FoX, PaTH and Wall: their own laws, beyond the ones every encoding passes (Wall's reference
+and special cases are in test_wall.py)."""
 
 import pytest
 import torch
@@ -31,6 +32,9 @@ def copy_into(source, target) -> None:
         (dict(path_low_rank=2.5), "path_low_rank"),
         (dict(path_conv_size=0), "path_conv_size"),
         (dict(fox_gate_bias_init=float("nan")), "fox_gate_bias_init"),
+        (dict(pe_type="wall", causal=False), "causal"),
+        (dict(wall_gate_bias_init=float("inf")), "wall_gate_bias_init"),
+        (dict(wall_gate_bias_init="8"), "wall_gate_bias_init"),
     ],
 )
 def test_invalid_peer_options_are_named(overrides, field):
@@ -231,10 +235,10 @@ def test_path_chunks_longer_than_one_block_keep_cache_parity():
     torch.testing.assert_close(decode_in_chunks(model, ids, [70, 1, 1, 78]), full, atol=1e-9, rtol=0)
 
 
-# --- both --------------------------------------------------------------------------------------------------------
+# --- all ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pe_type", ["fox", "path"])
+@pytest.mark.parametrize("pe_type", ["fox", "path", "wall"])
 def test_output_attentions(pe_type):
     model = tiny_model(pe_type, dtype=torch.float64)
     ids = tokens(2, 10)
@@ -249,7 +253,7 @@ def test_output_attentions(pe_type):
         assert (probs.triu(1) == 0).all()
 
 
-@pytest.mark.parametrize("pe_type", ["fox", "path"])
+@pytest.mark.parametrize("pe_type", ["fox", "path", "wall"])
 def test_beam_search_reorders_the_per_layer_state(pe_type):
     model = tiny_model(pe_type, dtype=torch.float64)
     ids = tokens(2, 6)
@@ -257,7 +261,7 @@ def test_beam_search_reorders_the_per_layer_state(pe_type):
     assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
 
 
-@pytest.mark.parametrize("pe_type", ["fox", "path"])
+@pytest.mark.parametrize("pe_type", ["fox", "path", "wall"])
 def test_padding_tokens_do_not_leak_into_state(pe_type):
     """Whatever the padding tokens are, the real tokens' outputs and the continuation stay the same."""
     model = tiny_model(pe_type, dtype=torch.float64)

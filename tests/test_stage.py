@@ -204,18 +204,28 @@ def test_the_rate_is_the_slowest_measured_by_the_newest_code_and_the_bench_befor
 
 
 def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
-    """docs/gpu/budget.json prices the encodings it names (each a pe_type); GRAPE's and PoPE's costs, which no GPU
-    measured, are its estimates with their provenance (not the largest measured cost), and the stage says an estimate
-    is one."""
+    """docs/gpu/budget.json prices the encodings it names (each a pe_type); GRAPE's, PoPE's and Wall's costs, which no
+    GPU measured, are their estimates with their provenance (not the largest measured cost), and the stage says an
+    estimate is one."""
     budget = gpu_budget()
     assert set(budget.step_costs) <= set(PE_TYPES)
-    assert budget.estimated == {"grape-m-fixed", "grape-m", "grape-ap", "grape-a-q", "grape-a-k", "grape-a-qk", "pope"}
+    assert budget.estimated == {
+        "grape-m-fixed",
+        "grape-m",
+        "grape-ap",
+        "grape-a-q",
+        "grape-a-k",
+        "grape-a-qk",
+        "pope",
+        "wall",
+    }
     assert "not measured on a GPU" in json.loads(BUDGET_FILE.read_text())["step_cost"]["estimated"]["source"]
     schedule = Schedule([], [], [])
+    measured = {pe: cost for pe, cost in budget.step_costs.items() if pe not in budget.estimated}
     for pe in sorted(budget.estimated):
-        assert schedule.cost(pe) == (budget.step_costs[pe], "estimated")
-        assert step_cost(pe) < max(budget.step_costs.values())
-    assert schedule.cost("path") == (max(budget.step_costs.values()), "bench")
+        assert schedule.cost(pe) == (budget.step_costs[pe], "estimated") == (step_cost(pe), "estimated")
+        assert pe == "wall" or step_cost(pe) < max(measured.values())  # Wall's reference is estimated above PaTH's
+    assert schedule.cost("path") == (max(measured.values()), "bench")
 
 
 def test_the_prediction_says_which_gain_each_budget_needs_and_lists_the_unmeasured_one_apart() -> None:

@@ -7,9 +7,9 @@ also needs per cached token:
 - the value stream attention reads, [V | E] for TAPE (E of past tokens never changes, so it is cached): one buffer
   whose first d features *are* `values` (a view), so attention reads [V | E] in one pass and nothing is copied;
 - named per-token state (B, S, T, F) (`store_state`): the positions of the keys for relative biases (in layer 0),
-  FoX's cumulative log forget gates, PaTH's short-convolution inputs, and a part of the value stream that is the
-  same for every KV head (`SHARED_STREAM`: TAPE's E0 in the first layer), held once per token rather than once per
-  head, so decoding reads it once.
+  FoX's cumulative log forget gates, Wall's per channel, PaTH's short-convolution inputs, and a part of the value
+  stream that is the same for every KV head (`SHARED_STREAM`: TAPE's E0 in the first layer), held once per token
+  rather than once per head, so decoding reads it once.
 
 Cropping, beam reordering and batch selection treat all of it like the keys. transformers' `DynamicLayer`
 concatenates the whole cache with each new token; these layers write into spare capacity instead (doubling when

@@ -62,13 +62,17 @@ class TapeConfig(PreTrainedConfig):
       "given" evaluates on the given positions 0, 1, 2, ... (cached decoding needs it). One draw per forward pass is
       shared by all layers (Ruoss et al.'s description); both codes draw per layer.
 
-    Contextual peers (`pe_type` "fox" and "path", causal only, no RoPE):
+    Contextual peers (`pe_type` "fox", "path" and "wall", causal only, no RoPE):
 
     - FoX (Lin et al. 2025): `fox_gate_bias_init` is the forget gate's bias at initialisation (0, as the reference
       zhixuan-lin/forgetting-transformer initialises its data-dependent gate).
     - PaTH (Yang et al. 2025): `path_low_rank` is the rank of the projection producing the Householder vectors
       (32 as fla's `use_low_rank_w`; 0 means a full-rank projection) and `path_conv_size` the kernel of their short
       causal convolution (3 as fla's `conv_size`; 1 means no history).
+    - Wall (Tilde Research 2026, fla's `WallAttention`; `pe_type` "wall"): `wall_gate_bias_init` is the bias of the
+      per-channel decay gates at initialisation (8 as fla's `gate_init_bias`: every gate starts near 1, attention
+      near plain softmax); `wall_scalar_gate` False (fla's `use_scalar_gate`) adds FoX's gate per head, its bias
+      starting at `wall_gate_bias_init` too.
 
     GRAPE (Zhang et al. 2025; `pe_type` "grape-m-fixed", "grape-m", "grape-ap", "grape-a-q", "grape-a-k" and
     "grape-a-qk"), with the defaults of the authors' code and configurations (model-architectures/GRAPE;
@@ -148,6 +152,8 @@ class TapeConfig(PreTrainedConfig):
     fox_gate_bias_init: float = 0.0
     path_low_rank: int = 32
     path_conv_size: int = 3
+    wall_gate_bias_init: float = 8.0
+    wall_scalar_gate: bool = False
     grape_learnable_freq: bool = True
     grape_share_across_heads: bool = True
     grape_log_freq_scale: float = 16.0

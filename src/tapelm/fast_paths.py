@@ -113,6 +113,12 @@ PATHS: tuple[FastPath, ...] = (
         "fla",
         "PaTH's attention through fla's kernel, within fla's tested shapes (kernels/path_attention/fla.py)",
     ),
+    FastPath(
+        "wall-attention",
+        "fla",
+        "Wall attention through fla's kernels: the parallel one without cached keys, the decode one over cached keys "
+        "(kernels/wall_attention/fla.py)",
+    ),
     FastPath("norm", "fla", "RMSNorm through fla's kernel, in passes with gradients (kernels/norm/fla.py)"),
     FastPath("mlp", "fla", "the SwiGLU product through fla's kernel, in passes with gradients (kernels/mlp/fla.py)"),
     FastPath(

@@ -4,8 +4,8 @@ which holds its ordered candidates (`Candidate`, named as in `tapelm.fast_paths`
 takes the call, else the reference.
 
 Operations: attention (the decoder's attention call), rotation (q and k by RoPE's tables or TAPE's state),
-state_mixing (TAPE's MLP-branch update), forgetting_attention (FoX), path_attention (PaTH), norm, mlp and loss
-(the shared parts of every decoder)."""
+state_mixing (TAPE's MLP-branch update), forgetting_attention (FoX), path_attention (PaTH), wall_attention (Wall),
+norm, mlp and loss (the shared parts of every decoder)."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from .pope import PoPE
 from .rotary import RandPE, RoPE, XPos
 from .schedule import Schedule, encodings_in, is_scheduled, layer_encodings, validate_schedule
 from .tape import TapeEncoding, TapeLayer
+from .wall import Wall
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "tape": TapeEncoding,
@@ -36,6 +37,7 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "grape-a-k": GrapeAKey,
     "grape-a-qk": GrapeAQueryKey,
     "pope": PoPE,
+    "wall": Wall,
 }
 
 
