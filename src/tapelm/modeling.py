@@ -59,7 +59,9 @@ class TapeAttention(nn.Module):
 
     The config's `attn_implementation` chooses how q, k, the value stream, the mask and the bias become the output:
     tapelm's own attention ("sdpa", or "eager" for the explicit reference), or a function registered under that name
-    with transformers' `AttentionInterface` (`tapelm.kernels.attention.attend_registered` says how it is called)."""
+    with transformers' `AttentionInterface` (`tapelm.kernels.attention.attend_registered` says how it is called).
+    A layer whose positional module computes the attention itself (`LayerPositional.attend`) takes tapelm's own
+    attention only."""
 
     def __init__(self, config: TapeConfig, layer_idx: int):
         super().__init__()
@@ -110,19 +112,9 @@ class TapeAttention(nn.Module):
         bias = RowBias.add(ctx.bias, bias)
         scale, probs = positional.logit_scale(self.head_dim), None
         implementation = self.config._attn_implementation
-        if output_attentions or implementation not in TAPELM_ATTENTION:
-            if output_attentions and implementation not in TAPELM_ATTENTION:
-                raise ValueError(
-                    f"output_attentions=True needs tapelm's own attention (attn_implementation 'sdpa' or "
-                    f"'eager'); this model uses {implementation!r}"
-                )
-            stream = joined_stream(stream, shared)
-            if output_attentions:
-                out, probs = attend_with_probabilities(q, k, stream, mask, bias, scale)
-            else:
-                out = attend_registered(ALL_ATTENTION_FUNCTIONS[implementation], self, q, k, stream, mask, bias, scale)
-            values, attended = out[..., : self.head_dim], (out[..., self.head_dim :] if extra is not None else None)
-        else:
+        own = positional.attend(q, k, stream, shared, mask, scale, ctx, output_attentions)
+        registered = implementation not in TAPELM_ATTENTION
+        if own is None and not output_attentions and not registered:
             values, attended = attend_stream(
                 q,
                 k,
@@ -135,6 +127,25 @@ class TapeAttention(nn.Module):
                 eager=implementation == "eager",
                 shared=shared,
             )
+        else:
+            if registered and own is not None:
+                raise ValueError(
+                    f"attn_implementation={implementation!r} computes softmax attention, but pe_type="
+                    f"{self.config.pe_type!r} computes its own; use 'sdpa' or 'eager'"
+                )
+            if registered and output_attentions:
+                raise ValueError(
+                    f"output_attentions=True needs tapelm's own attention (attn_implementation 'sdpa' or "
+                    f"'eager'); this model uses {implementation!r}"
+                )
+            if own is not None:
+                out, probs = own
+            elif output_attentions:
+                out, probs = attend_with_probabilities(q, k, joined_stream(stream, shared), mask, bias, scale)
+            else:
+                function = ALL_ATTENTION_FUNCTIONS[implementation]
+                out = attend_registered(function, self, q, k, joined_stream(stream, shared), mask, bias, scale)
+            values, attended = out[..., : self.head_dim], (out[..., self.head_dim :] if extra is not None else None)
         out_v = layout.pack(values.transpose(1, 2).reshape(batch, length, -1))
         return self.o_proj(out_v), attended, probs
 

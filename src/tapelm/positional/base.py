@@ -3,9 +3,9 @@
 An encoding is two modules. The model-level `PositionalEncoding` works once per forward pass: it may add to the
 input embeddings, precompute what its layers need (rotation tables, a shared logit bias) and provide an initial
 positional state. Its `make_layer` builds one `LayerPositional` per decoder block, which may transform q and k, add a
-per-layer logit bias, append a positional state to the value stream and update that state after the attention and MLP
-sublayers. The decoder block calls these hooks and never names an encoding. An encoding whose model level only makes
-its layers is a `PerLayerEncoding` naming its layer class.
+per-layer logit bias or compute the attention itself, append a positional state to the value stream and update that
+state after the attention and MLP sublayers. The decoder block calls these hooks and never names an encoding. An
+encoding whose model level only makes its layers is a `PerLayerEncoding` naming its layer class.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import nn
 
 from ..cache import store_keys_values
 from ..fast_paths import FastPaths
+from ..kernels.attention import AttentionMask
 
 
 def check_choice(field: str, value, allowed) -> None:
@@ -132,6 +133,29 @@ class LayerPositional(CustomInit):
         treat it like the keys."""
         k, stream = store_keys_values(cache, layer_idx, k, stream, value_width)
         return q, k, stream, self.logit_bias(q, k, valid, ctx)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        stream: torch.Tensor,
+        shared: torch.Tensor | None,
+        mask: AttentionMask,
+        scale: float,
+        ctx: PositionContext,
+        probabilities: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Compute this layer's attention itself, for attention that is no softmax of logits plus a bias
+        (stick-breaking), or None (the default): the decoder's softmax attention.
+
+        Called with what `attention_inputs` returned (every key, cached ones included): q (B, H, N, d),
+        k (B, Hkv, T, d), the value stream (B, Hkv, T, F) and `shared` (B, 1, T, F'), the rest of the stream the same
+        for every KV head, or None (`tapelm.kernels.attention.joined_stream` joins them), with the mask and
+        `logit_scale`. Returns the output of the whole stream (B, H, N, F + F') and, when `probabilities`
+        (`output_attentions=True`), the weights (B, H, N, T) it mixed the stream with (else None). An encoding that
+        attends itself adds no logit bias; a function registered with transformers' `AttentionInterface` cannot
+        stand in for it (the decoder refuses one)."""
+        return None
 
     def value_extra(self, state) -> torch.Tensor | None:
         """A tensor (B, Hkv, N, F) that the attention probabilities should mix alongside V, or None."""
