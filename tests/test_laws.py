@@ -139,6 +139,7 @@ SHIFT_INVARIANT = [
     "grape-a-q",
     "grape-a-k",
     "grape-a-qk",
+    "stickbreaking",
 ]
 
 

@@ -35,7 +35,7 @@ def attending_itself(model):
     return model, calls
 
 
-OWN_ATTENTION: set[str] = set()
+OWN_ATTENTION = {"stickbreaking"}
 """The encodings whose layers compute the attention themselves."""
 
 

@@ -79,6 +79,10 @@ class TapeConfig(PreTrainedConfig):
       softplus(w), w starting at softplus^-1(`grape_a_omega_init`) 1 (omega = the slope); the gate directions are
       L2-normalised (`grape_a_gate_l2_norm` True).
 
+    Stick-breaking attention (Tan et al. 2025; `pe_type` "stickbreaking", causal only, no position signal beyond the
+    order the stick breaks in): a query does not see its own key (`stickbreaking_attend_current` False, as fla's and
+    the authors' defaults).
+
     `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
 
     `fast_paths`: "auto" (default) runs each fast path (a kernel or formulation computing the same function as its
@@ -145,6 +149,7 @@ class TapeConfig(PreTrainedConfig):
     grape_ap_base: float = 1.0
     grape_a_omega_init: float = 1.0
     grape_a_gate_l2_norm: bool = True
+    stickbreaking_attend_current: bool = False
     fast_paths: str | list[str] = "auto"
 
     def __post_init__(self, **kwargs):

@@ -113,6 +113,11 @@ PATHS: tuple[FastPath, ...] = (
         "fla",
         "PaTH's attention through fla's kernel, within fla's tested shapes (kernels/path_attention/fla.py)",
     ),
+    FastPath(
+        "stickbreaking-attention",
+        "fla",
+        "stick-breaking attention through fla's kernel (kernels/stickbreaking_attention/fla.py)",
+    ),
     FastPath("norm", "fla", "RMSNorm through fla's kernel, in passes with gradients (kernels/norm/fla.py)"),
     FastPath("mlp", "fla", "the SwiGLU product through fla's kernel, in passes with gradients (kernels/mlp/fla.py)"),
     FastPath(

@@ -11,6 +11,7 @@ from .grape_ap import GrapeAP
 from .grape_m import GrapeContextual, GrapeFixed
 from .path import PaTH
 from .rotary import RandPE, RoPE, XPos
+from .stickbreaking import StickBreaking
 from .tape import TapeEncoding, TapeLayer
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
@@ -33,6 +34,7 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "grape-a-q": GrapeAQuery,
     "grape-a-k": GrapeAKey,
     "grape-a-qk": GrapeAQueryKey,
+    "stickbreaking": StickBreaking,
 }
 
 
