@@ -24,6 +24,7 @@ ENCODING = {
     "attention-efficient": "fire",
     "forgetting-attention-fla": "fox",
     "path-attention-fla": "path",
+    "stickbreaking-attention-fla": "stickbreaking",
     "rotation-fla": "rope",
     "norm-fla": "rope",
     "mlp-fla": "rope",
