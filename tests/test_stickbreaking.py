@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from conftest import DEVICE, decode_in_chunks, tiny_config, tiny_model, tokens
+from tapelm import fast_paths
 from tapelm.fast_paths import NONE
 from tapelm.kernels.attention import AttentionMask
 from tapelm.kernels.stickbreaking_attention import stickbreaking_attention
@@ -66,6 +67,29 @@ def test_the_reference_equals_flas_naive_op_with_every_gradient(attend_current, 
     theirs_grads = torch.autograd.grad(theirs, (q, k, v), cotangent)
     for name, a, b in zip("qkv", ours_grads, theirs_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("attend_current", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_autograd_function_computes_the_reference_and_its_gradients(attend_current, kv_heads, masked):
+    """ "stickbreaking-attention-autograd" (weights recomputed in the backward pass) against the reference: output and
+    the gradients of q, k, v, under a plain causal mask and under padding and packed documents."""
+    q, k, v = qkv(kv_heads=kv_heads, length=7)
+    mask = padded_and_packed_mask() if masked else AttentionMask(None, True)
+    expected = stickbreaking_attention(q, k, v, mask, 0.4, attend_current, NONE)[0]
+    with fast_paths.recording() as ran:
+        got = stickbreaking_attention(q, k, v, mask, 0.4, attend_current, {"stickbreaking-attention-autograd"})[0]
+    assert ran == {"stickbreaking-attention-autograd"}
+    torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-14)
+    cotangent = torch.randn(
+        expected.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64, device="cpu"
+    )
+    cotangent = cotangent.to(DEVICE)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), cotangent)
+    got_grads = torch.autograd.grad(got, (q, k, v), cotangent)
+    for name, a, b in zip("qkv", got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-13, msg=name)
 
 
 def through_flas_naive_op(model):

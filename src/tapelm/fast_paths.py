@@ -118,6 +118,13 @@ PATHS: tuple[FastPath, ...] = (
         "fla",
         "stick-breaking attention through fla's kernel (kernels/stickbreaking_attention/fla.py)",
     ),
+    FastPath(
+        "stickbreaking-attention",
+        "autograd",
+        "stick-breaking attention as an autograd function whose backward recomputes the N x T weights instead of "
+        "keeping them (kernels/stickbreaking_attention/autograd.py)",
+        {"cpu": EVERY_ENCODING},
+    ),
     FastPath("norm", "fla", "RMSNorm through fla's kernel, in passes with gradients (kernels/norm/fla.py)"),
     FastPath("mlp", "fla", "the SwiGLU product through fla's kernel, in passes with gradients (kernels/mlp/fla.py)"),
     FastPath(

@@ -1,5 +1,7 @@
-"""Stick-breaking attention (Tan et al. 2025): the reference (`naive`, plain PyTorch in log space) and fla's kernel
-("stickbreaking-attention-fla", CUDA only)."""
+"""Stick-breaking attention (Tan et al. 2025): the reference (`naive`, plain PyTorch in log space) and, in the order
+they are tried, fla's kernel ("stickbreaking-attention-fla", CUDA only) and an autograd function that recomputes the
+weights in its backward pass instead of keeping them ("stickbreaking-attention-autograd", while autograd records the
+call)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from ...fast_paths import FastPaths
 from .. import candidates, first
 from ..attention import AttentionMask
 from .naive import stickbreaking_attention as naive_stickbreaking_attention
+from .naive import visible_keys
 
 
 def _fla(q, k, v, mask, scale, attend_current):
@@ -17,7 +20,17 @@ def _fla(q, k, v, mask, scale, attend_current):
     return stickbreaking_attention(q, k, v, mask, scale, attend_current)
 
 
-CANDIDATES = candidates("stickbreaking-attention", ("fla", _fla))
+def _autograd(q, k, v, mask, scale, attend_current):
+    recorded = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if torch.compiler.is_compiling() or not recorded:
+        return None
+    from .autograd import StickBreakingAttention
+
+    visible = visible_keys(mask, q.shape[-2], k.shape[-2], attend_current, q.device)
+    return StickBreakingAttention.apply(q, k, v, visible, scale)
+
+
+CANDIDATES = candidates("stickbreaking-attention", ("fla", _fla), ("autograd", _autograd))
 
 
 def stickbreaking_attention(

@@ -31,15 +31,17 @@ def visible_keys(mask: AttentionMask, queries: int, keys: int, attend_current: b
     return valid & (later > 1)
 
 
-def stickbreaking_weights(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """A (B, Hkv, G, N, T) in float32 or wider for q (B, Hkv * G, N, d), k (B, Hkv, T, d) and the visible keys
-    (B or 1, 1, N, T): GQA by grouping query heads, no copies of k."""
+def stickbreaking_logits(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """z (B, Hkv, G, N, T) in float32 or wider for q (B, Hkv * G, N, d) and k (B, Hkv, T, d): GQA by grouping query
+    heads, no copies of k."""
     batch, heads, length, width = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
-    groups = heads // kv_heads
-    logits = q.reshape(batch, kv_heads, groups * length, width) @ k.transpose(-1, -2)
-    logits = logits.to(torch.promote_types(q.dtype, torch.float32)).view(batch, kv_heads, groups, length, keys)
-    logits = logits * scale
+    logits = q.reshape(batch, kv_heads, heads // kv_heads * length, width) @ k.transpose(-1, -2)
+    return logits.to(torch.promote_types(q.dtype, torch.float32)).view(batch, kv_heads, -1, length, keys) * scale
+
+
+def stickbreaking_weights(logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """A (B, Hkv, G, N, T) from the logits and the visible keys (B or 1, 1, N, T)."""
     visible = visible.unsqueeze(2)
     log_rest = F.logsigmoid(-logits).masked_fill(~visible, 0.0)  # what a hidden key takes: nothing
     later = log_rest.flip(-1).cumsum(-1).flip(-1) - log_rest  # sum over the visible keys after j
@@ -54,9 +56,10 @@ def stickbreaking_attention(
     batch, heads, length, _ = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
     visible = visible_keys(mask, length, keys, attend_current, q.device)
-    weights = stickbreaking_weights(q, k, visible, scale).to(v.dtype).view(batch, heads, length, keys)
+    weights = stickbreaking_weights(stickbreaking_logits(q, k, scale), visible)
+    weights = weights.to(v.dtype).view(batch, heads, length, keys)
     out = weights.view(batch, kv_heads, -1, keys) @ v
     return out.view(batch, heads, length, -1), weights
 
 
-__all__ = ["stickbreaking_attention", "stickbreaking_weights", "visible_keys"]
+__all__ = ["stickbreaking_attention", "stickbreaking_logits", "stickbreaking_weights", "visible_keys"]
