@@ -1,5 +1,5 @@
-"""Stick-breaking attention (Tan, Yang, Shen, Panda, Courville et al., ICLR 2025, "Scaling Stick-Breaking Attention:
-An Efficient Implementation and In-depth Study"): attention weights that are no softmax and need no position signal.
+"""Stick-breaking attention (Tan, Yang et al., ICLR 2025, "Scaling Stick-Breaking Attention: An Efficient
+Implementation and In-depth Study"): attention weights that are no softmax and need no position signal.
 
 Walking back from query i over the keys it sees, each key j takes the share sigmoid(z_ij) of the stick the nearer
 keys left, z_ij = q_i . k_j / sqrt(d):

@@ -42,6 +42,7 @@ NAMES = {
     "grape-a-q": "GRAPE-A-Q",
     "grape-a-k": "GRAPE-A-K",
     "grape-a-qk": "GRAPE-A-QK",
+    "stickbreaking": "Stick-breaking",
 }
 # Where a claim is judged when not beyond the training length.
 HEADLINES = {"all": "on the average over every length", "in_distribution": "at the training length"}
