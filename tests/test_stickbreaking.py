@@ -40,11 +40,14 @@ def qkv(batch=2, heads=4, kv_heads=2, length=9, width=8, seed=0, dtype=torch.flo
     return draw(heads), draw(kv_heads), draw(kv_heads)
 
 
-def attention(q, k, v, mask=None, attend_current=False, scale=None):
-    """tapelm's reference, output only."""
+LEAN = frozenset({"stickbreaking-attention-autograd"})
+
+
+def attention(q, k, v, mask=None, attend_current=False, scale=None, paths=NONE):
+    """tapelm's reference (or the fast paths in `paths`), output only."""
     mask = mask if mask is not None else AttentionMask(None, True)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return stickbreaking_attention(q, k, v, mask, scale, attend_current, NONE)[0]
+    return stickbreaking_attention(q, k, v, mask, scale, attend_current, paths)[0]
 
 
 def weights(q, k, v, mask=None, attend_current=False, scale=None):
@@ -73,13 +76,14 @@ def test_the_reference_equals_flas_naive_op_with_every_gradient(attend_current, 
 @pytest.mark.parametrize("kv_heads", [4, 2])
 @pytest.mark.parametrize("masked", [False, True])
 def test_the_autograd_function_computes_the_reference_and_its_gradients(attend_current, kv_heads, masked):
-    """ "stickbreaking-attention-autograd" (weights recomputed in the backward pass) against the reference: output and
-    the gradients of q, k, v, under a plain causal mask and under padding and packed documents."""
+    """The fast path "stickbreaking-attention-autograd" (fewer passes, in place; the weights recomputed in the
+    backward pass) against the reference: output and the gradients of q, k, v, under a plain causal mask and under
+    padding and packed documents."""
     q, k, v = qkv(kv_heads=kv_heads, length=7)
     mask = padded_and_packed_mask() if masked else AttentionMask(None, True)
     expected = stickbreaking_attention(q, k, v, mask, 0.4, attend_current, NONE)[0]
     with fast_paths.recording() as ran:
-        got = stickbreaking_attention(q, k, v, mask, 0.4, attend_current, {"stickbreaking-attention-autograd"})[0]
+        got = stickbreaking_attention(q, k, v, mask, 0.4, attend_current, LEAN)[0]
     assert ran == {"stickbreaking-attention-autograd"}
     torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-14)
     cotangent = torch.randn(
@@ -155,9 +159,10 @@ def padded_and_packed_mask(length=7):
     return AttentionMask(torch.stack([padded, packed])[:, None], False)
 
 
+@pytest.mark.parametrize("paths", [NONE, LEAN], ids=["reference", "autograd"])
 @pytest.mark.parametrize("attend_current", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_saturated_sticks_attend_to_the_nearest_visible_key_and_closed_ones_to_nothing(attend_current, masked):
+def test_saturated_sticks_attend_to_the_nearest_visible_key_and_closed_ones_to_nothing(attend_current, masked, paths):
     q, k, v = saturated(1.0)
     mask = padded_and_packed_mask() if masked else AttentionMask(None, True)
     if masked:
@@ -165,13 +170,13 @@ def test_saturated_sticks_attend_to_the_nearest_visible_key_and_closed_ones_to_n
     visible = visible_keys(mask, 7, 7, attend_current, DEVICE)
     one_hot = nearest_visible(visible).to(v.dtype).expand(q.shape[0], 1, -1, -1)
     expected = (one_hot @ v).expand(-1, 2, -1, -1)
-    torch.testing.assert_close(attention(q, k, v, mask, attend_current, 0.25), expected, rtol=0, atol=1e-30)
+    torch.testing.assert_close(attention(q, k, v, mask, attend_current, 0.25, paths), expected, rtol=0, atol=1e-30)
     if not attend_current:  # the first token of a sequence sees no key but its own
         assert (expected[..., 0, :] == 0).all()
     q, k, v = saturated(-1.0)
     if masked:
         q, k, v = (x.expand(2, -1, -1, -1) for x in (q, k, v))
-    assert attention(q, k, v, mask, attend_current, 0.25).abs().max() < 1e-40
+    assert attention(q, k, v, mask, attend_current, 0.25, paths).abs().max() < 1e-40
 
 
 @pytest.mark.parametrize("attend_current", [False, True])

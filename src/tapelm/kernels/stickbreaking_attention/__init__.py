@@ -1,7 +1,7 @@
 """Stick-breaking attention (Tan et al. 2025): the reference (`naive`, plain PyTorch in log space) and, in the order
-they are tried, fla's kernel ("stickbreaking-attention-fla", CUDA only) and an autograd function that recomputes the
-weights in its backward pass instead of keeping them ("stickbreaking-attention-autograd", while autograd records the
-call)."""
+they are tried, fla's kernel ("stickbreaking-attention-fla", CUDA only) and an autograd function that makes fewer
+passes over the N x T weights, in place, and recomputes them in its backward pass instead of keeping them
+("stickbreaking-attention-autograd")."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ def _fla(q, k, v, mask, scale, attend_current):
 
 
 def _autograd(q, k, v, mask, scale, attend_current):
-    recorded = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    if torch.compiler.is_compiling() or not recorded:
+    if torch.compiler.is_compiling():  # the compiler fuses the reference's passes itself
         return None
     from .autograd import StickBreakingAttention
 
