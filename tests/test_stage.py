@@ -204,11 +204,20 @@ def test_the_rate_is_the_slowest_measured_by_the_newest_code_and_the_bench_befor
 
 
 def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
-    """docs/gpu/budget.json prices the encodings it names (each a pe_type); GRAPE's costs, which no GPU measured, are
-    its estimates with their provenance (not the largest measured cost), and the stage says an estimate is one."""
+    """docs/gpu/budget.json prices the encodings it names (each a pe_type); GRAPE's and stick-breaking's costs, which
+    no GPU measured, are its estimates with their provenance (not the largest measured cost), and the stage says an
+    estimate is one."""
     budget = gpu_budget()
     assert set(budget.step_costs) <= set(PE_TYPES)
-    assert budget.estimated == {"grape-m-fixed", "grape-m", "grape-ap", "grape-a-q", "grape-a-k", "grape-a-qk"}
+    assert budget.estimated == {
+        "grape-m-fixed",
+        "grape-m",
+        "grape-ap",
+        "grape-a-q",
+        "grape-a-k",
+        "grape-a-qk",
+        "stickbreaking",
+    }
     assert "not measured on a GPU" in json.loads(BUDGET_FILE.read_text())["step_cost"]["estimated"]["source"]
     schedule = Schedule([], [], [])
     for pe in sorted(budget.estimated):
