@@ -121,8 +121,8 @@ PATHS: tuple[FastPath, ...] = (
     FastPath(
         "stickbreaking-attention",
         "autograd",
-        "stick-breaking attention in fewer passes over the N x T weights, in place, as an autograd function whose "
-        "backward recomputes them instead of keeping them (kernels/stickbreaking_attention/autograd.py)",
+        "stick-breaking attention over a sequence in fewer passes over the N x T weights, in place, as an autograd "
+        "function that keeps only the weights for its backward (kernels/stickbreaking_attention/autograd.py)",
         {"cpu": EVERY_ENCODING},
     ),
     FastPath("norm", "fla", "RMSNorm through fla's kernel, in passes with gradients (kernels/norm/fla.py)"),

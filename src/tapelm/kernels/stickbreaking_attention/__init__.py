@@ -1,6 +1,6 @@
 """Stick-breaking attention (Tan et al. 2025): the reference (`naive`, plain PyTorch in log space) and, in the order
 they are tried, fla's kernel ("stickbreaking-attention-fla", CUDA only) and an autograd function that makes fewer
-passes over the N x T weights, in place, and recomputes them in its backward pass instead of keeping them
+passes over the N x T weights, in place, and keeps only them for its backward pass
 ("stickbreaking-attention-autograd")."""
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ def _fla(q, k, v, mask, scale, attend_current):
 
 
 def _autograd(q, k, v, mask, scale, attend_current):
-    if torch.compiler.is_compiling():  # the compiler fuses the reference's passes itself
+    """Over a sequence: a decoding step's one query reads each cached key and value once on the reference, where
+    this path would copy them reversed."""
+    if torch.compiler.is_compiling() or q.shape[-2] == 1:  # the compiler fuses the reference's passes itself
         return None
     from .autograd import StickBreakingAttention
 

@@ -1,6 +1,6 @@
 """Stick-breaking attention as an autograd function with a hand-written backward (fast path
-"stickbreaking-attention-autograd"): it keeps q, k, v and the visible keys for the backward pass, not the N x T
-logits and weights the reference's graph keeps, recomputes them there, and makes few passes over them, in place.
+"stickbreaking-attention-autograd"): few passes over the N x T logits and weights, in place, and of them only the
+weights kept for the backward pass (the reference's graph keeps several such tensors), which recomputes the logits.
 
 The keys run nearest first (k and v reversed: a short copy), so the sum over the nearer keys is a running sum. With
 sp = softplus = -log sigmoid(-.), log sigmoid(z) = z - sp(z) turns the reference's log A into
@@ -44,24 +44,25 @@ class StickBreakingAttention(torch.autograd.Function):
         _, weights = _weights(q, k.flip(-2), hidden, scale)
         batch, kv_heads, groups, length, keys = weights.shape
         out = weights.to(v.dtype).view(batch, kv_heads, groups * length, keys) @ v.flip(-2)
-        ctx.save_for_backward(q, k, v, hidden)
+        ctx.save_for_backward(q, k, v, hidden, weights)
         ctx.scale = scale
         return out.view(batch, kv_heads * groups, length, -1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        q, k, v, hidden = ctx.saved_tensors
+        q, k, v, hidden, weights = ctx.saved_tensors
         scale = ctx.scale
         k, v = k.flip(-2), v.flip(-2)
         batch, heads, length, width = q.shape
         kv_heads, keys = k.shape[1], k.shape[2]
         rows = heads // kv_heads * length
-        logits, weights = _weights(q, k, hidden, scale)
+        logits = (q * scale).reshape(batch, kv_heads, rows, width) @ k.transpose(-1, -2)
+        logits = logits.to(weights.dtype).view_as(weights).masked_fill_(hidden.unsqueeze(2), float("-inf"))
         dout = dout.reshape(batch, kv_heads, rows, -1)
         dv = weights.view(batch, kv_heads, rows, keys).transpose(-1, -2).to(v.dtype) @ dout
         shares = (dout @ v.transpose(-1, -2)).to(weights.dtype).view_as(weights).mul_(weights)  # g
-        farther = torch.cumsum(shares, -1, out=weights)  # A is spent: its buffer holds the sums
+        farther = torch.cumsum(shares, -1)
         total = farther[..., -1:].clone()
         farther.neg_().add_(shares).add_(total)  # total - running sum + g
         dlogits = shares.addcmul_(logits.sigmoid_(), farther, value=-1).view(batch, kv_heads, rows, keys)
