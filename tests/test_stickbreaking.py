@@ -240,3 +240,15 @@ def test_bad_values_are_refused():
         tiny_config("stickbreaking", stickbreaking_attend_current="yes")
     with pytest.raises(ValueError, match="causal=False"):
         tiny_config("stickbreaking", causal=False)
+
+
+@pytest.mark.compiles
+def test_compiled_layers_train_as_eager_code_does():
+    """`compile_layers()` (AOTAutograd tracing the autograd path's forward and backward) gives eager gradients."""
+    ids = tokens(2, 12)
+    eager, compiled = tiny_model("stickbreaking").train(), tiny_model("stickbreaking").train()
+    compiled.compile_layers(backend="aot_eager")
+    for model in (eager, compiled):
+        model(ids, labels=ids, use_cache=False).loss.backward()
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -31,7 +31,7 @@ def _weights(q, k, hidden, scale):
     logits = logits.to(torch.promote_types(q.dtype, torch.float32)).view(batch, kv_heads, -1, length, keys)
     logits.masked_fill_(hidden.unsqueeze(2), float("-inf"))
     weights = F.softplus(logits, threshold=LINEAR_ABOVE).cumsum_(-1)
-    return logits, torch.sub(logits, weights, out=weights).exp_()
+    return logits, weights.neg_().add_(logits).exp_()
 
 
 class StickBreakingAttention(torch.autograd.Function):
