@@ -1,4 +1,5 @@
-"""FoX and PaTH through fla ("forgetting-attention-fla", "path-attention-fla") compute tapelm's reference function.
+"""FoX, PaTH and stick-breaking attention through fla ("forgetting-attention-fla", "path-attention-fla",
+"stickbreaking-attention-fla") compute tapelm's reference function.
 
 The tests run tapelm's whole adapter on every device (layouts, log gates, Householder vectors, packed documents and
 padding as variable-length segments, cached decoding, and `kernel(x)`, the one place that names fla's function and
@@ -30,33 +31,41 @@ naive_path = pytest.importorskip("fla.ops.path_attn.naive", reason="fla is not i
 naive_forgetting = pytest.importorskip(
     "fla.ops.forgetting_attn.naive", reason="fla is not installed (pip install tapelm[gpu])"
 )
+naive_stickbreaking = pytest.importorskip(
+    "fla.ops.stickbreaking_attn.naive", reason="fla is not installed (pip install tapelm[gpu])"
+)
 
 ON_GPU = DEVICE.type == "cuda"
 DTYPE = torch.bfloat16 if ON_GPU else torch.float64
 NAIVE_TOLERANCE = 1e-4
 """Largest error allowed on the CPU, as a fraction of the reference tensor's largest entry (fla's naive ops round
 to float32, amplified through two layers)."""
-PATHS = {"fox": "forgetting-attention-fla", "path": "path-attention-fla"}
+PATHS = {
+    "fox": "forgetting-attention-fla",
+    "path": "path-attention-fla",
+    "stickbreaking": "stickbreaking-attention-fla",
+}
 FLA_FUNCTIONS = {
     "fox": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
     "path": ("fla.ops.path_attn", "parallel_path_attn"),
+    "stickbreaking": ("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn"),
 }
-"""Where tapelm's adapters find fla's function (kernels/forgetting_attention/fla.py, kernels/path_attention/fla.py)."""
+"""Where tapelm's adapters find fla's function (kernels/forgetting_attention/fla.py, kernels/path_attention/fla.py,
+kernels/stickbreaking_attention/fla.py)."""
 LENGTH = 256
 """Tokens per row: two rows make the 512 tokens fla's PaTH tests run at least."""
 
 
 def per_segment(op):
     """fla's `cu_seqlens` semantics for a naive op that takes whole sequences: each segment of the one row alone.
-    Called as fla's kernels are: (*tensors, scale=..., cu_seqlens=...); the output in the inputs' dtype."""
+    Called as fla's kernels are: (*tensors, scale=..., cu_seqlens=..., **options); the output in the inputs' dtype."""
 
-    def run(*tensors, scale, cu_seqlens=None):
+    def run(*tensors, scale, cu_seqlens=None, **options):
         if cu_seqlens is None:
-            return op(*tensors, scale).to(tensors[0].dtype)
+            return op(*tensors, scale, **options).to(tensors[0].dtype)
         bounds = cu_seqlens.tolist()
-        return torch.cat([op(*(x[:, a:b] for x in tensors), scale) for a, b in zip(bounds[:-1], bounds[1:])], dim=1).to(
-            tensors[0].dtype
-        )
+        pieces = [op(*(x[:, a:b] for x in tensors), scale, **options) for a, b in zip(bounds[:-1], bounds[1:])]
+        return torch.cat(pieces, dim=1).to(tensors[0].dtype)
 
     return run
 
@@ -71,7 +80,20 @@ def path_with_keys(*tensors, scale, cu_seqlens=None):
     return per_segment(naive_path_attn)(*tensors, scale=scale, cu_seqlens=cu_seqlens), None
 
 
-NAIVE = {"fox": per_segment(naive_forgetting.naive_forgetting_attn), "path": path_with_keys}
+def stickbreaking_with_rest(*tensors, scale, cu_seqlens=None, attend_current):
+    """As fla's stick-breaking kernel returns: the output and (unused here) the stick each query left."""
+
+    def output(q, k, v, scale, attend_current):
+        return naive_stickbreaking.naive_stickbreaking_attn(q, k, v, scale, attend_current)[0]
+
+    return per_segment(output)(*tensors, scale=scale, cu_seqlens=cu_seqlens, attend_current=attend_current), None
+
+
+NAIVE = {
+    "fox": per_segment(naive_forgetting.naive_forgetting_attn),
+    "path": path_with_keys,
+    "stickbreaking": stickbreaking_with_rest,
+}
 
 
 @pytest.fixture
@@ -91,9 +113,10 @@ def routed(monkeypatch):
             cu_seqlens=None,
             encoding=encoding,
             function=getattr(library, name) if ON_GPU else NAIVE[encoding],  # noqa: B008 (bound per encoding)
+            **options,
         ):
             calls.append((encoding, cu_seqlens))
-            return function(*tensors, scale=scale, cu_seqlens=cu_seqlens)
+            return function(*tensors, scale=scale, cu_seqlens=cu_seqlens, **options)
 
         monkeypatch.setattr(library, name, recorded)
     return calls
@@ -127,7 +150,7 @@ def batch_inputs(kind, ids):
 
 
 @pytest.mark.parametrize("batch", ["plain", "padded", "packed"])
-@pytest.mark.parametrize("pe_type", ["fox", "path"])
+@pytest.mark.parametrize("pe_type", ["fox", "path", "stickbreaking"])
 def test_fla_computes_the_reference_function(pe_type, batch, routed):
     """Logits and every parameter's gradient, fla against the reference, for a plain batch, a batch whose first row
     is left-padded, and packed documents; every attention call went to fla (one row of segments where the mask cuts
@@ -158,11 +181,12 @@ def test_fla_computes_the_reference_function(pe_type, batch, routed):
         assert all(cut is None for _, cut in routed)
 
 
-@pytest.mark.parametrize("pe_type", ["fox", "path"])
+@pytest.mark.parametrize("pe_type", ["fox", "path", "stickbreaking"])
 def test_fla_prefill_then_cached_decoding_equals_the_reference(pe_type, routed):
-    """The prompt through fla fills tapelm's own cache (FoX's cumulative gates, PaTH's carried keys); a second chunk
-    after it (its mask covers the cached keys too) and the decoding steps read the cache on the reference path: the
-    logits of the prompt, of the chunk and of four tokens decoded one at a time equal the reference's."""
+    """The prompt through fla fills tapelm's own cache (FoX's cumulative gates, PaTH's carried keys, stick-breaking's
+    keys); a second chunk after it (its mask covers the cached keys too) and the decoding steps read the cache on the
+    reference path: the logits of the prompt, of the chunk and of four tokens decoded one at a time equal the
+    reference's."""
     ids = tokens(2, LENGTH + 20)
 
     def run(setting, dtype):
@@ -222,9 +246,17 @@ FLA_MODULES = (
     "fla.modules.rotary",
     "fla.ops.forgetting_attn",
     "fla.ops.path_attn",
+    "fla.ops.stickbreaking_attn",
 )
 """The fla modules tapelm's fla paths call (kernels/*/fla.py)."""
-REACHED = ("fla.modules.", "fla.ops.forgetting_attn", "fla.ops.path_attn", "fla.ops.attn", "fla.ops.utils")
+REACHED = (
+    "fla.modules.",
+    "fla.ops.forgetting_attn",
+    "fla.ops.path_attn",
+    "fla.ops.stickbreaking_attn",
+    "fla.ops.attn",
+    "fla.ops.utils",
+)
 """Where the kernels those calls reach are defined (fla's modules, its attention ops and their shared utilities;
 importing them loads others too, e.g. DeltaFormer's, whose keys hold lengths but which tapelm does not call)."""
 

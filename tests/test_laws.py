@@ -141,6 +141,7 @@ SHIFT_INVARIANT = [
     "grape-a-qk",
     "pope",
     "wall",
+    "stickbreaking",
 ]
 
 

@@ -41,7 +41,7 @@ def test_a_4d_mask_is_its_2d_padding_mask(pe_type, masked_value):
     torch.testing.assert_close(got[real], expected[real], atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("pe_type", ["tape", "alibi", "fox", "path"])
+@pytest.mark.parametrize("pe_type", ["tape", "alibi", "fox", "path", "stickbreaking"])
 def test_a_4d_mask_continues_a_cache(pe_type):
     model = tiny_model(pe_type, dtype=torch.float64)
     ids, mask, positions = padded_batch()

@@ -45,7 +45,9 @@ def test_bf16_angles_are_exact_to_65536(pe_type):
     assert (naive - ref_cos[:, :1]).abs().max() > 10 * tolerance
 
 
-@pytest.mark.parametrize("pe_type", ["tape", "rope", "alibi", "fire", "sinusoidal", "fox", "path", "pope"])
+@pytest.mark.parametrize(
+    "pe_type", ["tape", "rope", "alibi", "fire", "sinusoidal", "fox", "path", "pope", "stickbreaking"]
+)
 def test_bf16_forward_and_generate_run_at_long_positions(pe_type):
     model = tiny_model(pe_type, dtype=torch.bfloat16, max_position_embeddings=65536)
     ids = tokens(1, 8)

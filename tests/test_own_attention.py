@@ -35,7 +35,7 @@ def attending_itself(model):
     return model, calls
 
 
-OWN_ATTENTION: set[str] = {"wall"}
+OWN_ATTENTION: set[str] = {"stickbreaking", "wall"}
 """The encodings whose layers compute the attention themselves."""
 
 

@@ -204,9 +204,9 @@ def test_the_rate_is_the_slowest_measured_by_the_newest_code_and_the_bench_befor
 
 
 def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
-    """docs/gpu/budget.json prices the encodings it names (each a pe_type); GRAPE's, PoPE's and Wall's costs, which no
-    GPU measured, are their estimates with their provenance (not the largest measured cost), and the stage says an
-    estimate is one."""
+    """docs/gpu/budget.json prices the encodings it names (each a pe_type); GRAPE's, PoPE's, Wall's and stick-breaking's
+    costs, which no GPU measured, are their estimates with their provenance (not the largest measured cost), and the
+    stage says an estimate is one."""
     budget = gpu_budget()
     assert set(budget.step_costs) <= set(PE_TYPES)
     assert budget.estimated == {
@@ -218,6 +218,7 @@ def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
         "grape-a-qk",
         "pope",
         "wall",
+        "stickbreaking",
     }
     assert "not measured on a GPU" in json.loads(BUDGET_FILE.read_text())["step_cost"]["estimated"]["source"]
     schedule = Schedule([], [], [])

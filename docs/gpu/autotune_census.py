@@ -16,6 +16,14 @@ REACHED = {
     ),
     "rotation-fla": ("fla.modules.rotary.ops", ("rotary_embedding_kernel",)),
     "forgetting-attention-fla": ("fla.ops.utils.cumsum", ("chunk_global_cumsum_scalar_kernel",)),
+    "stickbreaking-attention-fla": (
+        "fla.ops.stickbreaking_attn.parallel",
+        (
+            "parallel_stickbreaking_attn_fwd_kernel",
+            "parallel_stickbreaking_attn_bwd_kernel_dq",
+            "parallel_stickbreaking_attn_bwd_kernel_dkv",
+        ),
+    ),
 }
 """Each fast path's autotuned kernels: fla's module and the kernels' names."""
 

@@ -119,6 +119,18 @@ PATHS: tuple[FastPath, ...] = (
         "Wall attention through fla's kernels: the parallel one without cached keys, the decode one over cached keys "
         "(kernels/wall_attention/fla.py)",
     ),
+    FastPath(
+        "stickbreaking-attention",
+        "fla",
+        "stick-breaking attention through fla's kernel (kernels/stickbreaking_attention/fla.py)",
+    ),
+    FastPath(
+        "stickbreaking-attention",
+        "autograd",
+        "stick-breaking attention over a sequence in fewer passes over the N x T weights, in place, as an autograd "
+        "function that keeps only the weights for its backward (kernels/stickbreaking_attention/autograd.py)",
+        {"cpu": EVERY_ENCODING},
+    ),
     FastPath("norm", "fla", "RMSNorm through fla's kernel, in passes with gradients (kernels/norm/fla.py)"),
     FastPath("mlp", "fla", "the SwiGLU product through fla's kernel, in passes with gradients (kernels/mlp/fla.py)"),
     FastPath(

@@ -25,6 +25,7 @@ ENCODING = {
     "forgetting-attention-fla": "fox",
     "path-attention-fla": "path",
     "wall-attention-fla": "wall",
+    "stickbreaking-attention-fla": "stickbreaking",
     "rotation-fla": "rope",
     "norm-fla": "rope",
     "mlp-fla": "rope",

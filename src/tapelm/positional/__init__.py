@@ -13,6 +13,7 @@ from .path import PaTH
 from .pope import PoPE
 from .rotary import RandPE, RoPE, XPos
 from .schedule import Schedule, encodings_in, is_scheduled, layer_encodings, validate_schedule
+from .stickbreaking import StickBreaking
 from .tape import TapeEncoding, TapeLayer
 from .wall import Wall
 
@@ -38,6 +39,7 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "grape-a-qk": GrapeAQueryKey,
     "pope": PoPE,
     "wall": Wall,
+    "stickbreaking": StickBreaking,
 }
 
 

@@ -43,6 +43,7 @@ NAMES = {
     "grape-a-qk": "GRAPE-A-QK",
     "pope": "PoPE",
     "wall": "Wall",
+    "stickbreaking": "Stick-breaking",
 }
 # Where a claim is judged when not beyond the training length.
 HEADLINES = {"all": "on the average over every length", "in_distribution": "at the training length"}
