@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tapelm.experiments.lengths import encoding_rows, fall_per_doubling, family_difference, reaches_far
-from tapelm.report.lengths_section import build
+from tapelm.report.lengths_section import build, build_readme
 from tapelm.report.sections import ReportContext
 
 TRAINING = 33
@@ -85,4 +85,9 @@ def test_the_report_writes_the_section_and_its_figure_from_an_archive(tmp_path):
     assert "| tape | accumulating | 100.0 ± 0.0 | 89.0 ± 2.5 |" in text
     assert "**accumulation falls faster**" in text and "-9.0 ± 0.0 points" in text
     assert (tmp_path / "figures" / "abc-mqar-lengths.png").stat().st_size > 0
-    assert build(ReportContext(tmp_path, tmp_path / "f", "f", tmp_path / "nothing")) is None
+    short = build_readme(context)
+    assert "| mqar (`abc`) | family | at 33 tokens | at 528 (16x) | fall per doubling | seeds |" in short
+    assert "| tape | accumulating | 100.0 ± 0.0 | 56.0 ± 9.9 | -11.0 ± 2.5 | 3 |" in short
+    assert short.endswith("**accumulation falls faster**.")
+    nothing = ReportContext(tmp_path, tmp_path / "f", "f", tmp_path / "nothing")
+    assert build(nothing) is None and build_readme(nothing) is None

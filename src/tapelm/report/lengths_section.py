@@ -10,7 +10,7 @@ from typing import Any
 
 from ..analysis.plots import curves
 from ..experiments import archive, compare, lengths
-from .sections import ReportContext, register_section
+from .sections import ReportContext, register_readme_section, register_section
 
 INTRO = (
     "Does an encoding that accumulates position along the sequence (TAPE, PaTH, GRAPE-M) lose accuracy faster, far "
@@ -76,6 +76,36 @@ def _subsection(directory: Path, context: ReportContext) -> str:
     return "\n\n".join([title, _table(rows, training), _answer(lengths.family_difference(rows)), figure])
 
 
+def _far(context: ReportContext) -> list[tuple[dict[str, Any], dict[str, dict[str, Any]]]]:
+    """(record, rows) of every archived comparison that reaches far beyond its training length."""
+    found = []
+    for directory in archive.archived_comparisons(context.comparisons):
+        record = json.loads((directory / compare.COMPARISON_FILE).read_text())
+        if lengths.reaches_far(record):
+            found.append((record, lengths.encoding_rows(record["task"], compare.load_results(directory))))
+    return found
+
+
+def build_readme(context: ReportContext) -> str | None:
+    """The README's short form: per comparison, each encoding's accuracy at the training length and the longest, its
+    fall per doubling, and the families' answer."""
+    parts = []
+    for record, rows in _far(context):
+        first = rows[next(iter(rows))]["lengths"]
+        training, longest = first[0], first[-1]
+        lines = [
+            f"| {record['task']} (`{record['settings_hash']}`) | family | at {training} tokens | at {longest} "
+            f"({round(longest / training)}x) | fall per doubling | seeds |",
+            "|---|---|---|---|---|---|",
+        ]
+        for pe, row in sorted(rows.items(), key=lambda item: -item[1]["fall"]["mean"]):
+            name = pe if row["learned"] else f"{pe} (did not learn)"
+            cells = [_points(row["accuracy"][training]), _points(row["accuracy"][longest]), _points(row["fall"])]
+            lines.append(f"| {name} | {row['family'] or '–'} | " + " | ".join(cells) + f" | {row['fall']['n']} |")
+        parts.append("\n".join(lines) + "\n\n" + _answer(lengths.family_difference(rows)))
+    return "\n\n".join(parts) if parts else None
+
+
 def build(context: ReportContext) -> str | None:
     parts = [
         _subsection(directory, context)
@@ -86,5 +116,6 @@ def build(context: ReportContext) -> str | None:
 
 
 register_section("far-lengths", "Far beyond the training length", build)
+register_readme_section("far-lengths", build_readme)
 
-__all__ = ["build"]
+__all__ = ["build", "build_readme"]
