@@ -13,7 +13,7 @@
 # VISIT_FAST_PATHS says otherwise (on, off, or path names). VISIT_TESTS (a pytest -k expression) and VISIT_WORKERS
 # (default 8) shape the tests. VISIT_DRY_RUN=1 prints each stage's command instead of running it.
 # Stages (`next` names the next visit's plan: tests first-calls first-calls-again speed-1k-defaults speed-1k-kernels
-# speed-1k-efficient speed-1k-every speed-1k-grape science):
+# speed-1k-efficient speed-1k-every speed-1k-grape speed-1k-new science):
 #   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), the
 #                shared ones on VISIT_WORKERS pytest workers, those that call Triton kernels (fla's, tapelm's) in
 #                VISIT_PROCESSES processes beside them (default 4), a process that fails or dies rerun from the test
@@ -31,6 +31,9 @@
 #   speed-1k-grape the same, the default paths: RoPE and GRAPE's three encodings (GRAPE-AP builds its bias whole on
 #                CUDA until its device test of attention over blocks passes); the stages before it fill the call at
 #                their limits, so it runs where they finish early
+#   speed-1k-new   the same, the default paths: RoPE and the encodings issue 65 added (PoPE, Wall, stick-breaking,
+#                GRAPE-A-Q/K/QK; their step costs in docs/gpu/budget.json are estimates until this measures them); like
+#                speed-1k-grape it runs where the stages before it finish early
 #   speed-1k-every     the same, every fast path on (`--fast-paths on`): RoPE, TAPE
 #   speed-1k-all bench speed, 12 x 768 at 1,024 x 16, bf16 autocast, one repetition: every encoding, transformers'
 #                Llama and fla's FoX and PaTH models, the JSON written as each row's measurement ends (a stopped stage
@@ -75,7 +78,7 @@ defaults="attention-unpadded rotation-triton rotation-autograd state-mixing-trit
 more_rows=()
 defaults_rows=(rope tape t5 fire cope fox path fla-fox fla-path "${more_rows[@]}")
 plan=(tests first-calls first-calls-again speed-1k-defaults speed-1k-kernels speed-1k-efficient speed-1k-every
-      speed-1k-grape science)
+      speed-1k-grape speed-1k-new science)
 # A speed-1k-* stage may take 15 s to start and ROW_SECONDS a row beside RoPE (one repetition: both models built,
 # two alternations of training steps, memory, prefill, 64 tokens decoded at batch 1 and 8 each); every-path rows 40 s
 # more for their first calls (the issue's target: a first training step within 60 s on a fresh machine).
@@ -83,7 +86,8 @@ ROW_SECONDS=12
 declare -A limit=([tests]=${VISIT_TESTS_SECONDS:-120} [first-calls]=60 [first-calls-again]=30
                   [speed-1k-defaults]=$((15 + ROW_SECONDS * (${#defaults_rows[@]} - 1)))
                   [speed-1k-kernels]=$((15 + ROW_SECONDS * 3)) [speed-1k-efficient]=$((15 + 2 * ROW_SECONDS * 3))
-                  [speed-1k-every]=$((15 + 40 + ROW_SECONDS)) [speed-1k-grape]=$((15 + ROW_SECONDS * 3)) [speed-1k-all]=150 [science]=150 [eager-1k]=120
+                  [speed-1k-every]=$((15 + 40 + ROW_SECONDS)) [speed-1k-grape]=$((15 + ROW_SECONDS * 3))
+                  [speed-1k-new]=$((15 + ROW_SECONDS * 6)) [speed-1k-all]=150 [science]=150 [eager-1k]=120
                   [reference-1k]=70 [fast-1k]=200 [compiled-1k]=270 [eager-4k]=150 [gqa-2k]=90 [paths-1k]=260
                   [profile-1k]=200)
 # stages that keep what they finished when stopped and take what is left of the visit once their own limit above is
@@ -113,8 +117,11 @@ stage() {  # run stage NAME; FAST is the fast-path setting of the benchmark stag
       --pe rope t5 fire cope ;;
     speed-1k-every) bench speed-1k-every paper-1k on --repeats 1 --pe rope tape ;;
     speed-1k-grape) bench speed-1k-grape paper-1k auto --repeats 1 --pe rope grape-m-fixed grape-m grape-ap ;;
+    speed-1k-new) bench speed-1k-new paper-1k auto --repeats 1 --pe rope pope wall stickbreaking grape-a-q grape-a-k \
+      grape-a-qk ;;
     speed-1k-all) bench speed-1k-all paper-1k "$fast" --repeats 1 --pe rope tape llama t5 fire cope fox fla-fox path \
-      fla-path alibi xpos randpe nope sinusoidal learned grape-m-fixed grape-m grape-ap ;;
+      fla-path alibi xpos randpe nope sinusoidal learned grape-m-fixed grape-m grape-ap grape-a-q grape-a-k grape-a-qk \
+      pope wall stickbreaking ;;
     science)  # the next GPU-scale comparison runs that fit, continuing from the archived ones; 25 s to write back
       $python -m tapelm.cli stage --budget-seconds "$((seconds - 25))" --out "$work/science" \
         --archive docs/results/compare --data-workers 12 --no-progress ;;
