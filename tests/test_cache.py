@@ -220,12 +220,16 @@ def compile_config(**options):
 
 
 @pytest.mark.compiles
-@pytest.mark.parametrize("pe_type", COMPILED_DECODING)
+@pytest.mark.parametrize("pe_type", PE_TYPES)
 def test_a_compiled_decode_step_on_a_static_cache_never_recompiles(pe_type):
-    """generate with a static cache compiles the decode step (as it does on a GPU): one graph, no graph break, no
-    recompilation over the steps, the dynamic cache's tokens (left padding included). Dynamo's own backend here;
-    inductor and CUDA graphs under `pytest --device cuda`."""
+    """generate with a static cache compiles the decode step (as it does on a GPU): one graph for every step and
+    layer, no graph break, no recompilation over the steps, the tokens of the dynamic cache (left padding included)
+    and of uncached decoding. PaTH and Wall read their caches as sequences, so they decode eagerly: transformers
+    compiles nothing for them. Dynamo's own backend here; inductor and CUDA graphs under `pytest --device cuda`."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     model = tiny_model(pe_type)
     model.generation_config.compile_config = compile_config(fullgraph=True)
     ids = tokens(2, 6)
@@ -237,7 +241,12 @@ def test_a_compiled_decode_step_on_a_static_cache_never_recompiles(pe_type):
             ids, attention_mask=mask, max_new_tokens=10, do_sample=False, cache_implementation="static"
         )
     assert torch.equal(static, dynamic)
-    assert model._compiled_call is not None  # the decode steps went through the compiled call
+    assert torch.equal(
+        static, model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, use_cache=False)
+    )
+    compiled = pe_type in COMPILED_DECODING
+    assert counters["stats"]["unique_graphs"] == (1 if compiled else 0)
+    assert (getattr(model, "_compiled_call", None) is not None) == compiled  # the decode steps went through it
 
 
 @pytest.mark.compiles

@@ -4,8 +4,7 @@ as eager code does. transformers' compiled decoding on a static cache is one gra
 
 import pytest
 import torch
-from transformers import DynamicCache, GenerationConfig
-from transformers.generation.configuration_utils import CompileConfig
+from transformers import DynamicCache
 
 from conftest import tiny_model, tokens
 
@@ -65,28 +64,6 @@ def test_an_exported_prefill_computes_the_logits_and_fills_the_cache_as_eager_co
         assert len(cached) == len(expected_cached) == 2 * model.config.num_hidden_layers
         for got, want in zip(cached, expected_cached):
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-
-
-@pytest.mark.compiles
-def test_compiled_static_cache_decoding_is_one_graph_compiled_once(pe_type):
-    """`generate(..., cache_implementation="static")` compiles the decoding step as transformers does (here with
-    dynamo's "eager" backend on the CPU, fullgraph: a graph break fails), every fast path on: one graph for all
-    steps and layers, and the tokens of uncached decoding. PaTH's and Wall's caches are read as sequences, so they
-    decode eagerly (transformers skips the compilation)."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    model = tiny_model(pe_type, fast_paths="on")
-    ids = tokens(1, 6)
-    compile_config = CompileConfig(backend="eager", fullgraph=True)
-    compile_config._compile_all_devices = True  # transformers compiles on accelerators only
-    generation = GenerationConfig(
-        max_new_tokens=5, do_sample=False, cache_implementation="static", compile_config=compile_config
-    )
-    compiled = model.generate(ids, generation_config=generation)
-    assert counters["stats"]["unique_graphs"] == (1 if model.model.positional.fixed_shape_cache else 0)
-    assert torch.equal(compiled, model.generate(ids, max_new_tokens=5, do_sample=False, use_cache=False))
 
 
 @pytest.mark.parametrize("pe_type", ["tape", "fire", "randpe", "path"])
