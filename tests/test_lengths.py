@@ -19,8 +19,8 @@ TRAINING = 33
 LENGTHS = [TRAINING * m for m in (1, 2, 4, 8, 16)]
 
 
-def result(pe: str, seed: int, curve: dict[int, float]) -> dict:
-    return {"pe": pe, "seed": seed, "summary": {"by_length": {str(n): v for n, v in curve.items()}}}
+def result(pe: str, seed: int, curve: dict[int, float], metric: str = "accuracy") -> dict:
+    return {"pe": pe, "seed": seed, "metric": metric, "summary": {"by_length": {str(n): v for n, v in curve.items()}}}
 
 
 def linear(start: float, fall: float) -> dict[int, float]:
@@ -71,6 +71,13 @@ def test_the_report_writes_the_section_and_its_figure_from_an_archive(tmp_path):
     (tmp_path / "compare" / "flipflop" / "old" / "comparison.json").write_text(
         json.dumps({"task": "flipflop", "settings_hash": "old", "task_options": {"eval_multipliers": [1, 2, 4]}})
     )
+    text_run = tmp_path / "compare" / "text" / "ppl" / "tape" / "seed0"  # perplexity: no fall in points
+    text_run.mkdir(parents=True)
+    (text_run.parents[1] / "comparison.json").write_text(
+        json.dumps({"task": "text", "settings_hash": "ppl", "task_options": {"eval_multipliers": [1, 8]}})
+    )
+    (text_run / "result.json").write_text(json.dumps(result("tape", 0, {64: 30.0, 512: 90.0}, "perplexity")))
+    (text_run / "eval.json").write_text("{}")
     folder.mkdir(parents=True)
     (folder / "comparison.json").write_text(json.dumps(record))
     for pe, fall in (("tape", -0.1), ("fox", -0.01)):
@@ -81,10 +88,10 @@ def test_the_report_writes_the_section_and_its_figure_from_an_archive(tmp_path):
             (run / "eval.json").write_text("{}")
     context = ReportContext(tmp_path, tmp_path / "figures", "figures", tmp_path / "compare")
     text = build(context)
-    assert "### mqar (`abc`, trained at 33 tokens)" in text and "flipflop" not in text
+    assert "### mqar (`abc`, trained at 33 tokens)" in text and "flipflop" not in text and "ppl" not in text
     assert "| tape | accumulating | 100.0 ± 0.0 | 89.0 ± 2.5 |" in text
     assert "**accumulation falls faster**" in text and "-9.0 ± 0.0 points" in text
-    assert (tmp_path / "figures" / "abc-mqar-lengths.png").stat().st_size > 0
+    assert (tmp_path / "figures" / "lengths-mqar-abc.png").stat().st_size > 0
     short = build_readme(context)
     assert "| mqar (`abc`) | family | at 33 tokens | at 528 (16x) | fall per doubling | seeds |" in short
     assert "| tape | accumulating | 100.0 ± 0.0 | 56.0 ± 9.9 | -11.0 ± 2.5 | 3 |" in short

@@ -53,13 +53,12 @@ def _answer(found: dict[str, Any]) -> str:
     )
 
 
-def _subsection(directory: Path, context: ReportContext) -> str:
-    record = json.loads((directory / compare.COMPARISON_FILE).read_text())
-    results = compare.load_results(directory)
-    rows = lengths.encoding_rows(record["task"], results)
+def _subsection(record: dict[str, Any], rows: dict[str, dict[str, Any]], context: ReportContext) -> str:
     training = rows[next(iter(rows))]["lengths"][0]
     context.figures.mkdir(parents=True, exist_ok=True)
-    name = f"{record['settings_hash']}-{record['task']}-lengths.png"
+    name = (
+        f"lengths-{record['task']}-{record['settings_hash']}.png"  # not under the hash: the task section clears those
+    )
     series = {
         pe: (row["lengths"], [row["accuracy"][n]["mean"] for n in row["lengths"]], None) for pe, row in rows.items()
     }
@@ -76,13 +75,17 @@ def _subsection(directory: Path, context: ReportContext) -> str:
     return "\n\n".join([title, _table(rows, training), _answer(lengths.family_difference(rows)), figure])
 
 
-def _far(context: ReportContext) -> list[tuple[dict[str, Any], dict[str, dict[str, Any]]]]:
-    """(record, rows) of every archived comparison that reaches far beyond its training length."""
+def _far(context: ReportContext) -> list[tuple[dict[str, Any], dict[str, dict[str, Any]], Path]]:
+    """(record, rows, folder) of every archived comparison of an accuracy that reaches far beyond its training
+    length (perplexity has no fall in points and no learned threshold)."""
     found = []
     for directory in archive.archived_comparisons(context.comparisons):
         record = json.loads((directory / compare.COMPARISON_FILE).read_text())
-        if lengths.reaches_far(record):
-            found.append((record, lengths.encoding_rows(record["task"], compare.load_results(directory))))
+        if not lengths.reaches_far(record):
+            continue
+        results = compare.load_results(directory)
+        if results and all(r["metric"] != "perplexity" for by_seed in results.values() for r in by_seed.values()):
+            found.append((record, lengths.encoding_rows(record["task"], results), directory))
     return found
 
 
@@ -90,7 +93,7 @@ def build_readme(context: ReportContext) -> str | None:
     """The README's short form: per comparison, each encoding's accuracy at the training length and the longest, its
     fall per doubling, and the families' answer."""
     parts = []
-    for record, rows in _far(context):
+    for record, rows, _ in _far(context):
         first = rows[next(iter(rows))]["lengths"]
         training, longest = first[0], first[-1]
         lines = [
@@ -107,11 +110,7 @@ def build_readme(context: ReportContext) -> str | None:
 
 
 def build(context: ReportContext) -> str | None:
-    parts = [
-        _subsection(directory, context)
-        for directory in archive.archived_comparisons(context.comparisons)
-        if lengths.reaches_far(json.loads((directory / compare.COMPARISON_FILE).read_text()))
-    ]
+    parts = [_subsection(record, rows, context) for record, rows, _ in _far(context)]
     return "\n\n".join([INTRO, *parts]) if parts else None
 
 
