@@ -33,17 +33,8 @@ def forward_and_gradients(model, ids, weights, **inputs):
     return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def test_a_packed_row_is_each_document_alone(pe_type):
-    model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3)
-    docs = documents()
-    ids, positions = packed(docs)
-    weights = torch.randn(
-        *ids.shape,
-        model.config.vocab_size,
-        dtype=torch.float64,
-        generator=torch.Generator().manual_seed(1),
-        device="cpu",
-    ).to(DEVICE)
+def assert_packed_row_is_each_document_alone(model, docs, ids, positions, weights) -> None:
+    """The packed row's logits and every gradient of sum(logits * weights) equal those of its documents run alone."""
     logits, grads = forward_and_gradients(model, ids, weights, position_ids=positions)
     alone, alone_grads, start = [], {}, 0
     for doc in docs:
@@ -57,6 +48,20 @@ def test_a_packed_row_is_each_document_alone(pe_type):
     assert grads.keys() == alone_grads.keys() and grads
     for name in grads:
         torch.testing.assert_close(grads[name], alone_grads[name], atol=1e-9, rtol=0, msg=name)
+
+
+def test_a_packed_row_is_each_document_alone(pe_type):
+    model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3)
+    docs = documents()
+    ids, positions = packed(docs)
+    weights = torch.randn(
+        *ids.shape,
+        model.config.vocab_size,
+        dtype=torch.float64,
+        generator=torch.Generator().manual_seed(1),
+        device="cpu",
+    ).to(DEVICE)
+    assert_packed_row_is_each_document_alone(model, docs, ids, positions, weights)
 
 
 @pytest.mark.parametrize("pe_type", ["tape", "alibi", "cope", "path"])

@@ -20,7 +20,7 @@ from tapelm.positional.schedule import acts_outside_layers
 from tapelm.pretrained.convert import from_pretrained_llama
 from test_cache import compile_config
 from test_export import Prefill, padding_masks
-from test_packing import documents, forward_and_gradients, packed
+from test_packing import assert_packed_row_is_each_document_alone, documents, forward_and_gradients, packed
 
 pytestmark = pytest.mark.device
 
@@ -234,19 +234,7 @@ def test_a_packed_row_of_a_mix_is_each_document_alone(name):
     ids, positions = packed(docs)
     generator = torch.Generator().manual_seed(1)
     weights = torch.randn(*ids.shape, 61, dtype=torch.float64, generator=generator, device="cpu").to(DEVICE)
-    logits, grads = forward_and_gradients(model, ids, weights, position_ids=positions)
-    alone, alone_grads, start = [], {}, 0
-    for doc in docs:
-        end = start + doc.shape[1]
-        doc_logits, doc_grads = forward_and_gradients(model, doc, weights[:, start:end])
-        alone.append(doc_logits)
-        for key, grad in doc_grads.items():
-            alone_grads[key] = alone_grads.get(key, 0) + grad
-        start = end
-    torch.testing.assert_close(logits, torch.cat(alone, dim=1), atol=1e-10, rtol=0)
-    assert grads.keys() == alone_grads.keys() and grads
-    for key in grads:
-        torch.testing.assert_close(grads[key], alone_grads[key], atol=1e-9, rtol=0, msg=key)
+    assert_packed_row_is_each_document_alone(model, docs, ids, positions, weights)
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))
