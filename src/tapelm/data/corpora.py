@@ -15,6 +15,7 @@ contains the source.
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import shutil
@@ -37,9 +38,8 @@ DOC_PACKAGE = "python3.11-doc"
 def corpus_files(corpus: str | None) -> tuple[Path, ...]:
     """The sorted files of one source (see the module docstring)."""
     if corpus is None or corpus == STDLIB:
-        root = Path(sysconfig.get_paths()["stdlib"])
-        files = (p for p in root.rglob("*.py") if not STDLIB_EXCLUDED & set(p.relative_to(root).parts[:-1]))
-    elif corpus == PYTHON_DOCS:
+        return _standard_library_files()
+    if corpus == PYTHON_DOCS:
         files = python_docs().rglob("*.rst.txt")
     elif any(char in corpus for char in "*?["):
         files = (Path(p) for p in glob.glob(corpus, recursive=True))
@@ -57,6 +57,14 @@ def corpus_files(corpus: str | None) -> tuple[Path, ...]:
     if not found:
         raise ValueError(f"corpus path '{corpus}' does not exist or holds no files")
     return found
+
+
+@functools.cache
+def _standard_library_files() -> tuple[Path, ...]:
+    """The standard library's files, listed once per process: they are this Python's own and do not change."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = (p for p in root.rglob("*.py") if not STDLIB_EXCLUDED & set(p.relative_to(root).parts[:-1]))
+    return tuple(sorted(p for p in files if p.is_file()))
 
 
 def corpus_sources(corpus: str | list[str] | tuple[str, ...] | None) -> tuple[tuple[Path, ...], ...]:
