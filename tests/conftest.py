@@ -101,6 +101,10 @@ def pytest_collectreport(report):
     _record_skip(report)
 
 
+def _kept(item) -> bool:
+    return False
+
+
 def _record_skip(report) -> None:
     """With TAPELM_RECORD_SKIPS=FILE, append the id of every skipped test or module to FILE: CI runs them again once
     the extras are installed (.ci/run). In the controlling process only, where xdist's workers report."""
@@ -111,6 +115,13 @@ def _record_skip(report) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
+    """Deselect what a test module's `outside_ci_subset(item)` leaves out of CI's budget; on a device, skip every
+    test that is not a `device` law test."""
+    outside = [item for item in items if getattr(getattr(item, "module", None), "outside_ci_subset", _kept)(item)]
+    if outside:
+        config.hook.pytest_deselected(items=outside)
+        left_out = set(outside)
+        items[:] = [item for item in items if item not in left_out]
     if DEVICE.type == "cpu":
         return
     skip = pytest.mark.skip(reason=f"runs on the CPU only: not one of the law tests `--device {DEVICE}` runs")

@@ -157,6 +157,7 @@ def test_a_comparison_on_submitit_killed_mid_run_resumes_to_the_local_result(loc
     from its checkpoint; every result equals the one trained in this process."""
     pytest.importorskip("submitit", reason="submitit is not installed (pip install tapelm[cluster])")
     import psutil  # accelerate's dependency
+
     root, lines = tmp_path / "runs", []
     launcher = SlurmLauncher(
         tmp_path / "slurm", time_minutes=10, gpus_per_run=0, cluster="local", poll_seconds=0.2, log=lines.append
