@@ -36,13 +36,30 @@ metric_list:
 """
 
 
-def _loglikelihoods(out: Path) -> list[float]:
+def _scored_pairs(out: Path) -> list[tuple[str, str, float]]:
+    """(context, continuation, log-likelihood) of every request lm_eval made, from its logged samples."""
     (samples,) = out.rglob("samples_tapelm_local_sums_*.jsonl")
-    rows = [json.loads(line) for line in samples.read_text().splitlines()]
-    return [float(resp[0][0]) for row in sorted(rows, key=lambda r: r["doc_id"]) for resp in row["resps"]]
+    rows = sorted((json.loads(line) for line in samples.read_text().splitlines()), key=lambda row: row["doc_id"])
+    return [
+        (arguments["arg_0"], arguments["arg_1"], float(response[0][0]))
+        for row in rows
+        for arguments, response in zip(row["arguments"].values(), row["resps"])
+    ]
 
 
-def test_lm_eval_scores_a_saved_model_alike_at_batch_sizes_1_and_4(tmp_path: Path) -> None:
+def _loglikelihood(model: TapeForCausalLM, context: str, continuation: str) -> float:
+    """log p(continuation | context) from one unpadded forward pass, with lm_eval's split: trailing spaces of the
+    context belong to the continuation (the byte tokenizer's ids are the UTF-8 bytes)."""
+    stripped = context.rstrip()
+    context, continuation = stripped, context[len(stripped) :] + continuation
+    ids = torch.tensor([list((context + continuation).encode())])
+    start = len(context.encode())
+    with torch.no_grad():
+        log_probs = model(ids[:, :-1]).logits.log_softmax(-1)[0, start - 1 :]
+    return log_probs.gather(-1, ids[0, start:, None]).sum().item()
+
+
+def test_lm_eval_scores_a_saved_model_in_padded_batches_as_the_model_scores_each_request(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = TapeForCausalLM(
         TapeConfig(
@@ -55,7 +72,7 @@ def test_lm_eval_scores_a_saved_model_alike_at_batch_sizes_1_and_4(tmp_path: Pat
             num_key_value_heads=2,
             max_position_embeddings=128,
         )
-    )
+    ).eval()
     model.save_pretrained(tmp_path / "model")
     save_tokenizer(ByteTokenizer(), tmp_path / "model")
     rows = [
@@ -74,31 +91,27 @@ def test_lm_eval_scores_a_saved_model_alike_at_batch_sizes_1_and_4(tmp_path: Pat
         "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
         "OMP_NUM_THREADS": "1",
     }
-    runs = {}
-    for batch_size in (1, 4):  # the two evaluations run side by side: each is mostly lm_eval's start
-        command = [
-            LM_EVAL,
-            "--model",
-            "hf",
-            "--model_args",
-            f"pretrained={tmp_path / 'model'},trust_remote_code=True,dtype=float32",
-            "--tasks",
-            "tapelm_local_sums",
-            "--include_path",
-            str(tmp_path / "tasks"),
-            "--batch_size",
-            str(batch_size),
-            "--device",
-            "cpu",
-            "--output_path",
-            str(tmp_path / f"out{batch_size}"),
-            "--log_samples",
-        ]
-        with open(tmp_path / f"log{batch_size}", "w") as log:  # a file, not a pipe: neither run waits on a reader
-            runs[batch_size] = subprocess.Popen(command, env=environment, cwd=tmp_path, stdout=log, stderr=log)
-    scores = {}
-    for batch_size, run in runs.items():
-        assert run.wait(timeout=600) == 0, (tmp_path / f"log{batch_size}").read_text()[-3000:]
-        scores[batch_size] = _loglikelihoods(tmp_path / f"out{batch_size}")
-    assert len(scores[1]) == 3 * len(rows) and all(score < 0 for score in scores[1])
-    torch.testing.assert_close(torch.tensor(scores[4]), torch.tensor(scores[1]), rtol=1e-5, atol=1e-5)
+    command = [
+        LM_EVAL,
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={tmp_path / 'model'},trust_remote_code=True,dtype=float32",
+        "--tasks",
+        "tapelm_local_sums",
+        "--include_path",
+        str(tmp_path / "tasks"),
+        "--batch_size",
+        "4",  # requests of unequal length share a batch: lm_eval pads them
+        "--device",
+        "cpu",
+        "--output_path",
+        str(tmp_path / "out"),
+        "--log_samples",
+    ]
+    run = subprocess.run(command, env=environment, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    scored = _scored_pairs(tmp_path / "out")
+    assert len(scored) == 3 * len(rows) and len({len(c + x) for c, x, _ in scored}) > 1
+    expected = [_loglikelihood(model, context, continuation) for context, continuation, _ in scored]
+    torch.testing.assert_close(torch.tensor([s for *_, s in scored]), torch.tensor(expected), rtol=1e-5, atol=1e-5)
