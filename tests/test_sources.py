@@ -113,7 +113,8 @@ def test_missing_source_offline_names_the_install_command(cache: Path, monkeypat
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory):
-    """SmolLM2 converted on first use into a fresh cache; yields (gguf path, cache, model, tokenizer)."""
+    """SmolLM2 converted on first use into a fresh cache; yields (the model the GGUF converted to, cache, the model
+    loaded from the cache, tokenizer). The conversion's own GGUF load is kept (parsing the GGUF takes ~20 s)."""
     gguf = sources.find_gguf(SMOLLM2)
     if gguf is None:
         command = sources.PRETRAINED_SOURCES[SMOLLM2].install_command
@@ -121,10 +122,21 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory):
     cache = tmp_path_factory.mktemp("tapelm-cache")
     (cache / "downloads").mkdir()
     (cache / "downloads" / gguf.name).symlink_to(gguf)
+    converted = []
+
+    def load_gguf_and_keep(path, dtype=torch.float32):
+        model, tokenizer = load_gguf(path, dtype)
+        converted.append((Path(path), model))
+        return model, tokenizer
+
+    load_gguf = sources.load_gguf
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TAPELM_CACHE", str(cache))
+        patch.setattr(sources, "load_gguf", load_gguf_and_keep)
         model, tokenizer = sources.load_pretrained(SMOLLM2)
-        yield gguf, cache, model, tokenizer
+        ((path, direct),) = converted
+        assert path.resolve() == gguf.resolve()
+        yield direct, cache, model, tokenizer
 
 
 @pytest.mark.slow
@@ -143,12 +155,11 @@ def test_smollm2_architecture(smollm2) -> None:
 
 @pytest.mark.slow
 def test_smollm2_cached_reload_matches_gguf(smollm2) -> None:
-    gguf, cache, _, _ = smollm2
+    direct, cache, _, _ = smollm2
     folder = cache / SMOLLM2
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
     cached, tokenizer = sources.load_pretrained(str(folder))
-    direct, _ = sources.load_pretrained(str(gguf))
     ids = torch.tensor([tokenizer.encode("The quick brown fox jumps over the lazy dog.")])
     with torch.no_grad():
         assert torch.equal(cached(ids).logits, direct(ids).logits)
