@@ -83,6 +83,8 @@ def test_bad_launch_options_get_one_line_errors_before_anything_starts(tmp_path,
     assert "error: --jobs=0: give a whole number of at least 1" in capsys.readouterr().err
     with pytest.raises(ValueError, match="^data_workers=-1: give a number of processes >= 0"):
         RunOptions(data_workers=-1)
+    with pytest.raises(ValueError, match="^compile_backend='inductr' is not a torch.compile backend: .*'inductor'"):
+        RunOptions(compile_backend="inductr")
     assert main(["compare", "addition", "--data-workers", "-1", *root]) == 2
     assert "error: --data-workers=-1: give a number of processes >= 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="distinct device names"):

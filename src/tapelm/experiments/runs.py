@@ -287,7 +287,9 @@ class RunOptions:
     experiment trackers to log to (`trackers`); `compile_step`: compile the whole model's training forward instead
     (`tapelm.training.step.compile_for_steps`; None: the preset's choice); `checkpoint_minutes`: also checkpoint
     every that many minutes of training (`train`; 0: only the settings' `checkpoint_every`; None: the preset's
-    choice), so that a run stopped by a deadline or a preemption loses at most that much when it resumes."""
+    choice), so that a run stopped by a deadline or a preemption loses at most that much when it resumes;
+    `compile_backend`: the torch.compile backend of `compile_layers` (dynamo's "aot_eager" traces the forward and
+    backward as inductor does, without generating code: for a machine without a C++ compiler, and for the tests)."""
 
     progress: bool = True
     compile_layers: bool = False
@@ -295,6 +297,7 @@ class RunOptions:
     report_to: tuple[str, ...] = ()
     compile_step: bool | None = None
     checkpoint_minutes: float | None = None
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
         if self.checkpoint_minutes is not None:
@@ -303,6 +306,9 @@ class RunOptions:
             raise ValueError(f"data_workers={self.data_workers!r}: give a number of processes >= 0")
         if self.compile_layers and self.compile_step:
             raise ValueError("compile_layers=True and compile_step=True compile the same forward two ways; choose one")
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if self.compile_backend not in backends:
+            raise ValueError(f"compile_backend={self.compile_backend!r} is not a torch.compile backend: {backends}")
         object.__setattr__(self, "report_to", check_report_to(self.report_to))
 
     def in_workers(self, concurrent: int | None) -> RunOptions:
@@ -372,7 +378,7 @@ def run_task(
     state.wait_for_everyone()
     model = run.build_model()
     if compile_layers:
-        compile_for_training(model)
+        compile_for_training(model, options.compile_backend)
     stream = batch_stream(run.task, run.spec.seed, run.settings.batch_size)
     evaluate_fn = None
     if run.settings.eval_every:
@@ -432,7 +438,7 @@ def run_task(
         "session_seconds": time.time() - started,
         "world_size": trained.world_size,
         "tokens_this_session": trained.tokens,
-        "compiled_layers": compile_layers,
+        "compiled_layers": options.compile_backend if compile_layers else False,
         "compiled_step": compile_step,
         "data": run.task.data_record(),
         "device": describe_device(state.device),
@@ -459,12 +465,12 @@ def _check_tokenizer(run: ResolvedRun, run_dir: Path) -> None:
         )
 
 
-def compile_for_training(model: TapeForCausalLM) -> None:
-    """torch.compile every decoder layer (`compile_layers`) for the training steps. The compiler's caches are reset
-    first: dynamo keeps at most eight compiled versions of a layer's code per process and then silently runs it
-    eagerly, which a process training one model after another would reach."""
+def compile_for_training(model: TapeForCausalLM, backend: str = "inductor") -> None:
+    """torch.compile every decoder layer (`compile_layers`) with `backend` for the training steps. The compiler's
+    caches are reset first: dynamo keeps at most eight compiled versions of a layer's code per process and then
+    silently runs it eagerly, which a process training one model after another would reach."""
     torch.compiler.reset()
-    model.compile_layers()
+    model.compile_layers(backend=backend)
 
 
 def eager(function):
