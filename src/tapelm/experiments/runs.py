@@ -288,8 +288,9 @@ class RunOptions:
     (`tapelm.training.step.compile_for_steps`; None: the preset's choice); `checkpoint_minutes`: also checkpoint
     every that many minutes of training (`train`; 0: only the settings' `checkpoint_every`; None: the preset's
     choice), so that a run stopped by a deadline or a preemption loses at most that much when it resumes;
-    `compile_backend`: the torch.compile backend of `compile_layers` (dynamo's "aot_eager" traces the forward and
-    backward as inductor does, without generating code: for a machine without a C++ compiler, and for the tests)."""
+    `compile_backend`: the torch.compile backend of `compile_layers` and `compile_step` (dynamo's "aot_eager" traces
+    the forward and backward as inductor does, without generating code: for a machine without a C++ compiler, and
+    for the tests)."""
 
     progress: bool = True
     compile_layers: bool = False
@@ -402,6 +403,7 @@ def run_task(
             data_workers=options.data_workers,
             compile_step=compile_step,
             checkpoint_minutes=checkpoint_minutes,
+            compile_backend=options.compile_backend,
         )  # the full evaluation below: the last step
     finally:
         trackers.finish(state)
@@ -439,7 +441,7 @@ def run_task(
         "world_size": trained.world_size,
         "tokens_this_session": trained.tokens,
         "compiled_layers": options.compile_backend if compile_layers else False,
-        "compiled_step": compile_step,
+        "compiled_step": options.compile_backend if compile_step else False,
         "data": run.task.data_record(),
         "device": describe_device(state.device),
         "launch": launch or {"launcher": "in-process"},

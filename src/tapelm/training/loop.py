@@ -90,6 +90,7 @@ def train(
     data_workers: int = 0,
     compile_step: bool = False,
     checkpoint_minutes: float = 0.0,
+    compile_backend: str = "inductor",
 ) -> TrainResult:
     """Train `model` for `settings.steps` optimizer updates and save it to `run_dir/model`.
 
@@ -103,8 +104,8 @@ def train(
     stop_after: stop (as if killed) after this many steps, leaving the checkpoints; for tests and time budgets.
     data_workers: make the micro-batches ahead in that many worker processes (the same batches in the same order;
     not a setting: it changes no number, only whether a GPU waits for the CPU to make its next batch).
-    compile_step: compile the model for the run's fixed batch shapes (`compile_for_steps`); the same function to
-    float rounding, so not a setting either.
+    compile_step: compile the model for the run's fixed batch shapes (`compile_for_steps`) with torch.compile's
+    `compile_backend`; the same function to float rounding, so not a setting either.
     checkpoint_minutes: also write a checkpoint at the first log step at least that many minutes (wall clock, the
     main process's) after the previous one or the start of this call (0: only `checkpoint_every`'s). Not a setting
     either: a checkpoint changes no number, and a run resumed from one ends as an unbroken run does.
@@ -122,8 +123,10 @@ def train(
     checkpoint = check_run_dir(run_dir, settings, resume)
     accelerator = check_world(accelerator or make_accelerator(settings))
     set_seed(settings.seed)
-    graphs = compile_step and accelerator.device.type == "cuda" and settings.grad_accum == 1
-    model, optimizer, scheduler = _prepare(model, parameters, settings, accelerator, compile_step, graphs)
+    graphs = compile_step and compile_backend == "inductor" and accelerator.device.type == "cuda"
+    graphs = graphs and settings.grad_accum == 1
+    step_backend = compile_backend if compile_step else None
+    model, optimizer, scheduler = _prepare(model, parameters, settings, accelerator, step_backend, graphs)
     start_step, micro, earlier, metrics_path = _restore(accelerator, run_dir, settings, checkpoint, resume)
 
     result = TrainResult(
@@ -239,9 +242,9 @@ def _minutes_passed(accelerator, minutes: float, since: float) -> bool:
     return passed[0]
 
 
-def _prepare(model, parameters, settings: TrainSettings, accelerator, compile_step: bool, graphs: bool):
-    """The model (gradient checkpointing enabled, compiled when asked, under CUDA graphs when `graphs`), its
-    optimizer and scheduler, prepared by `accelerator`."""
+def _prepare(model, parameters, settings: TrainSettings, accelerator, step_backend: str | None, graphs: bool):
+    """The model (gradient checkpointing enabled, its forward compiled with `step_backend` unless None, under CUDA
+    graphs when `graphs`), its optimizer and scheduler, prepared by `accelerator`."""
     if settings.grad_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
             model, "gradient_checkpointing_enable", None
@@ -254,8 +257,8 @@ def _prepare(model, parameters, settings: TrainSettings, accelerator, compile_st
         raise ValueError("there is no trainable parameter")
     optimizer = make_optimizer(params, settings, accelerator.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_lambda(settings))
-    if compile_step:
-        compile_for_steps(model, graphs)
+    if step_backend is not None:
+        compile_for_steps(model, graphs, step_backend)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     return model, optimizer, scheduler
 

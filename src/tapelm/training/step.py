@@ -68,18 +68,22 @@ def token_count(batch: Mapping[str, torch.Tensor]) -> torch.Tensor | int:
     return mask.sum() if mask is not None else batch["input_ids"].numel()
 
 
-def compile_for_steps(model: torch.nn.Module, graphs: bool) -> None:
-    """torch.compile the model's forward (with its loss, hence its backward) for the shapes it is called with, with
-    CUDA graphs when `graphs` (mode "reduce-overhead"): a step then launches a few graphs instead of hundreds of
-    kernels. `train` asks for graphs on CUDA without gradient accumulation only: with it, a micro-batch's gradients
-    might live in memory that the next micro-batch's graph rewrites (not tried on a GPU). Shapes are static until one
-    changes (then one dynamic recompilation, not one per length). The forward is compiled before accelerate wraps it
-    in autocast, and compiled code is keyed by code and shapes, not by the model object, so another model of the same
-    configuration trained in this process reuses it: the compiler's caches are not reset, and dynamo may keep 64
-    versions of the forward instead of 8 (past them it would run eagerly), so that a process training several
+def compile_for_steps(model: torch.nn.Module, graphs: bool, backend: str = "inductor") -> None:
+    """torch.compile the model's forward (with its loss, hence its backward) with `backend` for the shapes it is
+    called with, with inductor's CUDA graphs when `graphs` (mode "reduce-overhead"): a step then launches a few
+    graphs instead of hundreds of kernels. `train` asks for graphs on CUDA with inductor and without gradient
+    accumulation only: with it, a micro-batch's gradients might live in memory that the next micro-batch's graph
+    rewrites (not tried on a GPU). Shapes are static until one changes (then one dynamic recompilation, not one per
+    length). The forward is compiled before accelerate wraps it in autocast, and compiled code is keyed by code and
+    shapes, not by the model object, so another model of the same configuration trained in this process reuses it:
+    the compiler's caches are not reset, and dynamo may keep 64 versions of the forward instead of 8 (past them it
+    would run eagerly), so that a process training several
     configurations keeps each."""
     torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
-    model.forward = torch.compile(model.forward, mode="reduce-overhead" if graphs else None)
+    if graphs:
+        model.forward = torch.compile(model.forward, mode="reduce-overhead")
+    else:
+        model.forward = torch.compile(model.forward, backend=backend)
 
 
 class _Indexed(torch.utils.data.Dataset):
