@@ -77,8 +77,7 @@ def compile_for_steps(model: torch.nn.Module, graphs: bool, backend: str = "indu
     length). The forward is compiled before accelerate wraps it in autocast, and compiled code is keyed by code and
     shapes, not by the model object, so another model of the same configuration trained in this process reuses it:
     the compiler's caches are not reset, and dynamo may keep 64 versions of the forward instead of 8 (past them it
-    would run eagerly), so that a process training several
-    configurations keeps each."""
+    would run eagerly), so that a process training several configurations keeps each."""
     torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
     if graphs:
         model.forward = torch.compile(model.forward, mode="reduce-overhead")
