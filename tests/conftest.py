@@ -137,6 +137,7 @@ COSTLIEST_FILES = (
     "test_fsdp.py",
     "test_state_update.py",
     "test_rotation_kernels.py",
+    "test_sharing.py",
 )
 
 

@@ -19,12 +19,13 @@ PLAN = [
     "speed-1k-kernels",
     "speed-1k-efficient",
     "speed-1k-every",
+    "sharing",
     "speed-1k-grape",
     "speed-1k-new",
     "science",
 ]
-FILLING = PLAN[:-3]  # the stages whose limits fill the call; GRAPE's and the new encodings' rows and the science run
-# on what they leave
+FILLING = PLAN[:-4]  # the stages whose limits fill the call; the sharing measurement, GRAPE's and the new encodings'
+# rows and the science run on what they leave
 
 
 def dry_run(tmp_path, seconds: int, *stages: str, **environment) -> str:
@@ -71,7 +72,7 @@ def test_the_next_visit_runs_every_stage_within_one_call_of_nine_minutes(tmp_pat
     budgets = stages(printed)
     assert list(budgets) == PLAN
     assert None not in [budgets[stage] for stage in FILLING] and sum(budgets[stage] for stage in FILLING) <= 530
-    assert budgets["tests"] <= 120 and budgets["speed-1k-grape"] is None
+    assert budgets["tests"] <= 120 and budgets["sharing"] is None and budgets["speed-1k-grape"] is None
     assert budgets["speed-1k-new"] is None and budgets["science"] is None
     parser = build_parser()
     found = commands(printed)
@@ -107,9 +108,9 @@ def test_the_speed_stages_measure_the_issues_rows_on_their_paths(tmp_path):
 
 
 def test_the_science_takes_what_the_other_stages_leave(tmp_path):
-    printed = dry_run(tmp_path, 900, "next")
+    printed = dry_run(tmp_path, 1000, "next")
     budgets = stages(printed)
-    assert budgets["science"] == 900 - sum(budgets[stage] for stage in PLAN[:-1])
+    assert budgets["science"] == 1000 - sum(budgets[stage] for stage in PLAN[:-1])
     grape = commands(printed)["speed-1k-grape"]
     assert grape[grape.index("--pe") + 1 :] == ["rope", "grape-m-fixed", "grape-m", "grape-ap"]
     new = commands(printed)["speed-1k-new"]
@@ -121,6 +122,11 @@ def test_the_science_takes_what_the_other_stages_leave(tmp_path):
         "grape-a-q",
         "grape-a-k",
         "grape-a-qk",
+    ]
+    sharing = commands(printed)["sharing"]
+    build_parser().parse_args(sharing)
+    assert sharing[: sharing.index("--root")] == [
+        *("sharing", "mqar", "--pe", "tape", "--runs", "1", "2", "4", "--steps", "150", "--device", "0")
     ]
     science = commands(printed)["science"]
     assert science[:1] == ["stage"] and int(science[science.index("--budget-seconds") + 1]) == budgets["science"] - 25

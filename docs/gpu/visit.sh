@@ -13,7 +13,7 @@
 # VISIT_FAST_PATHS says otherwise (on, off, or path names). VISIT_TESTS (a pytest -k expression) and VISIT_WORKERS
 # (default 8) shape the tests. VISIT_DRY_RUN=1 prints each stage's command instead of running it.
 # Stages (`next` names the next visit's plan: tests first-calls first-calls-again speed-1k-defaults speed-1k-kernels
-# speed-1k-efficient speed-1k-every speed-1k-grape speed-1k-new science):
+# speed-1k-efficient speed-1k-every sharing speed-1k-grape speed-1k-new science):
 #   tests        tapelm doctor's law tests on the GPU (`pytest --device cuda -m device`, every fast path on), the
 #                shared ones on VISIT_WORKERS pytest workers, those that call Triton kernels (fla's, tapelm's) in
 #                VISIT_PROCESSES processes beside them (default 4), a process that fails or dies rerun from the test
@@ -35,6 +35,9 @@
 #                GRAPE-A-Q/K/QK; their step costs in docs/gpu/budget.json are estimates until this measures them); like
 #                speed-1k-grape it runs where the stages before it finish early
 #   speed-1k-every     the same, every fast path on (`--fast-paths on`): RoPE, TAPE
+#   sharing      `tapelm sharing mqar`: MQAR's GPU recipe (TAPE, 150 steps) trained 1, 2 and 4 at once on the GPU, and
+#                the GPU's steady training throughput at each against one run alone (issue 63: whether the stage should
+#                train several runs at once); like speed-1k-grape it runs where the stages before it finish early
 #   speed-1k-all bench speed, 12 x 768 at 1,024 x 16, bf16 autocast, one repetition: every encoding, transformers'
 #                Llama and fla's FoX and PaTH models, the JSON written as each row's measurement ends (a stopped stage
 #                keeps every finished row)
@@ -59,10 +62,12 @@
 # file, OUT/visit.tgz, packed again after each stage (docs/GPU.md has what each stage is expected to take):
 #   bash docs/gpu/visit.sh run "$OUT" 530 next
 # Each stage starts only if its limit fits in what is left, so the plan's limits add up to at most 530 s with the
-# install (tests/test_visit.py checks it with VISIT_DRY_RUN=1, which counts each stage at its limit); GRAPE's rows and
-# then the science take what the others leave (the science prints the plan's predicted GPU minutes at the rates its
-# runs measured). A visit for the science alone (about 11 device minutes with the start):
+# install (tests/test_visit.py checks it with VISIT_DRY_RUN=1, which counts each stage at its limit); the sharing
+# measurement, GRAPE's rows and then the science take what the others leave (the science prints the plan's predicted
+# GPU minutes at the rates its runs measured). A visit for the science alone (about 11 device minutes with the start):
 #   bash docs/gpu/visit.sh run "$OUT" 590 science
+# and for the sharing measurement alone, if the next visit's call left it out (about 2 minutes with the install):
+#   bash docs/gpu/visit.sh run "$OUT" 130 sharing
 # Earlier visits (docs/gpu/h100-*/, h200-*/): a machine started in about 30 s to 2 minutes; the law tests took
 # 93-265 s on 8 workers; eager-1k 88 s, eager-4k 35-52 s, gqa-2k 52 s, compiled-1k about 200-232 s (mostly
 # compiling), fast-1k 163 s (fla autotunes each kernel inside the first stage that reaches it).
@@ -78,7 +83,7 @@ defaults="attention-unpadded rotation-triton rotation-autograd state-mixing-trit
 more_rows=()
 defaults_rows=(rope tape t5 fire cope fox path fla-fox fla-path "${more_rows[@]}")
 plan=(tests first-calls first-calls-again speed-1k-defaults speed-1k-kernels speed-1k-efficient speed-1k-every
-      speed-1k-grape speed-1k-new science)
+      sharing speed-1k-grape speed-1k-new science)
 # A speed-1k-* stage may take 15 s to start and ROW_SECONDS a row beside RoPE (one repetition: both models built,
 # two alternations of training steps, memory, prefill, 64 tokens decoded at batch 1 and 8 each); every-path rows 40 s
 # more for their first calls (the issue's target: a first training step within 60 s on a fresh machine).
@@ -87,7 +92,7 @@ declare -A limit=([tests]=${VISIT_TESTS_SECONDS:-120} [first-calls]=60 [first-ca
                   [speed-1k-defaults]=$((15 + ROW_SECONDS * (${#defaults_rows[@]} - 1)))
                   [speed-1k-kernels]=$((15 + ROW_SECONDS * 3)) [speed-1k-efficient]=$((15 + 2 * ROW_SECONDS * 3))
                   [speed-1k-every]=$((15 + 40 + ROW_SECONDS)) [speed-1k-grape]=$((15 + ROW_SECONDS * 3))
-                  [speed-1k-new]=$((15 + ROW_SECONDS * 6)) [speed-1k-all]=150 [science]=150 [eager-1k]=120
+                  [speed-1k-new]=$((15 + ROW_SECONDS * 6)) [sharing]=100 [speed-1k-all]=150 [science]=150 [eager-1k]=120
                   [reference-1k]=70 [fast-1k]=200 [compiled-1k]=270 [eager-4k]=150 [gqa-2k]=90 [paths-1k]=260
                   [profile-1k]=200)
 # stages that keep what they finished when stopped and take what is left of the visit once their own limit above is
@@ -122,6 +127,7 @@ stage() {  # run stage NAME; FAST is the fast-path setting of the benchmark stag
     speed-1k-all) bench speed-1k-all paper-1k "$fast" --repeats 1 --pe rope tape llama t5 fire cope fox fla-fox path \
       fla-path alibi xpos randpe nope sinusoidal learned grape-m-fixed grape-m grape-ap grape-a-q grape-a-k grape-a-qk \
       pope wall stickbreaking ;;
+    sharing) $python -m tapelm.cli sharing mqar --pe tape --runs 1 2 4 --steps 150 --device 0 --root "$work/sharing" ;;
     science)  # the next GPU-scale comparison runs that fit, continuing from the archived ones; 25 s to write back
       $python -m tapelm.cli stage --budget-seconds "$((seconds - 25))" --out "$work/science" \
         --archive docs/results/compare --data-workers 12 --no-progress ;;

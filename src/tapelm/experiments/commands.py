@@ -21,6 +21,7 @@ from .evaluate import EVAL_SEED, evaluate_model
 from .ladder import LADDER_TASKS, climb, rungs, write_prediction
 from .presets import DEFAULT_PRESET, PRESETS, get_preset
 from .runs import RunOptions, RunSpec, load_run, resolve, run_task, write_evaluation
+from .sharing import measure_sharing, sharing_spec
 from .stage import run_stage
 from .sweep import sweep
 from .tasks import TASKS
@@ -541,6 +542,33 @@ def _stage_command(args) -> int:
     )
 
 
+def _add_sharing(commands) -> None:
+    parser = commands.add_parser(
+        "sharing",
+        help="whether runs sharing one GPU pay: a short run of TASK's GPU recipe trained 1, 2, 4 ... at once on "
+        "one device, and the device's training throughput at each against one run alone (JSON)",
+    )
+    parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
+    parser.add_argument("--pe", default="tape", choices=PE_TYPES, metavar="PE", help="encoding (default: %(default)s)")
+    parser.add_argument(
+        "--runs", type=int, nargs="+", default=[1, 2, 4], help="runs at once to measure (default: 1 2 4)"
+    )
+    parser.add_argument("--steps", type=int, default=100, help="training steps of each run (default: %(default)s)")
+    parser.add_argument(
+        "--device", default="0", help="the device every run shares, as CUDA_VISIBLE_DEVICES names it (default: 0)"
+    )
+    parser.add_argument(
+        "--root", default="runs/sharing", help="folder for the runs and sharing.json (default: %(default)s)"
+    )
+    parser.set_defaults(handler=_sharing_command)
+
+
+def _sharing_command(args) -> None:
+    spec = sharing_spec(args.task, args.pe, args.steps)
+    resolve(spec)  # refuses a bad task or step count before any run
+    measure_sharing(spec, args.runs, args.device, args.root, log=say)
+
+
 def _add_ladder(commands) -> None:
     parser = commands.add_parser(
         "ladder",
@@ -596,11 +624,12 @@ def _ladder_command(args) -> None:
 
 
 def add_commands(commands) -> None:
-    """Register train, eval, compare, ablate, sweep, stage and ladder on the `tapelm` sub-command parser `commands`."""
+    """Register train, eval, compare, ablate, sweep, stage, sharing and ladder on the sub-command parser `commands`."""
     _add_train(commands)
     _add_eval(commands)
     _add_compare(commands)
     _add_ablate(commands)
     _add_sweep(commands)
     _add_stage(commands)
+    _add_sharing(commands)
     _add_ladder(commands)
