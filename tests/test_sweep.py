@@ -67,6 +67,8 @@ def test_sweep_runs_every_cell_once_and_records_its_curve(tmp_path, capsys) -> N
         (pe, seed, 1e-3, schedule) for pe in ("tape", "rope") for seed in (0, 1) for schedule in ("constant", "cosine")
     }
     assert all([step for step, _ in e["curve"]["in_distribution"]] == [2, 4] for e in record["runs"].values())
+    assert all((tmp_path / "runs" / e["run_dir"] / "result.json").is_file() for e in record["runs"].values())
+    assert str(tmp_path) not in json.dumps(record)  # the cache's folder is the user's: no absolute path
     assert (tmp_path / "out" / "addition-tape-rope-sweep.png").stat().st_size > 0
     # Every cell is its own run: no two share a loss curve (2 layers, so TAPE has update weights to train).
     losses = {tuple(v for _, v in e["curve"]["loss"]) for e in record["runs"].values()}

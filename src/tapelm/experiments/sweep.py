@@ -104,7 +104,7 @@ def sweep(
             "seed": spec.seed,
             "lr": run.settings.lr,
             "schedule": run.settings.schedule,
-            "run_dir": str(run_dir),
+            "run_dir": run_dir.relative_to(root).as_posix(),  # in the results cache: a record holds no absolute path
             "curve": learning_curve(run_dir),
             "summary": result["summary"],
             "metric": result["metric"],
