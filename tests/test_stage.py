@@ -197,6 +197,26 @@ def test_estimates_come_from_finished_runs_when_there_are_any() -> None:
     assert plan.estimate(tape)[0] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 300.0 * 1.25)
 
 
+def test_runs_sharing_a_gpu_are_priced_by_its_measured_throughput_and_as_alone_where_none_is_measured(
+    monkeypatch,
+) -> None:
+    """k runs on one GPU whose measured throughput is f times one run's: each takes k / f times its time alone."""
+    from tapelm.experiments import budget
+
+    assert gpu_budget().sharing == {}  # none measured yet (docs/gpu/budget.json)
+    assert budget.shared_slowdown(2) == (1.0, "2 per GPU, priced as alone: sharing unmeasured")
+    monkeypatch.setattr(budget, "gpu_budget", lambda: replace(gpu_budget(), sharing={2: 1.6}))
+    assert budget.shared_slowdown(1) == (1.0, "alone")
+    assert budget.shared_slowdown(2) == (1.25, "2 per GPU at 1.60x one run's throughput (measured)")
+    assert budget.shared_slowdown(4)[0] == 1.0
+    plan = schedule()
+    first = plan.runs[0]
+    assert plan.estimate(first, 1.25)[0] == pytest.approx(OVERHEAD_SECONDS + MARGIN * 100.0 * 1.25)
+    alone = plan.estimate(first)[0]
+    assert plan.next_run(alone)[0] is first  # it fits alone
+    assert all(run is not first for run, _, _ in plan.startable(alone, 1.25))  # not beside another
+
+
 def test_the_rate_is_the_slowest_measured_by_the_newest_code_and_the_bench_before_any() -> None:
     old, slow, fast = Rate(1.0, "a", "old", "1"), Rate(2.0, "b", "new", "2"), Rate(3.0, "c", "new", "3")
     assert current_rate([old, fast, slow]) is slow and current_rate([old]) is old

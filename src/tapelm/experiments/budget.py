@@ -46,14 +46,16 @@ BUDGET_FILE = Path(__file__).resolve().parents[3] / "docs" / "gpu" / "budget.jso
 class GpuBudget:
     """docs/gpu/budget.json: the GPU minutes the plan's prediction must fit (`minutes`, "pairs" and "plan"), a
     throughput gain no GPU has measured yet (`unmeasured_gain`: the factor and what it is), RoPE's rate from the bench
-    before any GPU run is archived (`bench_rate`), and each encoding's step time against RoPE's (`step_costs`),
-    measured on GPUs or, for those in `estimated`, estimated without one."""
+    before any GPU run is archived (`bench_rate`), each encoding's step time against RoPE's (`step_costs`),
+    measured on GPUs or, for those in `estimated`, estimated without one, and a GPU's training throughput with k runs
+    at once against one run alone (`sharing`, k -> factor; `tapelm sharing`), for the k measured."""
 
     minutes: dict[str, float]
     unmeasured_gain: tuple[float, str]
     bench_rate: Rate
     step_costs: dict[str, float]
     estimated: frozenset[str]
+    sharing: dict[int, float]
 
 
 @functools.cache
@@ -69,6 +71,7 @@ def gpu_budget() -> GpuBudget:
         bench_rate=Rate(float(data["bench_rate"]["flops_per_second"]), data["bench_rate"]["source"]),
         step_costs={**costs["measured"]["costs"], **costs["estimated"]["costs"]},
         estimated=frozenset(costs["estimated"]["costs"]),
+        sharing={int(k): float(v) for k, v in data["sharing"]["against_one"].items()},
     )
 
 
@@ -131,6 +134,17 @@ def step_cost_basis(pe: str) -> str:
     """What an encoding's step cost rests on: "bench" (measured on GPUs, or the largest of those for an encoding
     without one) or "estimated" (from the CPU, docs/gpu/budget.json says how)."""
     return "estimated" if pe in gpu_budget().estimated else "bench"
+
+
+def shared_slowdown(at_once: int) -> tuple[float, str]:
+    """How much longer a run takes beside `at_once - 1` others on its GPU, and what that rests on: at_once over the
+    measured throughput factor (`GpuBudget.sharing`), or 1 (priced as if alone) where none is measured."""
+    if at_once == 1:
+        return 1.0, "alone"
+    factor = gpu_budget().sharing.get(at_once)
+    if factor is None:
+        return 1.0, f"{at_once} per GPU, priced as alone: sharing unmeasured"
+    return at_once / factor, f"{at_once} per GPU at {factor:.2f}x one run's throughput (measured)"
 
 
 def predicted_seconds(run: ResolvedRun, rate: Rate | None = None) -> float:

@@ -47,6 +47,7 @@ from .budget import (
     current_rate,
     gpu_budget,
     measured_rate,
+    shared_slowdown,
     step_cost,
     step_cost_basis,
     training_flops,
@@ -166,10 +167,11 @@ class Schedule:
             f"FLOPs at {rate.flops_per_second:.3g} FLOP/s ({rate.source}) x {cost:.2f} ({source})",
         )
 
-    def estimate(self, run: PlannedRun) -> tuple[float, str]:
-        """The seconds a stage must have left to start `run` (OVERHEAD_SECONDS + MARGIN x expected), and their basis."""
+    def estimate(self, run: PlannedRun, slowdown: float = 1.0) -> tuple[float, str]:
+        """The seconds a stage must have left to start `run` (OVERHEAD_SECONDS + MARGIN x expected, the expected
+        seconds `slowdown` times longer where the run shares its GPU), and their basis."""
         seconds, basis = self.expected(run)
-        return OVERHEAD_SECONDS + MARGIN * seconds, basis
+        return OVERHEAD_SECONDS + MARGIN * seconds * slowdown, basis
 
     def stopped(self, comparison: int) -> str | None:
         """Why a comparison's check failed (RoPE's or TAPE's seed 0 did not learn); None while it has not."""
@@ -200,12 +202,12 @@ class Schedule:
             if not r.finished and not r.failed and (comparison is None or r.comparison == comparison)
         ]
 
-    def startable(self, seconds_left: float) -> Iterator[tuple[PlannedRun, float, str]]:
-        """The runs in order that may start and are expected to finish within `seconds_left`, with their
-        estimates."""
+    def startable(self, seconds_left: float, slowdown: float = 1.0) -> Iterator[tuple[PlannedRun, float, str]]:
+        """The runs in order that may start and are expected to finish within `seconds_left` (`slowdown` times
+        slower where they share a GPU: `budget.shared_slowdown`), with their estimates."""
         for run in self.open_runs():
             if self.waiting(run) is None:
-                seconds, basis = self.estimate(run)
+                seconds, basis = self.estimate(run, slowdown)
                 if seconds <= seconds_left:
                     yield run, seconds, basis
 
@@ -391,12 +393,14 @@ def _dispatch(
     free; as each ends, archive it (or note its failure: one run's, e.g. out of memory, stops no other) and start
     what may start now."""
     running: dict[int, tuple[PlannedRun, dict[str, Any], float]] = {}
+    slowdown, sharing = shared_slowdown(launcher.per_device)
     while True:
         left = budget_seconds - (time.monotonic() - started)
         free = None if launcher.slots is None else launcher.slots - len(running)
         busy = [run for run, _, _ in running.values()]
+        startable = schedule.startable(left, slowdown)
         new = (
-            list(islice((found for found in schedule.startable(left) if not any(found[0] is r for r in busy)), free))
+            list(islice((found for found in startable if not any(found[0] is r for r in busy)), free))
             if free != 0
             else []
         )
@@ -404,8 +408,8 @@ def _dispatch(
         for run, expected, basis in new:
             comparison, owed = comparisons[run.comparison], chosen[run.comparison]
             say(
-                f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}); "
-                f"{left:.0f} s left"
+                f"== {owed.task} ({owed.label}) / {run.pe} / seed {run.seed}: expected {expected:.0f} s ({basis}; "
+                f"{sharing}); {left:.0f} s left"
             )
             entries.append(
                 {
@@ -415,6 +419,7 @@ def _dispatch(
                     "seed": run.seed,
                     "expected_seconds": expected,
                     "expected_from": basis,
+                    "sharing": sharing,
                     "launcher": launcher.name,
                     "at_once": len(running) + len(new),
                     **({"resumes_from_step": run.resumes_from} if run.resumes_from else {}),

@@ -167,10 +167,12 @@ class Session(ABC):
 
 class Launcher(ABC):
     """Where jobs train: a `session` starts jobs and hands back their outcomes as they end, with at most `slots`
-    training at once (None: no limit, the cluster queues them). `log` takes its progress lines."""
+    training at once (None: no limit, the cluster queues them), at most `per_device` of them on one device. `log`
+    takes its progress lines."""
 
     name: str
     slots: int | None
+    per_device: int = 1
     log: Log
 
     @abstractmethod
@@ -261,6 +263,7 @@ class LocalLauncher(Launcher):
         if devices is not None and (not devices or len(set(devices)) != len(devices)):
             raise ValueError(f"devices={devices!r} is not allowed; give distinct device names")
         self.jobs, self.pinned, self.log = jobs, devices is not None, log or logger.info
+        self.per_device = jobs
         self.devices = list(devices) if devices is not None else visible_devices()
         self.slots = jobs * len(self.devices)
 
