@@ -8,8 +8,8 @@ between its first log after step 1 and its last, over the seconds between them (
 process's start, the model's build, the first steps' compiling and autotuning and the final evaluation, which a
 full-length run amortises; the device's throughput at k is the sum of its k runs' rates, and `against_one` is that
 over the throughput at the smallest k measured (one run alone when 1 is among them). The k runs start together and
-their steady phases overlap but for the start of the slowest. `tapelm stage` still prices every run as if it trained
-alone: it is to use this measurement once a GPU visit has made one (docs/gpu/visit.sh, stage `sharing`)."""
+their steady phases overlap but for the start of the slowest. `tapelm stage` prices a run that shares its GPU
+(`--jobs k`) by the factors copied into docs/gpu/budget.json ("sharing"; as if alone until a visit measures them)."""
 
 from __future__ import annotations
 
