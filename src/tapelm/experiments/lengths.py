@@ -20,7 +20,9 @@ from .claims import learned_threshold
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "accumulating": ("tape", "path", "grape-m"),  # a running product of transforms (positions carried along)
-    "decaying": ("fox", "stickbreaking", "wall", "alibi"),  # attention decays with the distance (or the gates)
+    # attention decays with the distance (or the gates): GRAPE's additive biases are <= 0 and grow with the distance,
+    # ALiBi's with content gates (GRAPE-A) or FoX's with positional ones (GRAPE-AP)
+    "decaying": ("fox", "stickbreaking", "wall", "alibi", "grape-a-q", "grape-a-k", "grape-a-qk", "grape-ap"),
 }
 LONG_MULTIPLIER = 8  # a comparison is "far beyond" when it evaluates at least this multiple of the training length
 
