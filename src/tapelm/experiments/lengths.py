@@ -1,7 +1,7 @@
 """How accuracy falls with length far beyond the training length (issue 65): per encoding, the accuracy at every
 evaluated multiple of the training length and its fall per doubling; per family, whether encodings that accumulate
 position along the sequence (TAPE, PaTH, GRAPE-M) fall faster than those that decay attention with distance (FoX,
-stick-breaking, Wall, ALiBi).
+stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP).
 
 The fall of one run is the least-squares slope of its accuracy against log2(length / training length), over the
 training length and every longer one, in accuracy per doubling (negative: it falls). Runs of one seed saw the same

@@ -14,7 +14,8 @@ from .sections import ReportContext, register_readme_section, register_section
 
 INTRO = (
     "Does an encoding that accumulates position along the sequence (TAPE, PaTH, GRAPE-M) lose accuracy faster, far "
-    "beyond the training length, than one whose attention decays with distance (FoX, stick-breaking, Wall, ALiBi)? "
+    "beyond the training length, than one whose attention decays with distance (FoX, stick-breaking, Wall, ALiBi, "
+    "GRAPE-A, GRAPE-AP)? "
     "Each comparison below was evaluated at 8x its training length or more. An encoding's fall is the least-squares "
     "slope of its accuracy against log2(length / training length), in points per doubling; intervals are 95% t "
     "intervals across seeds. The families are compared paired by seed, over the members that learned the task in "
