@@ -565,7 +565,7 @@ def _add_sharing(commands) -> None:
 
 def _sharing_command(args) -> None:
     spec = sharing_spec(args.task, args.pe, args.steps)
-    resolve(spec)  # refuses a bad task or step count before any run
+    resolve(spec)  # refuses a bad task or encoding before any run (measure_sharing the counts and steps)
     measure_sharing(spec, args.runs, args.device, args.root, log=say)
 
 

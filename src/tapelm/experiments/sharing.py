@@ -25,15 +25,15 @@ from ..training.launchers import LocalLauncher, Log
 from ..training.provenance import environment
 from .budget import training_flops
 from .launchers import Job
+from .plan import GPU
 from .runs import RunOptions, RunSpec, resolve
 
-GPU_PRESET = "gpu"
 EVAL_N = 8  # the smallest final evaluation every task's test lengths allow (text scores n x 64 tokens, >= 512)
 
 
 def sharing_spec(task: str, pe: str, steps: int) -> RunSpec:
     """The GPU recipe of `task` for `pe` (seed 0), cut to `steps` steps with no evaluation while training."""
-    return RunSpec(task, pe, 0, GPU_PRESET, train_options={"steps": steps, "eval_every": 0}, eval_n=EVAL_N)
+    return RunSpec(task, pe, 0, GPU, train_options={"steps": steps, "eval_every": 0}, eval_n=EVAL_N)
 
 
 def steady_rate(run_dir: Path, flops_per_step: float) -> float:
