@@ -2,14 +2,16 @@
 TAPE/RoPE comparison like any other, and the trend of their paired difference against compute, extrapolated to the
 GPU recipe before a GPU runs it.
 
-The rule (docs/RECIPES.md, "The compute ladder"): a rung sits at t in [0, 1] on the log scale from the laptop recipe
-(t = 0, preset cpu-small) to the GPU recipe (t = 1, preset gpu). Every size grows geometrically: heads, head width,
-MLP width, batch, steps and the learning rate are laptop x (gpu / laptop)^t, rounded (head width to multiples of 4,
-MLP width to multiples of 8, steps to multiples of 50); the warm-up and evaluation interval keep their share of the
-steps. Depth, task options and test sets are the laptop's (they are the GPU recipe's too); rungs train in float32 on
-the CPU. A rung named "k x" has the t at which width squared times tokens trained is k times the laptop's (the FLOPs
-of the weights, before rounding); the ladder reports the factor of RoPE's training FLOPs that the rounded recipe
-has."""
+The rule (docs/RECIPES.md, "The compute ladder"), tokens first: a rung sits at t in [0, 1] on the log scale of compute
+from the laptop recipe (t = 0, preset cpu-small) to the GPU recipe (t = 1, preset gpu), where compute is width squared
+times tokens trained. Compute goes first into tokens: batch and steps grow geometrically toward the GPU recipe's until
+the rung trains as many tokens as the GPU recipe, and only then does the model grow, heads, head width, MLP width and
+the learning rate geometrically toward the GPU recipe's. Rounding: head width to multiples of 4, MLP width to
+multiples of 8, steps to multiples of 50; the warm-up and evaluation interval keep their share of the steps. Depth,
+task options and test sets are the laptop's (they are the GPU recipe's too); rungs train in float32 on the CPU. A rung
+named "k x" sits at t = log k / log(the GPU recipe's compute over the laptop's); the ladder reports the factor of
+RoPE's training FLOPs that the rounded recipe has. Why tokens first: MQAR's RoPE stays on the task's plateau at every
+width from 176 up on the CPU's batches, while the laptop's width learns (docs/RECIPES.md)."""
 
 from __future__ import annotations
 
@@ -51,6 +53,13 @@ def _multiple(value: float, of: int) -> int:
     return max(of, of * round(value / of))
 
 
+def _growth(task: str) -> tuple[float, float]:
+    """How much `task`'s GPU recipe grows the laptop's tokens trained and its width squared."""
+    laptop, gpu = get_preset(DEFAULT_PRESET, task), get_preset(GPU_PRESET, task)
+    tokens = (gpu.train.batch_size * gpu.train.steps) / (laptop.train.batch_size * laptop.train.steps)
+    return tokens, (gpu.model.hidden_size / laptop.model.hidden_size) ** 2
+
+
 def rung_spec(task: str, t: float, pe: str = REFERENCE, seed: int = 0) -> RunSpec:
     """The run of `pe` at place `t` of `task`'s ladder (the laptop recipe at 0, the GPU recipe's sizes at 1)."""
     if task not in LADDER_TASKS:
@@ -59,22 +68,27 @@ def rung_spec(task: str, t: float, pe: str = REFERENCE, seed: int = 0) -> RunSpe
         raise ValueError(f"t={t!r} is not allowed; a rung lies between the laptop (0) and the GPU recipe (1)")
     laptop, gpu = get_preset(DEFAULT_PRESET, task), get_preset(GPU_PRESET, task)
     small, large = laptop.model, gpu.model
-    heads = round(_geometric(small.num_attention_heads, large.num_attention_heads, t))
+    tokens, width = _growth(task)
+    scale = t * math.log(tokens * width)
+    data = min(1.0, scale / math.log(tokens))  # the place along the tokens' growth
+    size = max(0.0, (scale - math.log(tokens)) / math.log(width))  # the place along the model's growth
+    heads = round(_geometric(small.num_attention_heads, large.num_attention_heads, size))
     head_width = _multiple(
-        _geometric(small.hidden_size / small.num_attention_heads, large.hidden_size / large.num_attention_heads, t), 4
+        _geometric(small.hidden_size / small.num_attention_heads, large.hidden_size / large.num_attention_heads, size),
+        4,
     )
-    steps = _multiple(_geometric(laptop.train.steps, gpu.train.steps, t), 50)
+    steps = _multiple(_geometric(laptop.train.steps, gpu.train.steps, data), 50)
     share = steps / laptop.train.steps
     model = {
         "hidden_size": heads * head_width,
         "num_attention_heads": heads,
         "num_key_value_heads": heads,
-        "intermediate_size": _multiple(_geometric(small.intermediate_size, large.intermediate_size, t), 8),
+        "intermediate_size": _multiple(_geometric(small.intermediate_size, large.intermediate_size, size), 8),
     }
     train = {
         "steps": steps,
-        "batch_size": round(_geometric(laptop.train.batch_size, gpu.train.batch_size, t)),
-        "lr": float(f"{_geometric(laptop.train.lr, gpu.train.lr, t):.3g}"),
+        "batch_size": round(_geometric(laptop.train.batch_size, gpu.train.batch_size, data)),
+        "lr": float(f"{_geometric(laptop.train.lr, gpu.train.lr, size):.3g}"),
         "warmup": round(laptop.train.warmup * share),
         "eval_every": max(1, round(laptop.train.eval_every * share)),
     }
@@ -89,12 +103,9 @@ def compute(spec: RunSpec) -> float:
 
 
 def place_of(task: str, factor: float) -> float:
-    """The t at which the smooth scaling of `task`'s ladder (width squared times tokens trained, before any rounding)
-    is `factor` times the laptop's: t = log(factor) / log(that scaling at the GPU recipe)."""
-    laptop, gpu = get_preset(DEFAULT_PRESET, task), get_preset(GPU_PRESET, task)
-    width = gpu.model.hidden_size / laptop.model.hidden_size
-    tokens = (gpu.train.batch_size * gpu.train.steps) / (laptop.train.batch_size * laptop.train.steps)
-    top = width**2 * tokens
+    """The t at which `task`'s ladder has `factor` times the laptop's compute (width squared times tokens trained,
+    before any rounding): t = log(factor) / log(that compute at the GPU recipe)."""
+    top = math.prod(_growth(task))
     if not 1 <= factor <= top:
         raise ValueError(
             f"factor={factor!r} is not allowed; {task}'s ladder runs from 1x to its GPU recipe's {top:.0f}x"
