@@ -47,6 +47,26 @@ def test_sizes_grow_with_the_place_on_the_ladder(low, high):
         assert small.train_options[key] <= large.train_options[key]
 
 
+@pytest.mark.parametrize("task", ladder.LADDER_TASKS)
+@settings(max_examples=10, deadline=None)
+@given(t=st.floats(0.001, 1.0))
+def test_compute_goes_into_tokens_before_the_model(task, t):
+    """Tokens first: below the GPU recipe's tokens the model is the laptop's; above them, batch and steps are the
+    GPU recipe's."""
+    laptop, gpu = get_preset("cpu-small", task), get_preset("gpu", task)
+    tokens = (gpu.train.batch_size * gpu.train.steps) / (laptop.train.batch_size * laptop.train.steps)
+    top = tokens * (gpu.model.hidden_size / laptop.model.hidden_size) ** 2
+    spec = ladder.rung_spec(task, t)
+    if top**t <= tokens:
+        assert {k: spec.model_options[k] for k in SIZES} == {k: getattr(laptop.model, k) for k in SIZES}
+        assert spec.train_options["lr"] == laptop.train.lr
+    else:
+        assert (spec.train_options["batch_size"], spec.train_options["steps"]) == (
+            gpu.train.batch_size,
+            gpu.train.steps,
+        )
+
+
 @pytest.mark.parametrize("factor", [1.0, 3.0, 10.0, 100.0])
 def test_a_rungs_place_gives_its_factor_of_the_smooth_scaling(factor):
     laptop, gpu = get_preset("cpu-small", "mqar"), get_preset("gpu", "mqar")
