@@ -185,6 +185,7 @@ README_MARKERS = (
     "<!-- tapelm-report:begin findings -->\nold findings\n<!-- tapelm-report:end findings -->\n\nBetween.\n\n"
     "<!-- tapelm-report:begin verdicts -->\nold verdicts\n<!-- tapelm-report:end verdicts -->\n"
     "<!-- tapelm-report:begin far-lengths -->\n<!-- tapelm-report:end far-lengths -->\n"
+    "<!-- tapelm-report:begin compute-ladder -->\n<!-- tapelm-report:end compute-ladder -->\n"
 )
 
 
@@ -222,7 +223,7 @@ def test_report_refuses_a_readme_that_lost_one_tables_markers(compared, tmp_path
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and error.startswith(f"tapelm: error: {readme}") and "findings" in error
         assert readme.read_text() == broken and not out.exists()
-    assert sorted(readme_sections(README_MARKERS, "README.md")) == ["far-lengths", "findings", "verdicts"]
+    assert sorted(readme_sections(README_MARKERS, "README.md")) == ["compute-ladder", "far-lengths", "findings", "verdicts"]
     assert readme_sections("# another tool\n", "README.md") == []
 
 

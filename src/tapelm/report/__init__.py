@@ -54,12 +54,12 @@ def build_report(
         raise ValueError(f"results folder '{root}' does not exist; run `tapelm compare` first or pass --root")
     readme = Path(readme) if readme is not None and Path(readme).is_file() else None
     in_readme = readme_sections(readme.read_text(), str(readme)) if readme is not None else []
-    try:
-        link = figures.resolve().relative_to(out.parent.resolve()).as_posix()
-    except ValueError:
-        link = figures.resolve().as_posix()
     context = ReportContext(
-        root=root, figures=figures, figures_link=link, comparisons=out.parent / "results" / "compare"
+        root=root,
+        figures=figures,
+        figures_link=_link(figures, out.parent),
+        comparisons=out.parent / "results" / "compare",
+        readme_figures_link=_link(figures, readme.parent if readme is not None else Path(".")),
     )
     archive.archive_comparisons(root, context.comparisons)
     contents = {}
@@ -82,6 +82,14 @@ def build_report(
                 contents[f"{readme}:{name}"] = table
         _write_atomically(readme, text)
     return list(contents)
+
+
+def _link(folder: Path, seen_from: Path) -> str:
+    """`folder` as a markdown file in `seen_from` links to it (absolute where it is not below that folder)."""
+    try:
+        return folder.resolve().relative_to(seen_from.resolve()).as_posix()
+    except ValueError:
+        return folder.resolve().as_posix()
 
 
 def readme_sections(text: str, where: str) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 from ..analysis.plots import _pyplot
 from ..analysis.statistics import interval
 from ..experiments import ladder
-from .sections import ReportContext, register_section
+from .sections import ReportContext, register_readme_section, register_section
 
 
 def predictions_dir(context: ReportContext) -> Path:
@@ -60,8 +60,35 @@ def _figure(record: dict[str, Any], observed: dict[int, float], path: Path) -> P
     return path
 
 
-def _subsection(record: dict[str, Any], context: ReportContext) -> str:
+def _prediction(record: dict[str, Any], observed: dict[int, float]) -> str:
+    """The prediction as it was written, and its score once the GPU rung has run."""
     task, prediction = record["task"], record["prediction"]
+    text = (
+        f"Predicted on {record['date']} at commit `{record['commit'][:10]}`, before any GPU rung of {task} ran: "
+        f"at the GPU recipe's {prediction['at']:.3g} FLOPs, TAPE - RoPE = {prediction['mean'] * 100:+.1f} points, "
+        f"95% interval [{prediction['low'] * 100:+.1f}, {prediction['high'] * 100:+.1f}] (a line in log compute "
+        f"through {prediction['points']} per-seed differences; {prediction['slope_per_decade'] * 100:+.1f} points "
+        "per tenfold compute)."
+    )
+    if not observed:
+        return text + " The GPU rung has not run yet."
+    stats = interval(list(observed.values()))
+    return text + (
+        f" Measured on the GPU: {stats['mean'] * 100:+.1f} ± {stats['half_width'] * 100:.1f} points "
+        f"({stats['n']} seeds): **{ladder.scored(prediction, stats['mean'])} the predicted interval**."
+    )
+
+
+def _drawn(record: dict[str, Any], observed: dict[int, float], context: ReportContext) -> str:
+    """Draw the task's figure into the figures folder; its file name."""
+    context.figures.mkdir(parents=True, exist_ok=True)
+    name = f"ladder-{record['task']}.png"
+    _figure(record, observed, context.figures / name)
+    return name
+
+
+def _subsection(record: dict[str, Any], context: ReportContext) -> str:
+    task = record["task"]
     lines = [
         f"### {task}",
         "",
@@ -74,26 +101,25 @@ def _subsection(record: dict[str, Any], context: ReportContext) -> str:
             f"| {rung['nominal']:g}x | {rung['compute']:.3g} | {rung['factor']:.2f} | "
             f"{stats['mean'] * 100:+.1f} ± {stats['half_width'] * 100:.1f} | {stats['n']} |"
         )
-    predicted = (
-        f"Predicted on {record['date']} at commit `{record['commit'][:10]}`, before any GPU rung of {task} ran: "
-        f"at the GPU recipe's {prediction['at']:.3g} FLOPs, TAPE - RoPE = {prediction['mean'] * 100:+.1f} points, "
-        f"95% interval [{prediction['low'] * 100:+.1f}, {prediction['high'] * 100:+.1f}] (a line in log compute "
-        f"through {prediction['points']} per-seed differences; {prediction['slope_per_decade'] * 100:+.1f} points "
-        "per tenfold compute)."
-    )
     observed = ladder.gpu_differences(context.comparisons, task)
-    if observed:
-        stats = interval(list(observed.values()))
-        predicted += (
-            f" Measured on the GPU: {stats['mean'] * 100:+.1f} ± {stats['half_width'] * 100:.1f} points "
-            f"({stats['n']} seeds): **{ladder.scored(prediction, stats['mean'])} the predicted interval**."
-        )
-    else:
-        predicted += " The GPU rung has not run yet."
-    context.figures.mkdir(parents=True, exist_ok=True)
-    name = f"ladder-{task}.png"
-    _figure(record, observed, context.figures / name)
-    return "\n".join(lines) + "\n\n" + predicted + f"\n\n![{task} compute ladder]({context.figures_link}/{name})"
+    name = _drawn(record, observed, context)
+    return (
+        "\n".join(lines)
+        + "\n\n"
+        + _prediction(record, observed)
+        + f"\n\n![{task} compute ladder]({context.figures_link}/{name})"
+    )
+
+
+def build_readme(context: ReportContext) -> str | None:
+    """The README's short form: MQAR's prediction (the README's main job) and its figure."""
+    path = predictions_dir(context) / "mqar.json"
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    observed = ladder.gpu_differences(context.comparisons, "mqar")
+    name = _drawn(record, observed, context)
+    return _prediction(record, observed) + f"\n\n![mqar compute ladder]({context.readme_figures_link}/{name})"
 
 
 def build(context: ReportContext) -> str | None:
@@ -110,5 +136,6 @@ def build(context: ReportContext) -> str | None:
 
 
 register_section("compute-ladder", "The compute ladder: a prediction, then its test", build)
+register_readme_section("compute-ladder", build_readme)
 
-__all__ = ["build"]
+__all__ = ["build", "build_readme"]

@@ -12,12 +12,13 @@ from pathlib import Path
 @dataclass
 class ReportContext:
     """What a section builder may read and write: the results cache, the comparisons' archive (see `archive`) and
-    the figures folder (with its path as seen from the markdown file)."""
+    the figures folder (with its path as seen from the report, and from the README)."""
 
     root: Path
     figures: Path
     figures_link: str
     comparisons: Path
+    readme_figures_link: str = "docs/figures"
 
 
 @dataclass(frozen=True)
