@@ -88,6 +88,7 @@ def test_compare_caches_each_encoding_and_seed(compared, capsys) -> None:
     record = json.loads((directory / "comparison.json").read_text())
     assert record["pes"] == ["tape", "rope", "nope"] and record["seeds"] == [0, 1] and len(record["commands"]) == 2
     assert record["runs"] == {"tape": [0, 1], "rope": [0, 1], "nope": [0]}
+    assert not any(str(compared) in command for command in record["commands"])  # no absolute path in a record
     assert "seed" not in record["train"]  # the shared settings; each run's seed is in "runs"
     assert all((directory / f"addition-{name}.png").is_file() for name in ("heatmaps", "by-length", "learning"))
     assert "| tape |" in printed and "figure:" in printed
@@ -223,7 +224,12 @@ def test_report_refuses_a_readme_that_lost_one_tables_markers(compared, tmp_path
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and error.startswith(f"tapelm: error: {readme}") and "findings" in error
         assert readme.read_text() == broken and not out.exists()
-    assert sorted(readme_sections(README_MARKERS, "README.md")) == ["compute-ladder", "far-lengths", "findings", "verdicts"]
+    assert sorted(readme_sections(README_MARKERS, "README.md")) == [
+        "compute-ladder",
+        "far-lengths",
+        "findings",
+        "verdicts",
+    ]
     assert readme_sections("# another tool\n", "README.md") == []
 
 

@@ -106,13 +106,14 @@ def open_comparison(
     if archive is not None:
         restore_archived(Path(archive), directory, runs)
     selection = ["ablate", base.task, "--variants", *pes] if ablation else ["compare", base.task, "--pe", *pes]
+    # the recorded command names a relative --root only: a record holds no absolute path
     command = command or shlex.join(
         [
             "tapelm",
             *selection,
             "--seeds",
             *map(str, seeds),
-            *(["--root", str(root)] if str(root) != "runs" else []),
+            *(["--root", str(root)] if str(root) != "runs" and not Path(root).is_absolute() else []),
             *option_flags(base, compile_layers),
         ]
     )

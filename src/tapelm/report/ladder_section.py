@@ -53,7 +53,7 @@ def _figure(record: dict[str, Any], observed: dict[int, float], path: Path) -> P
     axis.set_xlabel("training FLOPs of a RoPE run (log scale)")
     axis.set_ylabel("TAPE - RoPE beyond the training length (points)")
     axis.set_title(f"{record['task']}: the compute ladder", fontsize=10)
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, loc="lower left")
     axis.grid(alpha=0.3)
     fig.savefig(path, dpi=110)
     plt.close(fig)
