@@ -435,6 +435,7 @@ def test_the_report_judges_each_claim_per_scale_and_says_where_a_scale_has_not_r
         "<!-- tapelm-report:begin findings -->\n<!-- tapelm-report:end findings -->\n"
         "<!-- tapelm-report:begin verdicts -->\n<!-- tapelm-report:end verdicts -->\n"
         "<!-- tapelm-report:begin far-lengths -->\n<!-- tapelm-report:end far-lengths -->\n"
+        "<!-- tapelm-report:begin compute-ladder -->\n<!-- tapelm-report:end compute-ladder -->\n"
     )
     build_report(tmp_path / "stage", tmp_path / "docs" / "RESULTS.md", readme=readme)
     table = readme.read_text()
