@@ -80,6 +80,11 @@ def test_the_report_writes_the_section_and_its_figure_from_an_archive(tmp_path):
     (text_run / "eval.json").write_text("{}")
     folder.mkdir(parents=True)
     (folder / "comparison.json").write_text(json.dumps(record))
+    unlearned = tmp_path / "compare" / "mqar" / "far" / "tape" / "seed0"  # no learned member: no answer
+    unlearned.mkdir(parents=True)
+    (unlearned.parents[1] / "comparison.json").write_text(json.dumps({**record, "settings_hash": "far"}))
+    (unlearned / "result.json").write_text(json.dumps(result("tape", 0, linear(0.4, -0.05))))
+    (unlearned / "eval.json").write_text("{}")
     for pe, fall in (("tape", -0.1), ("fox", -0.01)):
         for seed in range(3):
             run = folder / pe / f"seed{seed}"
@@ -95,6 +100,8 @@ def test_the_report_writes_the_section_and_its_figure_from_an_archive(tmp_path):
     short = build_readme(context)
     assert "| mqar (`abc`) | family | at 33 tokens | at 528 (16x) | fall per doubling | seeds |" in short
     assert "| tape | accumulating | 100.0 ± 0.0 | 56.0 ± 9.9 | -11.0 ± 2.5 | 3 |" in short
-    assert short.endswith("**accumulation falls faster**.")
+    assert "**accumulation falls faster**.\n\nWithout an answer" in short and "| mqar (`far`)" not in short
+    assert short.endswith("tables in docs/RESULTS.md): mqar (`far`).")
+    assert "### mqar (`far`, trained at 33 tokens)" in text and "no answer here" in text
     nothing = ReportContext(tmp_path, tmp_path / "f", "f", tmp_path / "nothing")
     assert build(nothing) is None and build_readme(nothing) is None

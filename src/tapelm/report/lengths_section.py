@@ -91,10 +91,15 @@ def _far(context: ReportContext) -> list[tuple[dict[str, Any], dict[str, dict[st
 
 
 def build_readme(context: ReportContext) -> str | None:
-    """The README's short form: per comparison, each encoding's accuracy at the training length and the longest, its
-    fall per doubling, and the families' answer."""
-    parts = []
+    """The README's short form: per comparison that answers the families' question, each encoding's accuracy at the
+    training length and the longest, its fall per doubling, and the answer; the comparisons without an answer are
+    named in one line (docs/RESULTS.md has their tables)."""
+    parts, unanswered = [], []
     for record, rows, _ in _far(context):
+        found = lengths.family_difference(rows)
+        if found["difference"]["n"] == 0:
+            unanswered.append(f"{record['task']} (`{record['settings_hash']}`)")
+            continue
         first = rows[next(iter(rows))]["lengths"]
         training, longest = first[0], first[-1]
         lines = [
@@ -106,7 +111,12 @@ def build_readme(context: ReportContext) -> str | None:
             name = pe if row["learned"] else f"{pe} (did not learn)"
             cells = [_points(row["accuracy"][training]), _points(row["accuracy"][longest]), _points(row["fall"])]
             lines.append(f"| {name} | {row['family'] or '–'} | " + " | ".join(cells) + f" | {row['fall']['n']} |")
-        parts.append("\n".join(lines) + "\n\n" + _answer(lengths.family_difference(rows)))
+        parts.append("\n".join(lines) + "\n\n" + _answer(found))
+    if unanswered:
+        parts.append(
+            f"Without an answer (no seed has a learned member of both families; tables in docs/RESULTS.md): "
+            f"{', '.join(unanswered)}."
+        )
     return "\n\n".join(parts) if parts else None
 
 
