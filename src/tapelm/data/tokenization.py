@@ -37,14 +37,19 @@ class Tokenizer(Protocol):
     def to_transformers(self) -> PreTrainedTokenizerFast: ...
 
 
-def _transformers(backend: Backend, bos: str | None = None, eos: str = PAD) -> PreTrainedTokenizerFast:
+def _transformers(
+    backend: Backend, bos: str | None = None, eos: str = PAD, literal: bool = False
+) -> PreTrainedTokenizerFast:
     """`backend` as a transformers tokenizer with PAD as padding token. None is added to the text (the tasks write
     their own symbols); `eos` is what clients such as lm-evaluation-harness need one for (to start an empty
     context, to stop generating): without an end-of-sequence symbol, the padding token doubles as one, as in
-    `tapelm.scrolls`."""
+    `tapelm.scrolls`. `literal`: text that spells a special token ("<pad>") is encoded as plain text, not as that
+    token (saved with the tokenizer)."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, bos_token=bos, eos_token=eos)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token=PAD, bos_token=bos, eos_token=eos, split_special_tokens=literal
+    )
 
 
 class SymbolTokenizer:
@@ -96,13 +101,14 @@ class ByteTokenizer:
         return bytes(i for i in ids if i != self.pad_id).decode("utf-8", errors="replace")
 
     def to_transformers(self) -> PreTrainedTokenizerFast:
-        """A byte-level BPE without merges whose id of each byte is its value."""
+        """A byte-level BPE without merges whose id of each byte is its value; like `encode`, it reads "<pad>" in the
+        text as five bytes."""
         from transformers.convert_slow_tokenizer import bytes_to_unicode
 
         backend = Backend(models.BPE({char: byte for byte, char in bytes_to_unicode().items()}, []))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         backend.decoder = decoders.ByteLevel()
-        return _transformers(backend)
+        return _transformers(backend, literal=True)
 
 
 class BackendTokenizer:
