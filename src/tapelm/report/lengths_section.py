@@ -114,7 +114,7 @@ def build_readme(context: ReportContext) -> str | None:
         parts.append("\n".join(lines) + "\n\n" + _answer(found))
     if unanswered:
         parts.append(
-            f"Without an answer (no seed has a learned member of both families; tables in docs/RESULTS.md): "
+            "Without an answer (no seed has a learned member of both families; tables in docs/RESULTS.md): "
             f"{', '.join(unanswered)}."
         )
     return "\n\n".join(parts) if parts else None
