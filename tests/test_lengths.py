@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tapelm.experiments.lengths import encoding_rows, fall_per_doubling, family_difference, reaches_far
+from tapelm.experiments.lengths import by_length, encoding_rows, fall_per_doubling, family_difference, reaches_far
+from tapelm.experiments.tasks import get_task
 from tapelm.report.lengths_section import build, build_readme
 from tapelm.report.sections import ReportContext
 
@@ -19,8 +20,20 @@ TRAINING = 33
 LENGTHS = [TRAINING * m for m in (1, 2, 4, 8, 16)]
 
 
+MQAR = get_task("mqar", num_keys=128, eval_multipliers=(1, 2, 4, 8, 16))
+
+
 def result(pe: str, seed: int, curve: dict[int, float], metric: str = "accuracy") -> dict:
-    return {"pe": pe, "seed": seed, "metric": metric, "summary": {"by_length": {str(n): v for n, v in curve.items()}}}
+    """A finished run's result with its evaluation (as `compare.load_results` gives it): one condition per length."""
+    conditions = [{"length": n, "value": v, "n": 100} for n, v in curve.items()]
+    return {"pe": pe, "seed": seed, "metric": metric, "evaluation": {"conditions": conditions}}
+
+
+def write_run(folder, pe: str, seed: int, curve: dict[int, float], metric: str = "accuracy") -> None:
+    folder.mkdir(parents=True)
+    run = result(pe, seed, curve, metric)
+    (folder / "eval.json").write_text(json.dumps(run.pop("evaluation")))
+    (folder / "result.json").write_text(json.dumps(run))
 
 
 def linear(start: float, fall: float) -> dict[int, float]:
@@ -49,13 +62,38 @@ def test_families_are_compared_paired_by_seed_over_learned_members():
             results.setdefault(pe, {})[seed] = result(pe, seed, linear(1.0, fall + shared))
         results.setdefault("stickbreaking", {})[seed] = result("stickbreaking", seed, linear(0.5, -0.3))
         results.setdefault("rope", {})[seed] = result("rope", seed, linear(1.0, -0.2))
-    rows = encoding_rows("mqar", results)
+    rows = encoding_rows(MQAR, results)
     assert rows["rope"]["family"] is None and not rows["stickbreaking"]["learned"]
     found = family_difference(rows)
     assert found["members"] == {"accumulating": ["tape", "path"], "decaying": ["fox", "alibi"]}
     assert found["difference"]["mean"] == pytest.approx(-0.06, abs=1e-12)
     assert found["difference"]["half_width"] == pytest.approx(0.0, abs=1e-9)
     assert found["verdict"] == "worse"  # accumulation falls faster
+
+
+@pytest.mark.parametrize("task", [MQAR, get_task("flipflop", eval_multipliers=(1, 2, 4, 8, 16))], ids=lambda t: t.name)
+def test_a_length_curve_has_every_evaluated_length_and_holds_the_in_distribution_conditions(task):
+    """The conditions drawn as in training but for their length cover every evaluated length, and every
+    in-distribution condition is one of them."""
+    conditions = task.eval_conditions()
+    like_training = [c for c in conditions if task.like_training_but_length(c)]
+    assert sorted({c["length"] for c in like_training}) == sorted({c["length"] for c in conditions})
+    assert all(task.like_training_but_length(c) for c in conditions if task.in_distribution(c))
+
+
+def test_flipflop_curves_leave_out_the_sparse_and_dense_splits():
+    """A flip-flop run perfect at its training ignore rate at every length but poor on the sparse and dense splits
+    learned the task and does not fall: the other splits differ from training in more than length."""
+    task = get_task("flipflop", eval_multipliers=(1, 2, 4, 8, 16))
+    conditions = [
+        {**c, "value": 1.0 if c["split"] == "in_distribution" else 0.5 / c["num_instructions"] ** 0.1, "n": 100}
+        for c in task.eval_conditions()
+    ]
+    run = {"pe": "tape", "seed": 0, "metric": "accuracy", "evaluation": {"conditions": conditions}}
+    curve = by_length(task, run)
+    assert list(curve) == [129 * m - (m - 1) for m in (1, 2, 4, 8, 16)] and set(curve.values()) == {1.0}
+    row = encoding_rows(task, {"tape": {0: run}})["tape"]
+    assert row["learned"] and row["fall"]["mean"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_only_comparisons_evaluated_at_eight_times_their_length_reach_far():
@@ -66,31 +104,30 @@ def test_only_comparisons_evaluated_at_eight_times_their_length_reach_far():
 
 def test_the_report_writes_the_section_and_its_figure_from_an_archive(tmp_path):
     folder = tmp_path / "compare" / "mqar" / "abc"
-    record = {"task": "mqar", "settings_hash": "abc", "task_options": {"eval_multipliers": [1, 2, 4, 8, 16]}}
+    record = {
+        "task": "mqar",
+        "settings_hash": "abc",
+        "task_options": {"num_keys": 128, "eval_multipliers": [1, 2, 4, 8, 16]},
+    }
     (tmp_path / "compare" / "flipflop" / "old").mkdir(parents=True)
     (tmp_path / "compare" / "flipflop" / "old" / "comparison.json").write_text(
         json.dumps({"task": "flipflop", "settings_hash": "old", "task_options": {"eval_multipliers": [1, 2, 4]}})
     )
     text_run = tmp_path / "compare" / "text" / "ppl" / "tape" / "seed0"  # perplexity: no fall in points
-    text_run.mkdir(parents=True)
+    text_run.parents[1].mkdir(parents=True)
     (text_run.parents[1] / "comparison.json").write_text(
         json.dumps({"task": "text", "settings_hash": "ppl", "task_options": {"eval_multipliers": [1, 8]}})
     )
-    (text_run / "result.json").write_text(json.dumps(result("tape", 0, {64: 30.0, 512: 90.0}, "perplexity")))
-    (text_run / "eval.json").write_text("{}")
+    write_run(text_run, "tape", 0, {64: 30.0, 512: 90.0}, "perplexity")
     folder.mkdir(parents=True)
     (folder / "comparison.json").write_text(json.dumps(record))
     unlearned = tmp_path / "compare" / "mqar" / "far" / "tape" / "seed0"  # no learned member: no answer
-    unlearned.mkdir(parents=True)
+    unlearned.parents[1].mkdir(parents=True)
     (unlearned.parents[1] / "comparison.json").write_text(json.dumps({**record, "settings_hash": "far"}))
-    (unlearned / "result.json").write_text(json.dumps(result("tape", 0, linear(0.4, -0.05))))
-    (unlearned / "eval.json").write_text("{}")
+    write_run(unlearned, "tape", 0, linear(0.4, -0.05))
     for pe, fall in (("tape", -0.1), ("fox", -0.01)):
         for seed in range(3):
-            run = folder / pe / f"seed{seed}"
-            run.mkdir(parents=True)
-            (run / "result.json").write_text(json.dumps(result(pe, seed, linear(1.0, fall - 0.01 * seed))))
-            (run / "eval.json").write_text("{}")
+            write_run(folder / pe / f"seed{seed}", pe, seed, linear(1.0, fall - 0.01 * seed))
     context = ReportContext(tmp_path, tmp_path / "figures", "figures", tmp_path / "compare")
     text = build(context)
     assert "### mqar (`abc`, trained at 33 tokens)" in text and "flipflop" not in text and "ppl" not in text

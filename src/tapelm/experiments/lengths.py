@@ -3,13 +3,16 @@ evaluated multiple of the training length and its fall per doubling; per family,
 position along the sequence (TAPE, PaTH, GRAPE-M) fall faster than those that decay attention with distance (FoX,
 stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP).
 
-The fall of one run is the least-squares slope of its accuracy against log2(length / training length), over the
-training length and every longer one, in accuracy per doubling (negative: it falls). Runs of one seed saw the same
+A run's accuracy at a length is the mean over the conditions drawn as in training but for their length (flip-flop:
+the training ignore rate; its sparse and dense splits differ in more than length). The fall of one run is the
+least-squares slope of that accuracy against log2(length / training length), over the training length and every
+longer one, in accuracy per doubling (negative: it falls). Runs of one seed saw the same
 training stream and test sets, so families are compared paired by seed: for each seed, the mean fall of a family's
 learned members, and the interval of the difference across seeds."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +20,8 @@ import numpy as np
 
 from ..analysis.statistics import interval, paired_difference, verdict
 from .claims import learned_threshold
+from .evaluate import length_key
+from .tasks import Task
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "accumulating": ("tape", "path", "grape-m"),  # a running product of transforms (positions carried along)
@@ -36,13 +41,14 @@ def reaches_far(record: Mapping[str, Any]) -> bool:
     return max(record.get("task_options", {}).get("eval_multipliers", (1,))) >= LONG_MULTIPLIER
 
 
-def by_length(result: Mapping[str, Any]) -> dict[int, float]:
-    """A run's accuracy per evaluated length (tokens), shortest (the training length) first."""
-    return {int(length): float(value) for length, value in sorted(result["summary"]["by_length"].items(), key=_int)}
-
-
-def _int(item: tuple[str, Any]) -> int:
-    return int(item[0])
+def by_length(task: Task, result: Mapping[str, Any]) -> dict[int, float]:
+    """A run's accuracy per evaluated length (tokens), shortest (the training length) first: the mean over its
+    evaluation's conditions that are drawn as in training but for their length."""
+    groups: dict[int, list[float]] = defaultdict(list)
+    for condition in result["evaluation"]["conditions"]:
+        if task.like_training_but_length(condition):
+            groups[length_key(task, condition)].append(float(condition["value"]))
+    return {length: float(np.mean(groups[length])) for length in sorted(groups)}
 
 
 def fall_per_doubling(accuracy: Mapping[int, float]) -> float:
@@ -55,14 +61,14 @@ def fall_per_doubling(accuracy: Mapping[int, float]) -> float:
     return float(np.polyfit(doublings, values, 1)[0])
 
 
-def encoding_rows(task: str, results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per encoding: its family, whether it learned the task in distribution (every seed's mean at the training
+def encoding_rows(task: Task, results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per encoding: its family, whether it learned the task in distribution (the mean over seeds at the training
     length reaching the task's threshold), the interval of its accuracy at each length and of its fall, and the
     fall of each seed."""
-    floor = learned_threshold(task)
+    floor = learned_threshold(task.name)
     rows = {}
     for pe, by_seed in results.items():
-        curves = {seed: by_length(result) for seed, result in by_seed.items()}
+        curves = {seed: by_length(task, result) for seed, result in by_seed.items()}
         lengths = sorted(next(iter(curves.values())))
         falls = {seed: fall_per_doubling(curve) for seed, curve in curves.items()}
         at_training = interval([curve[lengths[0]] for curve in curves.values()])

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..analysis.plots import curves
 from ..experiments import archive, compare, lengths
+from ..experiments.tasks import get_task
 from .sections import ReportContext, register_readme_section, register_section
 
 INTRO = (
@@ -17,7 +18,9 @@ INTRO = (
     "beyond the training length, than one whose attention decays with distance (FoX, stick-breaking, Wall, ALiBi, "
     "GRAPE-A, GRAPE-AP)? "
     "Each comparison below was evaluated at 8x its training length or more. An encoding's fall is the least-squares "
-    "slope of its accuracy against log2(length / training length), in points per doubling; intervals are 95% t "
+    "slope of its accuracy against log2(length / training length), in points per doubling, where the accuracy at a "
+    "length averages the conditions drawn as in training but for their length (flip-flop: the training ignore rate, "
+    "without the sparse and dense splits); intervals are 95% t "
     "intervals across seeds. The families are compared paired by seed, over the members that learned the task in "
     "distribution; 'no difference shown' is a null result at this scale, not evidence of equal falls."
 )
@@ -86,7 +89,8 @@ def _far(context: ReportContext) -> list[tuple[dict[str, Any], dict[str, dict[st
             continue
         results = compare.load_results(directory)
         if results and all(r["metric"] != "perplexity" for by_seed in results.values() for r in by_seed.values()):
-            found.append((record, lengths.encoding_rows(record["task"], results), directory))
+            task = get_task(record["task"], **record.get("task_options", {}))
+            found.append((record, lengths.encoding_rows(task, results), directory))
     return found
 
 

@@ -116,9 +116,15 @@ class Task(ABC):
         counted as one comparison (empty: a synthetic task's data follow from its options and the seeds)."""
         return {}
 
+    def like_training_but_length(self, condition: Condition) -> bool:
+        """Whether a condition is drawn as training is in everything but its length (the conditions of a length
+        curve; by default every condition)."""
+        return True
+
     def in_distribution(self, condition: Condition) -> bool:
-        """Whether a condition is what training drew from (by default: not longer than the training sequences)."""
-        return condition["length"] <= self.train_length
+        """Whether a condition is what training drew from (by default: drawn like training and not longer than the
+        training sequences)."""
+        return self.like_training_but_length(condition) and condition["length"] <= self.train_length
 
     @property
     def max_eval_length(self) -> int:

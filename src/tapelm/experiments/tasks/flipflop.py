@@ -60,9 +60,9 @@ class FlipFlopTask(SyntheticTask):
             for multiplier in self.eval_multipliers
         ]
 
-    def in_distribution(self, condition: Condition) -> bool:
-        """The training length and the training p_ignore (sparse and dense are out of distribution at any length)."""
-        return condition["split"] == "in_distribution" and super().in_distribution(condition)
+    def like_training_but_length(self, condition: Condition) -> bool:
+        """The training p_ignore (sparse and dense are out of distribution at any length)."""
+        return condition["split"] == "in_distribution"
 
     def train_example(self, rng: np.random.Generator) -> Example:
         return self._example(rng, self.num_instructions, self.p_ignore)
