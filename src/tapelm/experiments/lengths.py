@@ -6,13 +6,12 @@ stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP).
 A run's accuracy at a length is the mean over the conditions drawn as in training but for their length (flip-flop:
 the training ignore rate; its sparse and dense splits differ in more than length). The fall of one run is the
 least-squares slope of that accuracy against log2(length / training length), over the training length and every
-longer one, in accuracy per doubling (negative: it falls). Runs of one seed saw the same
-training stream and test sets, so families are compared paired by seed: for each seed, the mean fall of a family's
-learned members, and the interval of the difference across seeds."""
+longer one, in accuracy per doubling (negative: it falls). Runs of one seed saw the same training stream and test
+sets, so families are compared paired by seed: for each seed, the mean fall of a family's learned members, and the
+interval of the difference across seeds."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from ..analysis.statistics import interval, paired_difference, verdict
 from .claims import learned_threshold
-from .evaluate import length_key
+from .evaluate import summarize
 from .tasks import Task
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -42,13 +41,10 @@ def reaches_far(record: Mapping[str, Any]) -> bool:
 
 
 def by_length(task: Task, result: Mapping[str, Any]) -> dict[int, float]:
-    """A run's accuracy per evaluated length (tokens), shortest (the training length) first: the mean over its
-    evaluation's conditions that are drawn as in training but for their length."""
-    groups: dict[int, list[float]] = defaultdict(list)
-    for condition in result["evaluation"]["conditions"]:
-        if task.like_training_but_length(condition):
-            groups[length_key(task, condition)].append(float(condition["value"]))
-    return {length: float(np.mean(groups[length])) for length in sorted(groups)}
+    """A run's accuracy per evaluated length (tokens), shortest (the training length) first: its evaluation's
+    summary by length (`evaluate.summarize`) over the conditions drawn as in training but for their length."""
+    kept = [c for c in result["evaluation"]["conditions"] if task.like_training_but_length(c)]
+    return {int(length): value for length, value in summarize(task, kept, result["metric"])["by_length"].items()}
 
 
 def fall_per_doubling(accuracy: Mapping[int, float]) -> float:
