@@ -132,13 +132,14 @@ def test_an_attention_block_equals_flas_naive_op_with_the_same_weights(fla_naive
 def test_equal_gates_over_a_heads_channels_scale_each_logit_by_foxs_decay(short_blocks):
     """log g the same in every channel of a head: Wall's logit is scale q.k exp(c_i - c_j), c_i - c_j FoX's bias
     (tapelm's FoX kernel reference) with that gate: FoX's decay multiplies the logit where FoX adds its log.
-    Outputs and gradients, queries after cached keys included."""
+    Outputs and gradients, queries after cached keys included: 4 (blocks that share anchored chunks) and 1 (a
+    decoding step, past a whole chunk of 16, which reads every key directly)."""
     batch, heads, length, dim = 2, 4, 19, 8
     q, k = randn(batch, heads, length, dim, seed=1), randn(batch, 2, length, dim, seed=2)
     v = randn(batch, 2, length, 5, seed=3)
     log_f = F.logsigmoid(randn(batch, heads, length, 1, seed=4).detach()).requires_grad_()
     cumulative = log_f.cumsum(-2)
-    for queries in (length, 4):
+    for queries in (length, 4, 1):
         causal = torch.ones(queries, length, dtype=torch.bool, device=DEVICE).tril(length - queries)
         gates = Gates(log_f[..., -queries:, :].expand(-1, -1, -1, dim), cumulative.expand(-1, -1, -1, dim))
         got = wall_attention(q[..., -queries:, :], k, v, gates, AttentionMask(causal[None, None], False), 0.5)[0]

@@ -7,8 +7,10 @@ number at most 0, since G never grows (log gates are at most 0). The keys are cu
 from the first key) and each scaled once to its chunk's last key R: k_j exp(R - G_j). A block of queries starts at a
 chunk's start (or at the first query) and reads each earlier whole chunk through its first query's A:
 exp(G_i - G_j) = exp(G_i - A) exp(A - R) exp(R - G_j); the few earlier keys of its own chunk through
-exp(G_i - A) exp(A - G_j), and its own pairs through the difference G_i - G_j. With gradients each block runs inside
-an activation checkpoint, so no N x T x d tensor per head is kept."""
+exp(G_i - A) exp(A - G_j), and its own pairs through the difference G_i - G_j. Queries that fit one block (a
+decoding step) share no anchors, so they read every earlier key through exp(G_i - A) exp(A - G_j) and no key is
+scaled to its chunk. With gradients each block runs inside an activation checkpoint, so no N x T x d tensor per head
+is kept."""
 
 from __future__ import annotations
 
@@ -53,10 +55,12 @@ def wall_attention(
     length, keys = q.shape[-2], k.shape[-2]
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), cumulative.dtype)
     past = keys - length
-    whole = keys // BLOCK * BLOCK  # the keys in whole chunks
+    one_block = past // BLOCK * BLOCK + BLOCK >= keys  # a decoding step: no anchors worth sharing
+    whole = 0 if one_block else keys // BLOCK * BLOCK  # the keys read through their chunks' anchors
     ends = cumulative[..., BLOCK - 1 : whole : BLOCK, :].to(dtype)  # each chunk's last G
-    anchored = _per_query_head(k[..., :whole, :], q.shape[1]).to(dtype)
-    anchored = anchored * (ends.repeat_interleave(BLOCK, dim=-2) - cumulative[..., :whole, :]).exp()
+    anchored = _times_keys(
+        (ends.repeat_interleave(BLOCK, dim=-2) - cumulative[..., :whole, :]).exp(), k[..., :whole, :]
+    )
     blocks, start = [], past
     while start < keys:
         end = min(start // BLOCK * BLOCK + BLOCK, keys)
@@ -94,9 +98,18 @@ def _per_query_head(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
+def _times_keys(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """x (B, H, t, d), one per query head, times the keys (B, Hkv, t, d) of each query head's KV head, without
+    repeating the keys."""
+    return (x.unflatten(1, (k.shape[1], -1)) * k[:, :, None]).flatten(1, 2)
+
+
 def _mix(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The weights (B, H, n, t) applied to the values (B, Hkv, t, dv), in v's dtype."""
-    return (probs @ _per_query_head(v, probs.shape[1]).to(probs.dtype)).to(v.dtype)
+    """The weights (B, H, n, t) applied to the values (B, Hkv, t, dv), in v's dtype: each KV head's query heads in
+    one product, without repeating the values."""
+    batch, heads, length, keys = probs.shape
+    grouped = probs.reshape(batch, v.shape[1], -1, keys) @ v.to(probs.dtype)
+    return grouped.reshape(batch, heads, length, -1).to(v.dtype)
 
 
 def _part(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
@@ -105,19 +118,22 @@ def _part(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
 
 def _logits(q, k, cumulative, anchored, start: int, end: int) -> torch.Tensor:
     """sum_n q_in k_jn exp(G_in - G_jn) for queries start..end-1 (as key indices) and keys 0..end-1, `anchored` the
-    keys of the whole chunks scaled to their chunks' last G."""
-    chunk = start // BLOCK * BLOCK  # the first key of the queries' chunk
+    keys of whole chunks scaled to their chunks' last G (the keys before the queries' chunk that it covers are read
+    through it, the others directly)."""
+    chunk = min(start // BLOCK * BLOCK, anchored.shape[-2])  # the first key read directly
     anchor = cumulative[..., start : start + 1, :]
     mine = cumulative[..., start:end, :]
-    k = _per_query_head(k[..., chunk:, :], q.shape[1]).to(q.dtype)  # the gates are per query head
     near = q * (mine - anchor).exp()
-    ends = cumulative[..., BLOCK - 1 : chunk : BLOCK, :]
-    chunks = anchored[..., :chunk, :] * (anchor - ends).exp().repeat_interleave(BLOCK, dim=-2)
-    before = k[..., : start - chunk, :] * (anchor - cumulative[..., chunk:start, :]).exp()
-    earlier = near @ torch.cat([chunks, before], dim=-2).mT
+    before = _times_keys((anchor - cumulative[..., chunk:start, :]).exp(), k[..., chunk:start, :])
+    if chunk:
+        ends = cumulative[..., BLOCK - 1 : chunk : BLOCK, :]
+        chunks = anchored[..., :chunk, :] * (anchor - ends).exp().repeat_interleave(BLOCK, dim=-2)
+        before = torch.cat([chunks, before], dim=-2)
+    earlier = near @ before.mT
     causal = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).tril()[..., None]
     decay = torch.where(causal, mine[..., :, None, :] - mine[..., None, :, :], 0.0).exp()
-    inside = (q[..., :, None, :] * k[..., None, start - chunk :, :] * decay).sum(-1)
+    own = _per_query_head(k[..., start:end, :], q.shape[1]).to(q.dtype)  # the gates are per query head
+    inside = (q[..., :, None, :] * own[..., None, :, :] * decay).sum(-1)
     return torch.cat([earlier, inside], dim=-1)
 
 
