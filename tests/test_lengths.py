@@ -142,3 +142,20 @@ def test_the_report_writes_the_section_and_its_figure_from_an_archive(tmp_path):
     assert "### mqar (`far`, trained at 33 tokens)" in text and "no answer here" in text
     nothing = ReportContext(tmp_path, tmp_path / "f", "f", tmp_path / "nothing")
     assert build(nothing) is None and build_readme(nothing) is None
+
+
+def test_a_length_is_labelled_by_its_multiple_of_the_training_size(tmp_path):
+    """MQAR trained at 4 pairs (17 tokens) and evaluated at 64 (257 tokens, 15.1 times as long): 16x, as asked."""
+    options = {"num_pairs": 4, "eval_multipliers": [1, 2, 4, 8, 16]}
+    task = get_task("mqar", **options)
+    lengths = [task.sequence_length(4 * m) for m in options["eval_multipliers"]]
+    folder = tmp_path / "compare" / "mqar" / "p4"
+    folder.mkdir(parents=True)
+    (folder / "comparison.json").write_text(
+        json.dumps({"task": "mqar", "settings_hash": "p4", "task_options": options})
+    )
+    for pe in ("tape", "fox"):
+        write_run(folder / pe / "seed0", pe, 0, dict.fromkeys(lengths, 1.0))
+    context = ReportContext(tmp_path, tmp_path / "figures", "figures", tmp_path / "compare")
+    assert "| mqar (`p4`) | family | at 17 tokens | at 257 (16x) |" in build_readme(context)
+    assert "| encoding | family | 1x (17) | 2x (33) | 4x (65) | 8x (129) | 16x (257) |" in build(context)

@@ -31,9 +31,15 @@ def _points(stats: dict[str, float]) -> str:
     return text if stats["n"] < 2 else f"{text} ± {stats['half_width'] * 100:.1f}"
 
 
-def _table(rows: dict[str, dict[str, Any]], training: int) -> str:
+def _multiples(record: dict[str, Any], lengths: list[int]) -> dict[int, int]:
+    """Each evaluated length's multiple of the training size, the comparison's `eval_multipliers` in order (a length
+    in tokens is rarely that multiple of the training length: MQAR's is 1 + 4 x pairs)."""
+    return dict(zip(lengths, sorted(record["task_options"]["eval_multipliers"]), strict=True))
+
+
+def _table(rows: dict[str, dict[str, Any]], multiples: dict[int, int]) -> str:
     widths = rows[next(iter(rows))]["lengths"]
-    header = ["encoding", "family"] + [f"{round(length / training)}x ({length})" for length in widths]
+    header = ["encoding", "family"] + [f"{multiples[length]}x ({length})" for length in widths]
     lines = ["| " + " | ".join(header + ["fall per doubling", "seeds"]) + " |", "|" + "---|" * (len(header) + 2)]
     for pe, row in sorted(rows.items(), key=lambda item: -item[1]["fall"]["mean"]):
         cells = [pe + ("" if row["learned"] else " (not learned)"), row["family"] or "–"]
@@ -76,7 +82,8 @@ def _subsection(record: dict[str, Any], rows: dict[str, dict[str, Any]], context
     )
     title = f"### {record['task']} (`{record['settings_hash']}`, trained at {training} tokens)"
     figure = f"![{record['task']} accuracy against length]({context.figures_link}/{name})"
-    return "\n\n".join([title, _table(rows, training), _answer(lengths.family_difference(rows)), figure])
+    table = _table(rows, _multiples(record, rows[next(iter(rows))]["lengths"]))
+    return "\n\n".join([title, table, _answer(lengths.family_difference(rows)), figure])
 
 
 def _far(context: ReportContext) -> list[tuple[dict[str, Any], dict[str, dict[str, Any]], Path]]:
@@ -108,7 +115,7 @@ def build_readme(context: ReportContext) -> str | None:
         training, longest = first[0], first[-1]
         lines = [
             f"| {record['task']} (`{record['settings_hash']}`) | family | at {training} tokens | at {longest} "
-            f"({round(longest / training)}x) | fall per doubling | seeds |",
+            f"({_multiples(record, first)[longest]}x) | fall per doubling | seeds |",
             "|---|---|---|---|---|---|",
         ]
         for pe, row in sorted(rows.items(), key=lambda item: -item[1]["fall"]["mean"]):
