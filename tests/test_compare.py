@@ -599,6 +599,22 @@ def test_ablation_variants_are_encodings_with_options(tmp_path, capsys) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_rope_familys_options_are_encodings_of_their_own() -> None:
+    """p-RoPE and the NoPE schedules are rows by name: RoPE with their options, listed as encodings."""
+    from tapelm.experiments.runs import resolve
+    from tapelm.positional.schedule import layer_encodings
+    from tapelm.report.findings_section import name
+
+    scheduled = resolve(RunSpec(task="flipflop", pe="rope-nope-every-4th")).config
+    assert scheduled.pe_type == "rope" and layer_encodings(scheduled) == ["rope", "rope", "rope", "nope"]
+    interleaved = resolve(RunSpec(task="flipflop", pe="rope-nope-every-2nd")).config
+    assert layer_encodings(interleaved) == ["rope", "nope", "rope", "nope"]
+    assert resolve(RunSpec(task="flipflop", pe="p-rope-0.75")).config.rope_fraction == 0.75
+    assert name("p-rope-0.75") == "p-RoPE (0.75)"
+    with pytest.raises(ValueError, match="rope-nope-every-2nd, or a variant"):
+        resolve(RunSpec(task="flipflop", pe="rope-sideways"))
+
+
 def test_ablation_rows_get_their_own_report_table(compared, tmp_path) -> None:
     """Variants added to a comparison (`tapelm ablate`) are reported apart: the encodings' table keeps its rows, and
     an ablation table holds full TAPE, RoPE and the variants, with their commands and figures."""

@@ -1,6 +1,8 @@
-"""Named model variants that experiments compare like encodings: TAPE's ablations (the paper's table and the
-official code's switches). A variant is a `pe_type` plus TapeConfig options; `tapelm compare --pe tape-mlp-only ...`
-and `tapelm ablate TASK` use these names as rows, and every variant of one comparison shares its budget."""
+"""Named model variants that experiments compare like encodings. A variant is a `pe_type` plus TapeConfig options:
+TAPE's ablations (the paper's table and the official code's switches; `tapelm ablate TASK` and its own report table),
+and the RoPE family's options that are mechanisms of their own (p-RoPE, per-layer NoPE schedules), reported as
+encodings. `tapelm compare --pe tape-mlp-only p-rope-0.75 ...` uses these names as rows, and every variant of one
+comparison shares its budget."""
 
 from __future__ import annotations
 
@@ -20,19 +22,26 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "tape-second-half": ("tape", {"tape_layers": "second_half"}),
 }
 VARIANTS = {name: spec for name, spec in ABLATIONS.items() if name not in ("tape", "rope")}
+ROPE_FAMILY: dict[str, tuple[str, dict[str, Any]]] = {
+    "p-rope-0.75": ("rope", {"rope_fraction": 0.75}),  # p-RoPE: the lowest quarter of the frequencies do not rotate
+    "rope-nope-every-4th": ("rope", {"layer_pe_types": "nope-every-4th"}),  # SmolLM3's and Llama 4's placement
+    "rope-nope-every-2nd": ("rope", {"layer_pe_types": "nope-every-2nd"}),  # RNoPE's interleaving, no window
+}
+"""Encodings spelled as RoPE's options (docs/ENCODINGS.md): compared and reported as encodings of their own."""
 
 
 def check_encoding(name: str) -> None:
     """Refuse a name that is neither an encoding nor a variant, listing both."""
-    if name not in PE_TYPES and name not in VARIANTS:
+    if name not in PE_TYPES and name not in VARIANTS and name not in ROPE_FAMILY:
         raise ValueError(
-            f"unknown encoding '{name}'; choose from: {', '.join(PE_TYPES)}, or a variant: {', '.join(VARIANTS)}"
+            f"unknown encoding '{name}'; choose from: {', '.join([*PE_TYPES, *ROPE_FAMILY])}, or a variant: "
+            f"{', '.join(VARIANTS)}"
         )
 
 
 def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:
     """(pe_type, TapeConfig options) of an encoding or variant name (an encoding is itself with no options)."""
-    return VARIANTS.get(name, (name, {}))
+    return VARIANTS.get(name) or ROPE_FAMILY.get(name) or (name, {})
 
 
-__all__ = ["ABLATIONS", "VARIANTS", "check_encoding", "resolve_variant"]
+__all__ = ["ABLATIONS", "ROPE_FAMILY", "VARIANTS", "check_encoding", "resolve_variant"]

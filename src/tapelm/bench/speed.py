@@ -47,7 +47,7 @@ from ..fast_paths import check_setting
 from ..kernels import fla_runs_on
 from ..modeling import TapeForCausalLM
 from ..training.provenance import environment, installed_version
-from ..variants import VARIANTS, resolve_variant
+from ..variants import ROPE_FAMILY, VARIANTS, resolve_variant
 
 PEERS = ("llama", "fla-fox", "fla-path")
 """Rows that are not tapelm encodings: `llama` is transformers' LlamaForCausalLM at the same size (RoPE);
@@ -704,10 +704,10 @@ def plot(report: dict, path: Path) -> None:
 
 def check_rows(rows: list[str], device: torch.device) -> list[str]:
     """The rows to measure, RoPE first; ValueError naming an unknown one, or an fla row where fla cannot run."""
-    unknown = [row for row in rows if row not in (*PE_TYPES, *VARIANTS, *PEERS)]
+    unknown = [row for row in rows if row not in (*PE_TYPES, *ROPE_FAMILY, *VARIANTS, *PEERS)]
     if unknown:
         raise ValueError(
-            f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(PE_TYPES)}, TAPE's "
+            f"unknown row {unknown[0]!r}; choose from the encodings {', '.join([*PE_TYPES, *ROPE_FAMILY])}, TAPE's "
             f"variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}"
         )
     fla_rows = [row for row in rows if row in FLA_PEERS]
