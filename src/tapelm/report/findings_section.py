@@ -45,8 +45,8 @@ NAMES = {
     "wall": "Wall",
     "stickbreaking": "Stick-breaking",
     "p-rope-0.75": "p-RoPE (0.75)",
-    "rope-nope-every-4th": "RoPE, NoPE every 4th layer",
-    "rope-nope-every-2nd": "RoPE, NoPE every 2nd layer",
+    "rope-nope-every-4th": "RoPE (NoPE every 4th layer)",
+    "rope-nope-every-2nd": "RoPE (NoPE every 2nd layer)",
 }
 # Where a claim is judged when not beyond the training length.
 HEADLINES = {"all": "on the average over every length", "in_distribution": "at the training length"}
