@@ -263,6 +263,7 @@ def test_findings_row_from_a_synthetic_comparison() -> None:
             "fox": (1.0, {0: 0.99, 1: 0.98, 2: 0.99}),
             "fire": (0.99, {0: 0.95, 1: 0.96, 2: 0.97}),
             "nope": (0.50, {0: 1.0, 1: 1.0, 2: 1.0}),  # best beyond, but never learned the task: not the best
+            "wall": (1.0, {0: 1.0}),  # best beyond and learned, but one seed: no interval, so not the best
         },
     )
     claim = next(c for c in CLAIMS if c.name == "retrieval-mqar")
@@ -272,7 +273,8 @@ def test_findings_row_from_a_synthetic_comparison() -> None:
     row = table.splitlines()[-1]
     assert row == (
         "| MQAR (2,000 steps, `0123456789`) | 92.0% accuracy (3 seeds) | +27.0 ± 10.8 pts (3 seeds): better "
-        "| FoX -6.7 ± 5.2 pts (3 seeds): worse | ahead of TAPE: FoX, FIRE; behind: RoPE; did not learn: NoPE "
+        "| FoX -6.7 ± 5.2 pts (3 seeds): worse | ahead of TAPE: FoX, FIRE; behind: RoPE; did not learn: NoPE; "
+        "too few seeds: Wall "
         "| **refuted**: FIRE ahead of TAPE; NoPE did not learn (against RoPE, RandPE, NoPE, FIRE, ALiBi) |"
     )
     text = synthetic(
@@ -292,6 +294,10 @@ def test_findings_row_from_a_synthetic_comparison() -> None:
     assert "(2 seeds): worse; TAPE did not learn it in distribution |" in row
     assert "| TAPE did not learn the task (50.0% < 95% in distribution); learned: RoPE |" in row
     assert row.endswith("| **inconclusive**: TAPE did not learn the task |")
+    one_seed = synthetic("flipflop", "accuracy", {"tape": (1.0, {0: 0.9}), "rope": (1.0, {0: 0.5})})
+    row = findings_row(one_seed)
+    assert "| 90.0% accuracy (1 seed) | +40.0 pts (1 seed): too few seeds |" in row
+    assert "| no other learned the task on two seeds shared |" in row
 
 
 def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:

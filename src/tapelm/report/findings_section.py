@@ -86,7 +86,7 @@ def _against(summary: dict[str, Any], pe: str) -> str:
     perplexity = summary["metric"] == "perplexity"
     unit = "" if perplexity else " pts"
     text = (
-        f"{format_difference(difference, perplexity)}{unit} ({difference['n']} seeds): "
+        f"{format_difference(difference, perplexity)}{unit} ({_seeds(difference['n'])}): "
         f"{verdict(difference, higher_is_better(summary['metric']))}"
     )
     unlearned = [p for p in (SUBJECT, pe) if not _learned(summary, p)]
@@ -95,14 +95,20 @@ def _against(summary: dict[str, Any], pe: str) -> str:
     return text
 
 
+def _seeds(count: int) -> str:
+    return f"{count} seed{'' if count == 1 else 's'}"
+
+
 def best_other(summary: dict[str, Any]) -> str | None:
     """The encoding other than TAPE with the best mean beyond the training length among those that learned the task
-    in distribution (the first in the comparison's order on a tie); None when none learned it."""
-    learned = [pe for pe in _encodings(summary) if _learned(summary, pe)]
-    if not learned:
+    in distribution and share two seeds or more with TAPE, so that the difference has an interval (the first in the
+    comparison's order on a tie); None when there is no such encoding."""
+    paired = summary["paired"]
+    candidates = [pe for pe in _encodings(summary) if _learned(summary, pe) and paired[pe]["longer"]["n"] >= 2]
+    if not candidates:
         return None
     sign = 1 if higher_is_better(summary["metric"]) else -1
-    return max(learned, key=lambda pe: sign * summary["rows"][pe]["longer"]["mean"])
+    return max(candidates, key=lambda pe: sign * summary["rows"][pe]["longer"]["mean"])
 
 
 def _others(summary: dict[str, Any]) -> str:
@@ -174,13 +180,13 @@ def _tape(summary: dict[str, Any]) -> str:
     row, metric = summary["rows"][SUBJECT], summary["metric"]
     mean = row["longer"]["mean"]
     shown = f"perplexity {mean:.3f}" if metric == "perplexity" else f"{mean * 100:.1f}% {metric.replace('_', ' ')}"
-    return f"{shown} ({len(row['seeds'])} seeds)"
+    return f"{shown} ({_seeds(len(row['seeds']))})"
 
 
 def findings_row(summary: dict[str, Any], claim: claims.Claim | None = None, result: str | None = None) -> str:
     """One comparison's row of the findings table."""
     best = best_other(summary)
-    versus = f"{name(best)} {_against(summary, best)}" if best else "none of the others learned the task"
+    versus = f"{name(best)} {_against(summary, best)}" if best else "no other learned the task on two seeds shared"
     cells = [
         _label(summary),
         _tape(summary),
