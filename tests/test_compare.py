@@ -297,7 +297,7 @@ def test_findings_row_from_a_synthetic_comparison() -> None:
     one_seed = synthetic("flipflop", "accuracy", {"tape": (1.0, {0: 0.9}), "rope": (1.0, {0: 0.5})})
     row = findings_row(one_seed)
     assert "| 90.0% accuracy (1 seed) | +40.0 pts (1 seed): too few seeds |" in row
-    assert "| no other learned the task on two seeds shared |" in row
+    assert "| no other that learned the task shares two seeds with TAPE |" in row
 
 
 def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:

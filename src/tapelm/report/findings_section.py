@@ -186,7 +186,11 @@ def _tape(summary: dict[str, Any]) -> str:
 def findings_row(summary: dict[str, Any], claim: claims.Claim | None = None, result: str | None = None) -> str:
     """One comparison's row of the findings table."""
     best = best_other(summary)
-    versus = f"{name(best)} {_against(summary, best)}" if best else "no other learned the task on two seeds shared"
+    versus = (
+        f"{name(best)} {_against(summary, best)}"
+        if best
+        else "no other that learned the task shares two seeds with TAPE"
+    )
     cells = [
         _label(summary),
         _tape(summary),
