@@ -104,7 +104,9 @@ def best_other(summary: dict[str, Any]) -> str | None:
     in distribution and share two seeds or more with TAPE, so that the difference has an interval (the first in the
     comparison's order on a tie); None when there is no such encoding."""
     paired = summary["paired"]
-    candidates = [pe for pe in _encodings(summary) if _learned(summary, pe) and paired[pe]["longer"]["n"] >= 2]
+    candidates = [
+        pe for pe in _encodings(summary) if _learned(summary, pe) and verdict(paired[pe]["longer"]) != "too few seeds"
+    ]
     if not candidates:
         return None
     sign = 1 if higher_is_better(summary["metric"]) else -1
