@@ -75,3 +75,24 @@ def test_set_attn_implementation_switches_the_attention_path():
     torch.testing.assert_close(model(ids).logits, eager(ids).logits, atol=0, rtol=0)
     model.set_attn_implementation("sdpa")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_hub_kernels_can_replace_only_modules_tapelm_never_runs(pe_type):
+    """transformers (from 5.25, by default) replaces the forward of every hub-kernel layer (a class with a
+    `kernel_layer_name`) when a loaded model moves to a GPU; none of those may be a module the forward pass calls."""
+    model = tiny_model(pe_type)
+    replaceable = [(name, m) for name, m in model.named_modules() if hasattr(type(m), "kernel_layer_name")]
+    called = []
+    for name, module in replaceable:
+        module.register_forward_hook(lambda *_, name=name: called.append(name))
+    model(tokens(1, 8))
+    assert called == []
+
+
+def test_a_loaded_model_keeps_hub_kernels_off(tmp_path):
+    from tapelm.training.saved_models import load_saved_model
+
+    tiny_model("tape").save_pretrained(tmp_path)
+    loaded = load_saved_model(tmp_path, TapeForCausalLM)
+    assert not loaded.use_kernels
+    loaded.to("meta").train()  # with hub kernels on, transformers would kernelize here and refuse the meta device

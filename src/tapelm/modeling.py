@@ -15,7 +15,7 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -156,12 +156,18 @@ def same_for_every_head(extra: torch.Tensor) -> bool:
     return extra.shape[1] > 1 and extra.stride(1) == 0
 
 
-class RMSNorm(LlamaRMSNorm):
-    """transformers' Llama RMSNorm (the same parameter), computed by `tapelm.kernels.norm` with the pass's fast
-    paths."""
+class RMSNorm(nn.Module):
+    """transformers' Llama RMSNorm (the same parameter and epsilon), computed by `tapelm.kernels.norm` with the pass's
+    fast paths. Not a subclass of `LlamaRMSNorm`: that class is a hub-kernel layer, whose forward transformers (from
+    5.25, by default) replaces on a GPU with one that takes no fast paths."""
 
     def __init__(self, config: TapeConfig):
-        super().__init__(config.hidden_size, eps=config.rms_norm_eps)
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(config.hidden_size))
+        self.variance_epsilon = config.rms_norm_eps
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 
     def forward(self, hidden_states: torch.Tensor, paths: FastPaths) -> torch.Tensor:
         return rms_norm(hidden_states, self.weight, self.variance_epsilon, paths)

@@ -37,6 +37,7 @@ from ..data.corpora import PYTHON_DOCS, STDLIB
 from ..experiments.runs import RunOptions, RunSpec, resolve, run_task
 from ..training.devices import process_device
 from ..training.launchers import die_with_parent
+from ..training.saved_models import load_saved_model
 from .data import CORPORA, held_out_documents
 from .evaluation import evaluate_model, perplexity
 from .finetune import FinetuneSettings, finetune, pretrained_window, scaling_overrides
@@ -216,7 +217,7 @@ def train_base(out: Path, progress: bool = True) -> Path:
         return folder
     run = resolve(BASE_SPEC)
     run_task(run, run_dir, RunOptions(progress), resume=True, command="tapelm extend (the cpu-small base)")
-    model = TapeForCausalLM.from_pretrained(run_dir / "model")
+    model = load_saved_model(run_dir / "model", TapeForCausalLM)
     save(
         to_llama(model, max_position_embeddings=BASE_WINDOW),
         AutoTokenizer.from_pretrained(run_dir / "model"),

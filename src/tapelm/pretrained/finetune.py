@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from ..modeling import TapeAttention, TapeForCausalLM
+from ..modeling import RMSNorm, TapeAttention, TapeForCausalLM
 from ..positional import TapeLayer
 from .convert import from_pretrained_llama
 
@@ -226,7 +225,7 @@ def trainable_groups(model: nn.Module, settings: FinetuneSettings) -> dict[str, 
             for p in adapters.parameters()
         )
     if settings.train_norms:
-        groups["norms"] = _unique(p for m in modules if isinstance(m, LlamaRMSNorm) for p in m.parameters())
+        groups["norms"] = _unique(p for m in modules if isinstance(m, RMSNorm) for p in m.parameters())
     if settings.train_embeddings:
         groups["embeddings"] = [model.get_input_embeddings().weight]
     return groups

@@ -149,7 +149,11 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Pre
     """Load a ``.gguf`` file as a plain dense model (no quantization settings left) and its tokenizer."""
     path = Path(path)
     model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, quantization_config=GgufConfig(dequantize=True), dtype=dtype
+        path.parent,
+        gguf_file=path.name,
+        quantization_config=GgufConfig(dequantize=True),
+        dtype=dtype,
+        use_kernels=False,  # as load_saved_model: the source computes what its own code says
     )
     _check_model_type(model.config, path)
     return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -37,7 +37,13 @@ def save_model(accelerator, model, directory: Path) -> None:
 
 def load_saved_model(directory: Path, model_class, **kwargs):
     """`model_class.from_pretrained(directory, **kwargs)`; ValueError naming the folder when its files cannot be
-    read (a copy cut short, a disk that filled up)."""
+    read (a copy cut short, a disk that filled up).
+
+    Hub kernels stay off unless asked for (`use_kernels=True`): from transformers 5.25 `from_pretrained` turns them on
+    by default, fetching layer code at run time and re-kernelizing at every `train()` / `eval()` (which fails on the
+    meta device). A model a command loads computes what its own code says: tapelm's fast paths are its config's, and a
+    pretrained source is the reference a conversion is checked against."""
+    kwargs.setdefault("use_kernels", False)
     try:
         return model_class.from_pretrained(str(directory), **kwargs)
     except Exception as error:  # safetensors, json and torch each raise their own kinds
