@@ -9,7 +9,7 @@ from tapelm import PE_TYPES
 from tapelm.cache import SHARED_STREAM
 from tapelm.fast_paths import NONE
 from tapelm.kernels.attention import AttentionMask, attend_stream, joined_stream
-from tapelm.positional import ENCODINGS
+from tapelm.positional import encoding_class
 
 pytestmark = pytest.mark.device
 
@@ -203,7 +203,7 @@ def test_a_static_cache_refuses_to_overflow_in_one_line():
             model(tokens(1, 3), cache=cache, use_cache=True)
 
 
-COMPILED_DECODING = [pe for pe in PE_TYPES if ENCODINGS[pe].fixed_shape_cache]  # PaTH, Wall read theirs as sequences
+COMPILED_DECODING = [pe for pe in PE_TYPES if encoding_class(pe).fixed_shape_cache]  # PaTH, Wall: sequences
 
 
 def compile_config(**options):

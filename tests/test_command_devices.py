@@ -82,7 +82,7 @@ def test_finetune_evaluates_the_original_on_the_process_device(watch, finetune_i
 
 
 def test_convert_check_compares_logits_on_the_process_device(watch, llama_on_meta):
-    from tapelm.pretrained.convert import from_pretrained_llama
+    from tapelm.conversion import from_pretrained_llama
     from tapelm.pretrained.retrofit import _logit_diff
 
     source, tokenizer = llama_on_meta

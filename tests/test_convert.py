@@ -27,8 +27,8 @@ import tapelm
 from conftest import DEVICE
 from tapelm import TapeForCausalLM
 from tapelm.cli import main as cli_main
+from tapelm.conversion import from_pretrained_llama, to_llama
 from tapelm.pretrained import sources
-from tapelm.pretrained.convert import from_pretrained_llama, to_llama
 
 pytestmark = pytest.mark.device
 
@@ -168,7 +168,7 @@ def test_converted_model_decodes_with_its_cache_like_the_source():
 
 def test_mistral_sliding_window_is_named_and_exact_within_the_window(caplog):
     source = random_source("mistral", 2, False, sliding_window=32)
-    with caplog.at_level(logging.WARNING, logger="tapelm.pretrained.convert"):
+    with caplog.at_level(logging.WARNING, logger="tapelm.conversion"):
         model = from_pretrained_llama(source)
     assert "sliding_window=32" in caplog.text
     tokens = ids(32)

@@ -135,7 +135,7 @@ def test_a_bad_option_is_refused_in_one_line(options, message):
 
 
 def test_a_partly_nope_model_does_not_convert_to_llama():
-    from tapelm.pretrained.convert import to_llama
+    from tapelm.conversion import to_llama
 
     with pytest.raises(ValueError, match="only rope_fraction=1 converts to Llama"):
         to_llama(p_rope(0.5))

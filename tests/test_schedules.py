@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM, DynamicCache, SmolLM3Config, Smol
 
 from conftest import DEVICE, decode_in_chunks, randomize, tiny_config, tiny_model, tokens
 from tapelm import PE_TYPES
+from tapelm.conversion import from_pretrained_llama
 from tapelm.fast_paths import PATHS, resolve
-from tapelm.positional import ENCODINGS, layer_encodings
+from tapelm.positional import layer_encodings, registered
 from tapelm.positional.schedule import acts_outside_layers
-from tapelm.pretrained.convert import from_pretrained_llama
 from test_cache import compile_config
 from test_export import Prefill, padding_masks
 from test_packing import assert_packed_row_is_each_document_alone, documents, forward_and_gradients, packed
@@ -25,7 +25,7 @@ from test_packing import assert_packed_row_is_each_document_alone, documents, fo
 pytestmark = pytest.mark.device
 
 LAYERS = 4
-MIXABLE = [name for name, encoding in ENCODINGS.items() if acts_outside_layers(encoding) is None]
+MIXABLE = [name for name, encoding in registered().items() if acts_outside_layers(encoding) is None]
 SCHEDULES = {
     "smollm3": dict(pe_type="rope", layer_pe_types="nope-every-4th"),
     "tape-nope": dict(pe_type="tape", layer_pe_types="nope-every-2nd"),

@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from tapelm.cli import main
-from tapelm.config import PE_TYPES
 from tapelm.experiments.budget import (
-    BUDGET_FILE,
     OVERHEAD_SECONDS,
     Rate,
     archived_rates,
@@ -38,6 +36,7 @@ from tapelm.experiments.stage import (
     owed_spec,
     run_stage,
 )
+from tapelm.positional import registered
 from tapelm.report.claims_section import current_hash
 
 TINY = {
@@ -223,13 +222,14 @@ def test_the_rate_is_the_slowest_measured_by_the_newest_code_and_the_bench_befor
     assert current_rate([]).source.startswith("bench speed")
 
 
-def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
-    """docs/gpu/budget.json prices the encodings it names (each a pe_type); GRAPE's, PoPE's, Wall's and stick-breaking's
-    costs, which no GPU measured, are their estimates with their provenance (not the largest measured cost), and the
-    stage says an estimate is one."""
-    budget = gpu_budget()
-    assert set(budget.step_costs) <= set(PE_TYPES)
-    assert budget.estimated == {
+def test_step_costs_are_the_encodings_facts_and_an_estimate_says_it_is_one() -> None:
+    """Each encoding declares its step cost on its class; GRAPE's, PoPE's, Wall's and stick-breaking's, which no GPU
+    measured, are their estimates with their provenance (not the largest measured cost), and the stage says an
+    estimate is one. A row without a declared cost (an encoding that declares none, a variant) is priced at the
+    largest."""
+    declared = {pe: cls.step_cost for pe, cls in registered().items() if cls.step_cost is not None}
+    estimated = {pe for pe, cost in declared.items() if not cost.measured}
+    assert estimated == {
         "grape-m-fixed",
         "grape-m",
         "grape-ap",
@@ -240,13 +240,15 @@ def test_step_costs_are_data_and_an_estimate_says_it_is_one() -> None:
         "wall",
         "stickbreaking",
     }
-    assert "not measured on a GPU" in json.loads(BUDGET_FILE.read_text())["step_cost"]["estimated"]["source"]
+    assert all(declared[pe].source.strip() and "measured" in declared[pe].source for pe in estimated)
     schedule = Schedule([], [], [])
-    measured = {pe: cost for pe, cost in budget.step_costs.items() if pe not in budget.estimated}
-    for pe in sorted(budget.estimated):
-        assert schedule.cost(pe) == (budget.step_costs[pe], "estimated") == (step_cost(pe), "estimated")
+    measured = {pe: cost.ratio for pe, cost in declared.items() if pe not in estimated}
+    for pe in sorted(estimated):
+        assert schedule.cost(pe) == (declared[pe].ratio, "estimated") == (step_cost(pe), "estimated")
         assert pe == "wall" or step_cost(pe) < max(measured.values())  # Wall's reference is estimated above PaTH's
     assert schedule.cost("path") == (max(measured.values()), "bench")
+    largest = max(cost.ratio for cost in declared.values())
+    assert step_cost("sinusoidal") == step_cost("p-rope-0.75") == largest
 
 
 def test_the_prediction_says_which_gain_each_budget_needs_and_lists_the_unmeasured_one_apart() -> None:

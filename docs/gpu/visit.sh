@@ -32,7 +32,7 @@
 #                CUDA until its device test of attention over blocks passes); the stages before it fill the call at
 #                their limits, so it runs where they finish early
 #   speed-1k-new   the same, the default paths: RoPE and the encodings issue 65 added (PoPE, Wall, stick-breaking,
-#                GRAPE-A-Q/K/QK; their step costs in docs/gpu/budget.json are estimates until this measures them); like
+#                GRAPE-A-Q/K/QK; the step costs their classes declare are estimates until this measures them); like
 #                speed-1k-grape it runs where the stages before it finish early
 #   speed-1k-every     the same, every fast path on (`--fast-paths on`): RoPE, TAPE
 #   sharing      `tapelm sharing mqar`: MQAR's GPU recipe (TAPE, 150 steps) trained 1, 2 and 4 at once on the GPU, and

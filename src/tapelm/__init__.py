@@ -6,8 +6,8 @@ Importing the package registers `TapeConfig` and the models with transformers' A
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config import PE_TYPES, TapeConfig
+from .conversion import from_pretrained_llama
 from .modeling import TapeForCausalLM, TapeModel, TapePreTrainedModel
-from .pretrained.convert import from_pretrained_llama
 
 AutoConfig.register("tape", TapeConfig, exist_ok=True)
 AutoModel.register(TapeConfig, TapeModel, exist_ok=True)

@@ -6,11 +6,12 @@ from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
 from .fast_paths import check_setting as check_fast_paths
-from .positional import ENCODINGS, layer_encodings, validate_encodings
+from .positional import BUILT_IN, add_encoding_fields, layer_encodings, validate_encodings
 from .positional.base import check_choice, check_positive
 from .remote_code import AUTO_MAP, write_modules
 
-PE_TYPES = tuple(ENCODINGS)
+PE_TYPES = tuple(BUILT_IN)
+"""tapelm's own encodings; `tapelm.encoding_names()` also lists those registered from outside."""
 ROTARY_PE_TYPES = ("tape", "rope", "randpe", "xpos")
 
 
@@ -171,6 +172,7 @@ class TapeConfig(PreTrainedConfig):
     pope_bias_init: str = "zero"
     stickbreaking_attend_current: bool = False
     fast_paths: str | list[str] = "auto"
+    encoding_packages: dict[str, str] | None = None
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
@@ -189,6 +191,7 @@ class TapeConfig(PreTrainedConfig):
         # the `tapelm.remote_code` modules every saved folder gets: part of the config itself, so that a config read
         # back from its JSON equals the one written
         self.auto_map = dict(AUTO_MAP)
+        add_encoding_fields(self)
         self._validate()
 
     def tape_updates_layer(self, layer_idx: int) -> bool:
@@ -216,7 +219,6 @@ class TapeConfig(PreTrainedConfig):
     def _validate(self) -> None:
         """Raise ValueError naming the first invalid field or combination: the model's fields here, then each
         encoding's own, checked by its module (`tapelm.positional.validate_encodings`)."""
-        check_choice("pe_type", self.pe_type, PE_TYPES)
         check_fast_paths(self.fast_paths)
         check_choice("hidden_act", self.hidden_act, ("silu",))
         for field in (

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import PE_TYPES
+from .positional import display_name as registered_display_name
+from .positional import encoding_names, is_registered
 
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "tape": ("tape", {}),  # full TAPE: attention and MLP updates, E mixed across heads
@@ -28,15 +29,25 @@ ROPE_FAMILY: dict[str, tuple[str, dict[str, Any]]] = {
     "rope-nope-every-2nd": ("rope", {"layer_pe_types": "nope-every-2nd"}),  # RNoPE's interleaving, no window
 }
 """Encodings spelled as RoPE's options (docs/ENCODINGS.md): compared and reported as encodings of their own."""
+ROPE_FAMILY_NAMES = {
+    "p-rope-0.75": "p-RoPE (0.75)",
+    "rope-nope-every-4th": "RoPE (NoPE every 4th layer)",
+    "rope-nope-every-2nd": "RoPE (NoPE every 2nd layer)",
+}
 
 
 def check_encoding(name: str) -> None:
     """Refuse a name that is neither an encoding nor a variant, listing both."""
-    if name not in PE_TYPES and name not in VARIANTS and name not in ROPE_FAMILY:
+    if not is_registered(name) and name not in VARIANTS and name not in ROPE_FAMILY:
         raise ValueError(
-            f"unknown encoding '{name}'; choose from: {', '.join([*PE_TYPES, *ROPE_FAMILY])}, or a variant: "
+            f"unknown encoding '{name}'; choose from: {', '.join([*encoding_names(), *ROPE_FAMILY])}, or a variant: "
             f"{', '.join(VARIANTS)}"
         )
+
+
+def display_name(name: str) -> str:
+    """The name reports give an encoding (its own `display_name`), a RoPE-family row, or any other row (itself)."""
+    return ROPE_FAMILY_NAMES.get(name) or registered_display_name(name)
 
 
 def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:
@@ -44,4 +55,12 @@ def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:
     return VARIANTS.get(name) or ROPE_FAMILY.get(name) or (name, {})
 
 
-__all__ = ["ABLATIONS", "ROPE_FAMILY", "VARIANTS", "check_encoding", "resolve_variant"]
+__all__ = [
+    "ABLATIONS",
+    "ROPE_FAMILY",
+    "ROPE_FAMILY_NAMES",
+    "VARIANTS",
+    "check_encoding",
+    "display_name",
+    "resolve_variant",
+]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..positional import StepCost, encoding_class, is_registered, registered
 from .runs import RESULT_FILE, ResolvedRun, batch_stream, run_from_identity
 
 # What a stage adds to an estimate before it starts a run (building the model, CUDA's start, the final evaluation,
@@ -46,15 +47,13 @@ BUDGET_FILE = Path(__file__).resolve().parents[3] / "docs" / "gpu" / "budget.jso
 class GpuBudget:
     """docs/gpu/budget.json: the GPU minutes the plan's prediction must fit (`minutes`, "pairs" and "plan"), a
     throughput gain no GPU has measured yet (`unmeasured_gain`: the factor and what it is), RoPE's rate from the bench
-    before any GPU run is archived (`bench_rate`), each encoding's step time against RoPE's (`step_costs`),
-    measured on GPUs or, for those in `estimated`, estimated without one, and a GPU's training throughput with k runs
-    at once against one run alone (`sharing`, k -> factor; `tapelm sharing`), for the k measured."""
+    before any GPU run is archived (`bench_rate`), and a GPU's training throughput with k runs at once against one
+    run alone (`sharing`, k -> factor; `tapelm sharing`), for the k measured. Each encoding's step time against
+    RoPE's is a fact of its class (`PositionalEncoding.step_cost`: `step_cost`)."""
 
     minutes: dict[str, float]
     unmeasured_gain: tuple[float, str]
     bench_rate: Rate
-    step_costs: dict[str, float]
-    estimated: frozenset[str]
     sharing: dict[int, float]
 
 
@@ -63,14 +62,11 @@ def gpu_budget() -> GpuBudget:
     """The GPU budget and measurements the repository records in docs/gpu/budget.json (read from the checkout that
     holds this source: the stage runs from one)."""
     data = json.loads(BUDGET_FILE.read_text())
-    costs = data["step_cost"]
     gain = data["unmeasured_gain"]
     return GpuBudget(
         minutes={part: float(data["budget_minutes"][part]) for part in ("pairs", "plan")},
         unmeasured_gain=(float(gain["gain"]), gain["what"]),
         bench_rate=Rate(float(data["bench_rate"]["flops_per_second"]), data["bench_rate"]["source"]),
-        step_costs={**costs["measured"]["costs"], **costs["estimated"]["costs"]},
-        estimated=frozenset(costs["estimated"]["costs"]),
         sharing={int(k): float(v) for k, v in data["sharing"]["against_one"].items()},
     )
 
@@ -123,17 +119,24 @@ def training_flops(run: ResolvedRun, sample: int = 8) -> float:
     return flops_per_micro_batch(run, sample) * run.settings.steps * run.settings.grad_accum
 
 
+def _declared_cost(pe: str) -> StepCost | None:
+    return encoding_class(pe).step_cost if is_registered(pe) else None
+
+
 def step_cost(pe: str) -> float:
-    """An encoding's step time against RoPE's on a GPU (`GpuBudget.step_costs`); the largest of them for one that has
-    none."""
-    costs = gpu_budget().step_costs
-    return costs.get(pe, max(costs.values()))
+    """An encoding's step time against RoPE's on a GPU, as its class declares it (`PositionalEncoding.step_cost`);
+    the largest any encoding declares for a row without one (an encoding that declares none, a variant)."""
+    declared = _declared_cost(pe)
+    if declared is not None:
+        return declared.ratio
+    return max(cls.step_cost.ratio for cls in registered().values() if cls.step_cost is not None)
 
 
 def step_cost_basis(pe: str) -> str:
-    """What an encoding's step cost rests on: "bench" (measured on GPUs, or the largest of those for an encoding
-    without one) or "estimated" (from the CPU, docs/gpu/budget.json says how)."""
-    return "estimated" if pe in gpu_budget().estimated else "bench"
+    """What a row's step cost rests on: "bench" (measured on GPUs, or the largest declared for a row without one) or
+    "estimated" (without a GPU: its `StepCost.source` says how)."""
+    declared = _declared_cost(pe)
+    return "estimated" if declared is not None and not declared.measured else "bench"
 
 
 def shared_slowdown(at_once: int) -> tuple[float, str]:

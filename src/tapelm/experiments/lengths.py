@@ -18,21 +18,18 @@ from typing import Any
 import numpy as np
 
 from ..analysis.statistics import interval, paired_difference, verdict
+from ..positional import FAMILIES, encoding_class, is_registered
 from .claims import learned_threshold
 from .evaluate import summarize
 from .tasks import Task
 
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "accumulating": ("tape", "path", "grape-m"),  # a running product of transforms (positions carried along)
-    # attention decays with the distance (or the gates): GRAPE's additive biases are <= 0 and grow with the distance,
-    # ALiBi's with content gates (GRAPE-A) or FoX's with positional ones (GRAPE-AP)
-    "decaying": ("fox", "stickbreaking", "wall", "alibi", "grape-a-q", "grape-a-k", "grape-a-qk", "grape-ap"),
-}
 LONG_MULTIPLIER = 8  # a comparison is "far beyond" when it evaluates at least this multiple of the training length
 
 
 def family_of(pe: str) -> str | None:
-    return next((family for family, members in FAMILIES.items() if pe in members), None)
+    """The family a registered encoding declares (`PositionalEncoding.family`); None for it or for a row that is no
+    encoding (a variant)."""
+    return encoding_class(pe).family if is_registered(pe) else None
 
 
 def reaches_far(record: Mapping[str, Any]) -> bool:

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from .absolute import LearnedAbsolute, NoPE, SinusoidalAbsolute
-from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionalEncoding, PositionContext
+from .base import (
+    FAMILIES,
+    CustomInit,
+    LayerPositional,
+    PerLayerEncoding,
+    PositionalEncoding,
+    PositionContext,
+    StepCost,
+    check_choice,
+)
 from .bias import FIRE, ALiBi, CoPE, T5Bias
 from .fox import FoX
 from .grape_a import GrapeAKey, GrapeAQuery, GrapeAQueryKey
@@ -11,13 +20,23 @@ from .grape_ap import GrapeAP
 from .grape_m import GrapeContextual, GrapeFixed
 from .path import PaTH
 from .pope import PoPE
+from .registry import (
+    ENTRY_POINT_GROUP,
+    display_name,
+    encoding_class,
+    encoding_names,
+    is_registered,
+    package_of,
+    register_encoding,
+    registered,
+)
 from .rotary import RandPE, RoPE, XPos
 from .schedule import Schedule, encodings_in, is_scheduled, layer_encodings, validate_schedule
 from .stickbreaking import StickBreaking
 from .tape import TapeEncoding, TapeLayer
 from .wall import Wall
 
-ENCODINGS: dict[str, type[PositionalEncoding]] = {
+BUILT_IN: dict[str, type[PositionalEncoding]] = {
     "tape": TapeEncoding,
     "rope": RoPE,
     "randpe": RandPE,
@@ -41,17 +60,54 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "wall": Wall,
     "stickbreaking": StickBreaking,
 }
+"""tapelm's own encodings, registered below the way a user's own are."""
+for _name, _cls in BUILT_IN.items():
+    register_encoding(_name, _cls)
+
+
+def add_encoding_fields(config) -> None:
+    """Give `config` every registered encoding's own fields it lacks (`config_fields`, at their defaults), and record
+    in `encoding_packages` the package each of its layers' encodings from outside tapelm comes from."""
+    for encoding in registered().values():
+        for field, default in encoding.config_fields.items():
+            if not hasattr(config, field):
+                setattr(config, field, default)
+    packages = {name: package for name in _named(config).values() if (package := package_of(name))}
+    config.encoding_packages = {**(config.encoding_packages or {}), **packages} or None
+
+
+def check_registered(config) -> None:
+    """Raise ValueError for a layer's encoding that is not registered, naming the package a saved config says it
+    comes from (then: install it), or else the registered ones."""
+    for field, name in _named(config).items():
+        if is_registered(name):
+            continue
+        package = (config.encoding_packages or {}).get(name)
+        if package:
+            raise ValueError(
+                f"{field}={name!r} is not registered: it comes from the package {package!r}, which is not installed "
+                f"here (pip install {package})"
+            )
+        check_choice(field, name, encoding_names())
+
+
+def _named(config) -> dict[str, str]:
+    """Field -> the encoding it names (`pe_type`, and each entry of a `layer_pe_types` list), before validation."""
+    schedule = config.layer_pe_types if isinstance(config.layer_pe_types, list) else []
+    return {"pe_type": config.pe_type, **{f"layer_pe_types[{i}]": name for i, name in enumerate(schedule)}}
 
 
 def validate_encodings(config) -> None:
     """Raise ValueError naming the first invalid positional field or combination: the layers' schedule, every
     encoding's own fields (a config carries them all, whatever its `pe_type`), then what each encoding its layers use
     needs."""
-    validate_schedule(config, ENCODINGS)
-    for encoding in dict.fromkeys(ENCODINGS.values()):
+    check_registered(config)
+    encodings = registered()
+    validate_schedule(config, encodings)
+    for encoding in dict.fromkeys(encodings.values()):
         encoding.validate_fields(config)
     for name in encodings_in(config):
-        chosen = ENCODINGS[name]
+        chosen = encodings[name]
         if chosen.causal_only and not config.causal:
             raise ValueError(
                 f"causal=False is not allowed with pe_type={name!r}: its positional signal only "
@@ -62,11 +118,23 @@ def validate_encodings(config) -> None:
 
 def build_encoding(config) -> PositionalEncoding:
     """The model-level encoding: the one `config.pe_type` names, or a `Schedule` of the layers' encodings."""
-    return Schedule(config, ENCODINGS) if is_scheduled(config) else ENCODINGS[config.pe_type](config)
+    return Schedule(config, registered()) if is_scheduled(config) else encoding_class(config.pe_type)(config)
 
 
 __all__ = [
-    "ENCODINGS",
+    "BUILT_IN",
+    "FAMILIES",
+    "add_encoding_fields",
+    "check_registered",
+    "ENTRY_POINT_GROUP",
+    "StepCost",
+    "display_name",
+    "encoding_class",
+    "encoding_names",
+    "is_registered",
+    "package_of",
+    "register_encoding",
+    "registered",
     "CustomInit",
     "build_encoding",
     "encodings_in",

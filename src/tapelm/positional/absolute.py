@@ -9,10 +9,14 @@ from torch import nn
 
 from ..masks import tracing
 from .base import PositionalEncoding, PositionContext
+from .costs import measured
 
 
 class NoPE(PositionalEncoding):
     """No positional encoding: the causal mask is the only source of order (Kazemnejad et al. 2023)."""
+
+    display_name = "NoPE"
+    step_cost = measured(0.77)
 
     def __init__(self, config):
         super().__init__()
@@ -20,6 +24,8 @@ class NoPE(PositionalEncoding):
 
 class LearnedAbsolute(PositionalEncoding):
     """A trained table of max_position_embeddings vectors added to the token embeddings."""
+
+    relative = False
 
     def __init__(self, config):
         super().__init__()
@@ -50,6 +56,8 @@ class LearnedAbsolute(PositionalEncoding):
 
 class SinusoidalAbsolute(PositionalEncoding):
     """The fixed sin/cos embedding of Vaswani et al. (2017), computed in float32 for any position."""
+
+    relative = False
 
     def __init__(self, config):
         super().__init__()

@@ -182,21 +182,57 @@ class LayerPositional(CustomInit):
         return head_dim**-0.5
 
 
+FAMILIES = ("accumulating", "decaying")
+"""The far-lengths question's families: encodings that accumulate position along the sequence (a running product of
+transforms carries positions along: TAPE, PaTH, GRAPE-M) against those whose attention decays with distance or
+gates (FoX, stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP)."""
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A training step's time on a GPU against RoPE's at the bench's size (`tapelm bench speed --device cuda`):
+    `measured` on GPUs, or estimated without one; `source` says where the number comes from."""
+
+    ratio: float
+    measured: bool
+    source: str
+
+
 class PositionalEncoding(CustomInit):
     """Model-level hooks. The defaults add nothing, need no key positions and carry no state.
 
+    What the decoder needs to know:
     `needs_key_positions`: the context must carry the positions of every key (relative biases).
     `adds_logit_bias`: attention needs an explicit mask because logits get a float bias.
     `fixed_shape_cache`: the layers can read a static cache's whole buffers, unwritten rows masked (False: they need
     the cached tokens as a sequence, as PaTH's transforms do).
     `causal_only`: the positional signal only runs from earlier to later tokens, so `causal=False` is refused.
     `validate_fields` and `validate_config` check the encoding's own config fields at `TapeConfig`'s construction.
+
+    The facts the lab and the conformance kit read (declared once, here on the class):
+    `display_name`: the encoding's name in reports (None: its registered name); a class's own, never inherited.
+    `relative`: True when the model reads only the differences of the positions it is given (adding one number to
+    every position changes nothing), False when it reads their values (absolute); `tapelm.testing` holds the
+    encoding to it.
+    `family`: its answer to the far-lengths question (`tapelm.experiments.lengths`): "accumulating" (a running
+    product of transforms carries positions along), "decaying" (attention decays with distance or gates) or None.
+    `step_cost`: a `StepCost`, or None where nothing is known (the GPU budget then prices it at the largest cost).
+    `config_fields`: the encoding's own config fields and their defaults, for an encoding whose fields are not
+    declared on `TapeConfig` (a plugin's): every config carries them, so that config.json saves them.
+    `test_options`: config values that make the kit's tiny model deterministic and small (e.g. FIRE's width).
     """
 
     needs_key_positions = False
     adds_logit_bias = False
     fixed_shape_cache = True
     causal_only = False
+
+    display_name: str | None = None
+    relative: bool = True
+    family: str | None = None
+    step_cost: StepCost | None = None
+    config_fields: dict = {}
+    test_options: dict = {}
 
     @classmethod
     def validate_fields(cls, config) -> None:

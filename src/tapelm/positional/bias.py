@@ -24,6 +24,7 @@ from .base import (
     check_positive,
     check_positive_number,
 )
+from .costs import measured
 
 
 def shared_positions(ctx: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +63,10 @@ class RelativeBias(PositionalEncoding):
 class ALiBi(RelativeBias):
     """Attention with linear biases: -slope_h * |i - j|."""
 
+    display_name = "ALiBi"
+    family = "decaying"
+    step_cost = measured(1.02)
+
     def __init__(self, config):
         super().__init__()
         self.heads = config.num_attention_heads
@@ -78,6 +83,9 @@ class T5Bias(RelativeBias):
     By default every layer has its own table, as the paper's official code (VITA-Group/TAPE, models/llama/t5rb.py,
     `relative_attention_bias` built inside each attention layer); `t5_shared=True` shares one table across layers, as
     T5 itself does. The bucket of every (query, key) pair is computed once per forward pass."""
+
+    display_name = "T5"
+    step_cost = measured(6.86)
 
     def __init__(self, config):
         super().__init__()
@@ -208,6 +216,11 @@ class FIRE(RelativeBias):
     """FIRE (see `FireFunction`). By default every layer has its own module, as the official code builds
     `FIRE(num_heads)` inside each attention layer; `fire_shared=True` shares one module across layers."""
 
+    display_name = "FIRE"
+    relative = False  # positions are normalised by the query's (past its threshold)
+    step_cost = measured(2.36)
+    test_options = {"fire_hidden_size": 8}
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -286,6 +299,10 @@ class CoPELayer(LayerPositional):
 
 class CoPE(PerLayerEncoding):
     """Contextual position encoding (Golovneva et al. 2024): positions are counts of gated keys."""
+
+    display_name = "CoPE"
+    step_cost = measured(5.81)
+    test_options = {"cope_max_positions": 16}
 
     adds_logit_bias = True
     layer_class = CoPELayer

@@ -26,6 +26,7 @@ from torch import nn
 from ..cache import last_cached_state, store_keys_values, store_state
 from ..kernels.forgetting_attention import forgetting_attention_bias
 from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext
+from .costs import measured
 
 
 class ForgetGate(nn.Linear, CustomInit):
@@ -67,6 +68,10 @@ class FoXLayer(LayerPositional):
 
 class FoX(PerLayerEncoding):
     """Model level: nothing but the per-layer gates; the bias needs an explicit float mask."""
+
+    display_name = "FoX"
+    family = "decaying"
+    step_cost = measured(1.65)
 
     adds_logit_bias = True
     causal_only = True

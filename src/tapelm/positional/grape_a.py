@@ -29,6 +29,7 @@ from torch import nn
 from ..kernels.attention import RowBias
 from .base import LayerPositional, PerLayerEncoding, check_bool, check_positive_number
 from .bias import alibi_slopes, relative_distance
+from .costs import estimated
 
 GATE_NORM_EPS = 1e-6
 
@@ -84,6 +85,17 @@ class GrapeA(PerLayerEncoding):
     """Model level: nothing but the per-layer gates; the bias reads every key's position and needs an explicit float
     mask. A subclass names its gates ("query", "key")."""
 
+    family = "decaying"
+    step_cost = estimated(
+        2.36,
+        (
+            "GRAPE-A-Q/K/QK: not measured on any device, nor from CPU ratios; assumed equal to FIRE's measured 2.36 "
+            "(each layer's own learned N x T bias with a gradient, through the same attention call as FIRE's, whose "
+            "bias is more work: an MLP per query-key pair against GRAPE-A's per-token gates times the distance), so "
+            "an upper bound by that argument (tapelm bench speed --device cuda --pe grape-a-q grape-a-k grape-a-qk)"
+        ),
+    )
+
     adds_logit_bias = True
     needs_key_positions = True
     causal_only = True
@@ -101,17 +113,23 @@ class GrapeA(PerLayerEncoding):
 class GrapeAQuery(GrapeA):
     """GRAPE-A-Q: the gate of the query."""
 
+    display_name = "GRAPE-A-Q"
+
     gates = ("query",)
 
 
 class GrapeAKey(GrapeA):
     """GRAPE-A-K: the gate of the key."""
 
+    display_name = "GRAPE-A-K"
+
     gates = ("key",)
 
 
 class GrapeAQueryKey(GrapeA):
     """GRAPE-A-QK: the sum of the query's and the key's gates."""
+
+    display_name = "GRAPE-A-QK"
 
     gates = ("query", "key")
 

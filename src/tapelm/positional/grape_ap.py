@@ -29,6 +29,7 @@ from ..kernels.attention import RowBias
 from ..kernels.rotation import rotate_halves
 from .base import LayerPositional, PerLayerEncoding, check_choice, check_positive, check_positive_number
 from .bias import alibi_slopes
+from .costs import FROM_CPU, estimated
 
 GRAPE_AP_TIES = ("none", "q", "k", "v")
 
@@ -98,6 +99,18 @@ class GrapeAPLayer(LayerPositional):
 
 class GrapeAP(PerLayerEncoding):
     """Model level: nothing but the per-layer projections; the bias needs an explicit float mask."""
+
+    display_name = "GRAPE-AP"
+    relative = False
+    family = "decaying"
+    step_cost = estimated(
+        3.50,
+        FROM_CPU
+        + (
+            "1.712 x CoPE's 5.81 / 2.840 (an N x T sigmoid per head and layer in the bias, as CoPE's gates); "
+            "docs/speed/grape-cpu-small/speed-cpu-small.json, commit 84fe1cb"
+        ),
+    )
 
     adds_logit_bias = True
     causal_only = True

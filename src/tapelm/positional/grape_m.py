@@ -31,6 +31,7 @@ from torch import nn
 from ..cache import last_cached_state, store_keys_values, store_state
 from ..kernels.rotation import rotate_queries_and_keys
 from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext, check_bool, check_positive_number
+from .costs import FROM_CPU, estimated
 from .rotary import rope_frequencies
 
 
@@ -151,6 +152,17 @@ class GrapeM(PerLayerEncoding):
 class GrapeFixed(GrapeM):
     """Non-contextual GRAPE-M: RoPE with learnable frequencies in every layer."""
 
+    display_name = "GRAPE-M-fixed"
+    step_cost = estimated(
+        1.35,
+        FROM_CPU
+        + (
+            "1.085 x TAPE's 1.36 / 1.094 (q and k rotated by per-token tables through tapelm.kernels.rotation, as "
+            "TAPE; FoX's factor, 1.65 / 1.329, is the same); docs/speed/grape-cpu-small/speed-cpu-small.json, commit "
+            "84fe1cb"
+        ),
+    )
+
     layer_class = GrapeFixedLayer
 
     @classmethod
@@ -161,6 +173,17 @@ class GrapeFixed(GrapeM):
 
 class GrapeContextual(GrapeM):
     """Contextual GRAPE-M (the authors' Type-I): a running phase from per-token increments."""
+
+    display_name = "GRAPE-M"
+    family = "accumulating"
+    step_cost = estimated(
+        1.35,
+        FROM_CPU
+        + (
+            "grape-m-fixed's rotation plus its increments, so no less than grape-m-fixed's 1.35 (its CPU mean, 0.916,"
+            " is below RoPE's: noise)"
+        ),
+    )
 
     causal_only = True
     layer_class = GrapeContextualLayer

@@ -36,6 +36,7 @@ from torch import nn
 from ..cache import cached_keys, cached_state, rewrite_keys, store_keys_values, store_state
 from ..kernels.path_attention import PathLogits, path_attention_bias
 from .base import LayerPositional, PerLayerEncoding, check_positive
+from .costs import measured
 
 NORM_EPS = 1e-6
 
@@ -117,6 +118,10 @@ class PaTH(PerLayerEncoding):
     """Model level: nothing but the per-layer transforms; the logits arrive as an explicit float bias. Its cached keys
     are read as a sequence (each is transformed by every later token's Householder), so a static cache hands it only
     the written rows."""
+
+    display_name = "PaTH"
+    family = "accumulating"
+    step_cost = measured(7.05)
 
     adds_logit_bias = True
     fixed_shape_cache = False

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import LayerPositional, PositionalEncoding, PositionContext, check_choice
+from .costs import FROM_CPU, estimated
 from .rotary import rope_frequencies
 
 POPE_BIAS_INITS = ("zero", "uniform")
@@ -60,6 +61,18 @@ class PoPELayer(LayerPositional):
 
 class PoPE(PositionalEncoding):
     """Model level: the phases t theta of this pass's positions, shared by every layer."""
+
+    display_name = "PoPE"
+    step_cost = estimated(
+        1.62,
+        FROM_CPU
+        + (
+            "its CPU ratio 1.30 (docs/speed/pope-cpu-small/speed-cpu-small.json, commit 250b432; 95% interval +-1.26)"
+            " times TAPE's GPU-over-CPU ratio 1.36 / 1.094 (per-token transforms of q and k and an attention call "
+            "over a stream twice head_dim wide, as TAPE's); tapelm bench speed --device cuda --pe pope should measure"
+            " it"
+        ),
+    )
 
     def __init__(self, config):
         super().__init__()

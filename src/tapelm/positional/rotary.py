@@ -27,6 +27,7 @@ from .base import (
     check_positive,
     check_positive_number,
 )
+from .costs import measured
 from .schedule import encodings_in
 
 RANDPE_EVAL_POSITIONS = ("random", "given")
@@ -96,6 +97,9 @@ class RotaryLayer(LayerPositional):
 class RoPE(PositionalEncoding):
     """Rotary position embedding (Su et al. 2021) with any scaling transformers supports."""
 
+    display_name = "RoPE"
+    step_cost = measured(1.0)
+
     def __init__(self, config):
         super().__init__()
         self.rotary = TapeRotaryEmbedding(config)
@@ -130,6 +134,10 @@ class RandPE(RoPE):
     evaluation, so that test positions come from the distribution the model was trained on; "given" evaluates on the
     given positions. See `TapeConfig` for the sources and for the one difference to both reference codes (one draw
     per forward pass, shared by all layers)."""
+
+    display_name = "RandPE"
+    step_cost = measured(1.0)  # it rotates like RoPE
+    test_options = {"randpe_eval_positions": "given"}  # the given positions: deterministic
 
     def __init__(self, config):
         super().__init__(config)
@@ -185,6 +193,9 @@ class XPos(RoPE):
     max_position_embeddings // 2 so that cached keys stay valid and the factors stay in range. zeta_b =
     (b / (d/2) + 0.4) / 1.4 and the default `xpos_scale_base` 2048 are the paper's official code's
     (VITA-Group/TAPE, models/llama/xpos.py, `XposRotaryEmbedding(scale_base=2048)`)."""
+
+    display_name = "xPos"
+    step_cost = measured(0.99)
 
     def __init__(self, config):
         super().__init__(config)

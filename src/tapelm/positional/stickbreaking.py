@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..kernels.attention import joined_stream
 from ..kernels.stickbreaking_attention import stickbreaking_attention
 from .base import LayerPositional, PerLayerEncoding, check_bool
+from .costs import estimated
 
 
 class StickBreakingLayer(LayerPositional):
@@ -34,6 +35,17 @@ class StickBreakingLayer(LayerPositional):
 
 class StickBreaking(PerLayerEncoding):
     """Model level: nothing but the layers; causal only (the stick breaks from the nearest earlier key)."""
+
+    display_name = "Stick-breaking"
+    family = "decaying"
+    step_cost = estimated(
+        5.81,
+        (
+            "not measured on any device; on CUDA's default paths it runs its plain PyTorch reference, whose work per "
+            "query-key pair is CoPE's kind (a transcendental of each logit and a running sum over the keys), so "
+            "assumed equal to CoPE's measured 5.81; fla's kernel, once a visit verifies it, should cost far less"
+        ),
+    )
 
     causal_only = True
     layer_class = StickBreakingLayer

@@ -24,6 +24,7 @@ from ..kernels.rotation import rotate_queries_and_keys
 from ..kernels.state_mixing import fused_when_compiled, mix_state, state_delta
 from ..kernels.state_update import in_dtype, update_state
 from .base import LayerPositional, PositionalEncoding, PositionContext, check_choice, check_positive
+from .costs import measured
 from .rotary import TapeRotaryEmbedding, check_even_head_dim, group_queries
 
 TAPE_ATTN_MIXING = ("heads", "per_head")
@@ -65,6 +66,10 @@ def initial_blocks(angles: torch.Tensor, block_l: int, block_r: int, scale: floa
 
 class TapeEncoding(PositionalEncoding):
     """Model-level TAPE: the initial state E0 from RoPE (angles in float32, transformers' scalings applied)."""
+
+    display_name = "TAPE"
+    family = "accumulating"
+    step_cost = measured(1.36)
 
     def __init__(self, config):
         super().__init__()

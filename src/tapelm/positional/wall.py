@@ -27,6 +27,7 @@ from ..cache import last_cached_state, store_keys_values, store_state
 from ..kernels.attention import joined_stream
 from ..kernels.wall_attention import Gates, wall_attention
 from .base import CustomInit, LayerPositional, PerLayerEncoding, PositionContext, check_bool
+from .costs import FROM_CPU, estimated
 
 
 class WallGate(nn.Linear, CustomInit):
@@ -87,6 +88,19 @@ class WallLayer(LayerPositional):
 class Wall(PerLayerEncoding):
     """Model level: nothing but the per-layer gates. The layers read the cached keys as a sequence (a static cache
     hands over only what is written)."""
+
+    display_name = "Wall"
+    family = "decaying"
+    step_cost = estimated(
+        7.26,
+        FROM_CPU
+        + (
+            "its CPU ratio 2.50 (docs/speed/wall-cpu-small/speed-cpu-small.json, commit a84e9fb; 95% interval +-0.69)"
+            " times PaTH's GPU-over-CPU ratio 7.05 / 2.427 (the reference path a GPU runs by default works a block of"
+            " queries at a time with per-channel work on every query-key pair, as PaTH's reference walks its chunks);"
+            " through fla's kernels it should cost about FoX's, unmeasured"
+        ),
+    )
 
     fixed_shape_cache = False
     causal_only = True

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from .convert import CONVERTIBLE_PE_TYPES, convert
+from ..conversion import CONVERTIBLE_PE_TYPES, from_pretrained_llama, save
 from .data import PROSE_OPTION
 from .extend import ROWS as ROWS_HELP
 from .finetune import METHODS, FinetuneSettings
 from .retrofit import EvalPlan, MethodsFailed, RunPlan, run_all
+from .sources import load_pretrained
 
 
 def _cli_convert(args) -> None:
@@ -23,7 +24,8 @@ def _cli_convert(args) -> None:
     if args.tape_attn_mixing:
         options["tape_attn_mixing"] = args.tape_attn_mixing
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
-    print(convert(args.src, args.dst, pe_type=args.pe_type, dtype=dtype, **options))
+    source, tokenizer = load_pretrained(args.src)
+    print(save(from_pretrained_llama(source, pe_type=args.pe_type, dtype=dtype, **options), tokenizer, args.dst))
 
 
 def _add_convert(commands) -> None:

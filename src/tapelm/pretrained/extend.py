@@ -209,8 +209,8 @@ def train_base(out: Path, progress: bool = True) -> Path:
     with its tokenizer and its real window (max_position_embeddings = 128) to `out`/base/llama."""
     from transformers import AutoTokenizer
 
+    from ..conversion import save, to_llama
     from ..modeling import TapeForCausalLM
-    from .convert import save, to_llama
 
     run_dir, folder = out / "base" / "run", out / "base" / "llama"
     if (folder / "config.json").is_file():
@@ -236,7 +236,7 @@ def result_path(results_dir: Path, row: str, seed: int) -> Path:
 
 def zero_training_model(source, row: str, plan: ExtendPlan):
     """The base in tapelm's RoPE skeleton, as it is or with a scaling to the target length (no training)."""
-    from .convert import from_pretrained_llama
+    from ..conversion import from_pretrained_llama
 
     overrides = None if row == "base" else scaling_overrides(row.removesuffix("-zero"), plan.target, plan.window)
     return from_pretrained_llama(source, pe_type="rope", rope_overrides=overrides)

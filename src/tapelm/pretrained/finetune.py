@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..conversion import from_pretrained_llama
 from ..modeling import RMSNorm, TapeAttention, TapeForCausalLM
 from ..positional import TapeLayer
-from .convert import from_pretrained_llama
 
 logger = logging.getLogger(__name__)
 

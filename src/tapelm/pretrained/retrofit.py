@@ -201,7 +201,7 @@ def run_all(plan: RunPlan, markdown: Path | None = None, log=print) -> dict[str,
     """Evaluate the original and converted models (when `plan.baselines`) and fine-tune + evaluate every method of
     `plan.settings`, reusing the result JSON of a model when it is this plan's (`check_plan`). Returns {name: result};
     MethodsFailed at the end when a method failed (the others are still done)."""
-    from .convert import from_pretrained_llama
+    from ..conversion import from_pretrained_llama
     from .sources import load_pretrained
 
     eval_plan = EvalPlan.quick(plan.eval_plan.prose_corpus) if plan.quick else plan.eval_plan

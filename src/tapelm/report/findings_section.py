@@ -16,38 +16,13 @@ from typing import Any
 from ..analysis.statistics import format_difference, higher_is_better, paired_difference, verdict
 from ..experiments import claims
 from ..experiments.presets import DEFAULT_PRESET
-from ..variants import VARIANTS
+from ..variants import VARIANTS, display_name
 from .claims_section import archived_summaries, best_comparison, current_hash, judge_all
 from .sections import ReportContext, register_readme_section
 
 SUBJECT, REFERENCE = "tape", "rope"
 ORDER = ("mqar", "flipflop", "passkey", "text", "addition", "word_problem")  # MQAR first: the README's main job
 TASKS = {"mqar": "MQAR", "flipflop": "flip-flop", "word_problem": "word problem"}
-NAMES = {
-    "tape": "TAPE",
-    "rope": "RoPE",
-    "randpe": "RandPE",
-    "nope": "NoPE",
-    "fire": "FIRE",
-    "alibi": "ALiBi",
-    "xpos": "xPos",
-    "t5": "T5",
-    "cope": "CoPE",
-    "fox": "FoX",
-    "path": "PaTH",
-    "grape-m": "GRAPE-M",
-    "grape-m-fixed": "GRAPE-M-fixed",
-    "grape-ap": "GRAPE-AP",
-    "grape-a-q": "GRAPE-A-Q",
-    "grape-a-k": "GRAPE-A-K",
-    "grape-a-qk": "GRAPE-A-QK",
-    "pope": "PoPE",
-    "wall": "Wall",
-    "stickbreaking": "Stick-breaking",
-    "p-rope-0.75": "p-RoPE (0.75)",
-    "rope-nope-every-4th": "RoPE (NoPE every 4th layer)",
-    "rope-nope-every-2nd": "RoPE (NoPE every 2nd layer)",
-}
 # Where a claim is judged when not beyond the training length.
 HEADLINES = {"all": "on the average over every length", "in_distribution": "at the training length"}
 
@@ -61,7 +36,7 @@ INTRO = (
 
 
 def name(pe: str) -> str:
-    return NAMES.get(pe, pe)
+    return display_name(pe)
 
 
 def _names(pes: list[str]) -> str:

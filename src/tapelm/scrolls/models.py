@@ -250,7 +250,7 @@ def _load_source(source, context, position_interpolation, pretrained_length, pe_
         model = load_saved_model(path, TapeForCausalLM, config=config)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         return Source(model, HFCodec(tokenizer), length, {"kind": "hf"}, f"tapelm checkpoint {path}", tokenizer)
-    from ..pretrained.convert import CONVERTIBLE_PE_TYPES, from_pretrained_llama
+    from ..conversion import CONVERTIBLE_PE_TYPES, from_pretrained_llama
     from ..pretrained.sources import load_pretrained
 
     pe_type = pe_type or "tape"

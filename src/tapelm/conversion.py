@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import TapeConfig
-from ..modeling import TapeForCausalLM
-from ..positional import layer_encodings
+from .config import TapeConfig
+from .modeling import TapeForCausalLM
+from .positional import layer_encodings
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +170,9 @@ def from_pretrained_llama(
     rope_overrides: dict | None = None,
     **tape_options,
 ) -> TapeForCausalLM:
-    """Convert a Llama-family causal LM (a model object, a local checkpoint folder, a ``.gguf`` file or a registered
-    source name such as ``"smollm2-135m"``) to a `TapeForCausalLM` with every weight copied.
+    """Convert a Llama-family causal LM (a model object, or a checkpoint folder or hub name that transformers'
+    `AutoModelForCausalLM` loads) to a `TapeForCausalLM` with every weight copied. tapelm's named sources (such as
+    ``"smollm2-135m"``) and ``.gguf`` files load with the lab's `tapelm.pretrained.sources.load_pretrained`.
 
     `pe_type`: "tape" (default), "rope" (the same network in tapelm's skeleton) or "grape-m-fixed" (RoPE's
     frequencies made learnable, the same network at step 0; default RoPE only, no scaling). `tape_options` are
@@ -203,26 +204,18 @@ def copy_weights(source: torch.nn.Module, target: TapeForCausalLM) -> None:
 
 
 def _load_source(model_or_path) -> PreTrainedModel:
+    """The source model: itself, or what transformers' `AutoModelForCausalLM` loads from a folder or hub name."""
     if isinstance(model_or_path, PreTrainedModel):
         check_source(model_or_path.config)
         return model_or_path
-    from .sources import load_pretrained
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    return load_pretrained(str(model_or_path))[0]
-
-
-def convert(
-    src: str | Path, dst: str | Path, pe_type: str = "tape", dtype: torch.dtype | None = None, **tape_options
-) -> Path:
-    """Convert a checkpoint (folder, .gguf or registered name) and save model + tokenizer to `dst`."""
-    from .sources import load_pretrained
-
-    source, tokenizer = load_pretrained(str(src))
-    model = from_pretrained_llama(source, pe_type=pe_type, dtype=dtype, **tape_options)
-    return save(model, tokenizer, dst)
+    check_source(AutoConfig.from_pretrained(str(model_or_path)))
+    return AutoModelForCausalLM.from_pretrained(str(model_or_path), use_kernels=False)
 
 
 def save(model: TapeForCausalLM, tokenizer: PreTrainedTokenizerBase | None, dst: str | Path) -> Path:
+    """Save a converted model (and its tokenizer) to `dst` for the Auto classes; returns `dst`."""
     dst = Path(dst)
     model.save_pretrained(dst)
     if tokenizer is not None:
