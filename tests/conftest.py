@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from device_checks import OwnCodeElsewhere
-from tapelm import PE_TYPES, TapeConfig, TapeForCausalLM
+from tapelm import TapeConfig, TapeForCausalLM, testing
+from tapelm.positional import encoding_names
 
 VOCAB = 61
 DEVICE = torch.device("cpu")
@@ -181,41 +181,15 @@ def _default_device_elsewhere(request):
 
 
 def tiny_config(pe_type: str = "tape", **overrides) -> TapeConfig:
-    """A few-thousand-parameter model: 2 layers, 4 heads of dim 8 (2 KV heads). RandPE evaluates on the given
-    positions here, so that it obeys the deterministic laws (its random evaluation has its own tests)."""
-    options = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pe_type=pe_type,
-        fire_hidden_size=8,
-        cope_max_positions=16,
-        randpe_eval_positions="given",
-    )
-    options.update(overrides)
-    return TapeConfig(**options)
+    """A few-thousand-parameter model: 2 layers, 4 heads of dim 8 (2 KV heads), as the conformance kit's
+    (`tapelm.testing.tiny_config`). RandPE evaluates on the given positions there, so that it obeys the
+    deterministic laws (its random evaluation has its own tests)."""
+    return testing.tiny_config(pe_type, **overrides)
 
 
 def randomize(model: torch.nn.Module, std: float | None = None, seed: int = 0) -> torch.nn.Module:
-    """Give every parameter (TAPE's zero-initialised ones included) random non-zero values of scale `std` (default
-    WEIGHT_STD), drawn on the CPU (the same values on every device)."""
-    std = WEIGHT_STD if std is None else std
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator, dtype=torch.float64, device="cpu")
-            noise = noise.to(param.device, param.dtype)
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                param.copy_(1 + 0.1 * noise)
-            elif "dense" in name:
-                param.add_(0.1 * noise)
-            else:
-                param.copy_(std * noise)
-    return model
+    """`tapelm.testing.randomize` at the scale of the test device (`WEIGHT_STD`) unless `std` says otherwise."""
+    return testing.randomize(model, WEIGHT_STD if std is None else std, seed)
 
 
 def new_model(config: TapeConfig, seed: int = 0, device: torch.device | None = None) -> TapeForCausalLM:
@@ -232,14 +206,7 @@ def tiny_model(
     return randomize(new_model(tiny_config(pe_type, **overrides), seed), std, seed).to(dtype).eval()
 
 
-def decode_in_chunks(model, ids, chunks):
-    """Logits of `ids` fed through a cache in consecutive chunks of the given sizes."""
-    cache, outputs, start = DynamicCache(config=model.config), [], 0
-    for size in chunks:
-        out = model(ids[:, start : start + size], cache=cache, use_cache=True)
-        cache, start = out.cache, start + size
-        outputs.append(out.logits)
-    return torch.cat(outputs, dim=1)
+decode_in_chunks = testing.decode_in_chunks
 
 
 def run_under_triton_interpreter(script: str) -> None:
@@ -286,6 +253,7 @@ def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=generator, device="cpu").to(DEVICE)
 
 
-@pytest.fixture(params=PE_TYPES)
+@pytest.fixture(params=encoding_names())
 def pe_type(request) -> str:
+    """Every registered encoding: tapelm's own and those installed packages register."""
     return request.param

@@ -121,16 +121,6 @@ def test_bf16_autocast_loses_no_precision_at_long_positions(pe_type):
     assert errors[FAR] <= 2 * errors[0], errors
 
 
-def test_bf16_autocast_gradients_are_finite(pe_type):
-    model = deep_model(pe_type).float().train()
-    ids = tokens(2, 32)
-    positions = torch.arange(FAR, FAR + 32, device=DEVICE).expand(2, -1)
-    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-        model(ids, position_ids=positions, labels=ids).loss.backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
-
-
 def test_bf16_autocast_cached_decoding_equals_the_full_pass(pe_type):
     """Cached and uncached logits under bf16 autocast, beyond position 4,096, agree within bf16's own error: their
     RMS difference is at most 1.5x the full pass's RMS error against float64 (two bf16 computations of one function

@@ -1,5 +1,6 @@
 """Packed rows (several documents in one row, positions restarting at each): every document computes exactly what it
-computes alone, for every encoding, forward and backward, as transformers' padding-free collator feeds them."""
+computes alone, for every encoding (forward and backward: `tapelm.testing.law_packed_documents`), also in batches of
+rows and as transformers' padding-free collator feeds them."""
 
 import pytest
 import torch
@@ -23,45 +24,6 @@ def documents(lengths=LENGTHS, seed=0):
 
 def packed(docs):
     return torch.cat(docs, dim=1), torch.cat([torch.arange(d.shape[1], device=DEVICE) for d in docs])[None]
-
-
-def forward_and_gradients(model, ids, weights, **inputs):
-    """Logits and every parameter's gradient of sum(logits * weights)."""
-    model.zero_grad()
-    logits = model(ids, **inputs).logits
-    (logits * weights).sum().backward()
-    return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-
-def assert_packed_row_is_each_document_alone(model, docs, ids, positions, weights) -> None:
-    """The packed row's logits and every gradient of sum(logits * weights) equal those of its documents run alone."""
-    logits, grads = forward_and_gradients(model, ids, weights, position_ids=positions)
-    alone, alone_grads, start = [], {}, 0
-    for doc in docs:
-        end = start + doc.shape[1]
-        doc_logits, doc_grads = forward_and_gradients(model, doc, weights[:, start:end])
-        alone.append(doc_logits)
-        for name, grad in doc_grads.items():
-            alone_grads[name] = alone_grads.get(name, 0) + grad
-        start = end
-    torch.testing.assert_close(logits, torch.cat(alone, dim=1), atol=1e-10, rtol=0)
-    assert grads.keys() == alone_grads.keys() and grads
-    for name in grads:
-        torch.testing.assert_close(grads[name], alone_grads[name], atol=1e-9, rtol=0, msg=name)
-
-
-def test_a_packed_row_is_each_document_alone(pe_type):
-    model = tiny_model(pe_type, dtype=torch.float64, num_hidden_layers=3)
-    docs = documents()
-    ids, positions = packed(docs)
-    weights = torch.randn(
-        *ids.shape,
-        model.config.vocab_size,
-        dtype=torch.float64,
-        generator=torch.Generator().manual_seed(1),
-        device="cpu",
-    ).to(DEVICE)
-    assert_packed_row_is_each_document_alone(model, docs, ids, positions, weights)
 
 
 @pytest.mark.parametrize("pe_type", ["tape", "alibi", "cope", "path"])

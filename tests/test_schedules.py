@@ -10,17 +10,17 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM, DynamicCache, SmolLM3Config, SmolLM3ForCausalLM, StaticCache
+from transformers import AutoModelForCausalLM, DynamicCache, SmolLM3Config, SmolLM3ForCausalLM
 
-from conftest import DEVICE, decode_in_chunks, randomize, tiny_config, tiny_model, tokens
+from conftest import DEVICE, WEIGHT_STD, decode_in_chunks, randomize, tiny_config, tiny_model, tokens
 from tapelm import PE_TYPES
 from tapelm.conversion import from_pretrained_llama
 from tapelm.fast_paths import PATHS, resolve
 from tapelm.positional import layer_encodings, registered
 from tapelm.positional.schedule import acts_outside_layers
+from tapelm.testing import LAWS, Subject, forward_and_gradients
 from test_cache import compile_config
 from test_export import Prefill, padding_masks
-from test_packing import assert_packed_row_is_each_document_alone, documents, forward_and_gradients, packed
 
 pytestmark = pytest.mark.device
 
@@ -34,6 +34,15 @@ SCHEDULES = {
 }
 """Representative mixes: SmolLM3's, TAPE's state through NoPE layers, TAPE beside a rotary and a bias encoding, and
 contextual peers beside a learned bias (PaTH's cache is read as a sequence, FoX's and GRAPE-A's are causal only)."""
+
+
+@pytest.mark.parametrize("law", [law for law in LAWS if law != "compiles"])
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_a_mix_obeys_every_law(name, law):
+    """The conformance kit's laws hold for a mix as for each encoding alone (cache, generation, left padding, packed
+    documents, positions, relative where every member is, bf16, save and load, gradients)."""
+    options = {**SCHEDULES[name], "num_hidden_layers": LAYERS}
+    LAWS[law](Subject(options.pop("pe_type"), DEVICE, WEIGHT_STD, options))
 
 
 def scheduled(name: str, dtype=torch.float64, **overrides):
@@ -192,57 +201,6 @@ def test_a_folder_saved_before_layer_pe_types_loads_and_computes_the_same(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps(saved))
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).to(DEVICE).eval()
     assert loaded.config.layer_pe_types is None and layer_encodings(loaded.config) == layer_encodings(model.config)
-    assert torch.equal(loaded(ids).logits, model(ids).logits)
-
-
-@pytest.mark.parametrize("name", list(SCHEDULES))
-def test_a_mix_decodes_through_a_cache_as_the_whole_pass(name):
-    model, ids = scheduled(name), tokens(2, 14)
-    full = model(ids, use_cache=False).logits
-    torch.testing.assert_close(decode_in_chunks(model, ids, [1] * 14), full, atol=1e-10, rtol=0)
-    torch.testing.assert_close(decode_in_chunks(model, ids, [6, 1, 1, 6]), full, atol=1e-10, rtol=0)
-    cache, outputs, start = StaticCache(config=model.config, max_cache_len=16), [], 0
-    with torch.no_grad():
-        for size in (6, 1, 1, 6):
-            outputs.append(model(ids[:, start : start + size], cache=cache, use_cache=True).logits)
-            start += size
-    torch.testing.assert_close(torch.cat(outputs, dim=1), full, atol=1e-10, rtol=0)
-
-
-@pytest.mark.parametrize("name", list(SCHEDULES))
-def test_a_mix_generates_the_same_with_any_cache_and_left_padding(name):
-    model = scheduled(name)
-    ids = tokens(2, 6)
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    without = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, use_cache=False)
-    dynamic = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
-    static = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, cache_implementation="static")
-    assert torch.equal(dynamic, without) and torch.equal(static, without)
-    long, short = tokens(1, 12, seed=1), tokens(1, 7, seed=2)
-    batch = torch.cat([long, torch.cat([torch.zeros(1, 5, dtype=torch.long, device=DEVICE), short], dim=1)])
-    mask = torch.ones_like(batch)
-    mask[1, :5] = 0
-    logits = model(batch, attention_mask=mask).logits
-    torch.testing.assert_close(logits[0], model(long).logits[0], atol=1e-10, rtol=0)
-    torch.testing.assert_close(logits[1, 5:], model(short).logits[0], atol=1e-10, rtol=0)
-
-
-@pytest.mark.parametrize("name", list(SCHEDULES))
-def test_a_packed_row_of_a_mix_is_each_document_alone(name):
-    model, docs = scheduled(name), documents()
-    ids, positions = packed(docs)
-    generator = torch.Generator().manual_seed(1)
-    weights = torch.randn(*ids.shape, 61, dtype=torch.float64, generator=generator, device="cpu").to(DEVICE)
-    assert_packed_row_is_each_document_alone(model, docs, ids, positions, weights)
-
-
-@pytest.mark.parametrize("name", list(SCHEDULES))
-def test_a_mix_round_trips_through_the_auto_classes(name, tmp_path):
-    model, ids = scheduled(name, dtype=torch.float32), tokens(2, 10)
-    model.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).to(DEVICE).eval()
-    assert loaded.config.layer_pe_types == model.config.layer_pe_types
     assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 

@@ -29,6 +29,7 @@ from .registry import (
     package_of,
     register_encoding,
     registered,
+    unregister_encoding,
 )
 from .rotary import RandPE, RoPE, XPos
 from .schedule import Schedule, encodings_in, is_scheduled, layer_encodings, validate_schedule
@@ -135,6 +136,7 @@ __all__ = [
     "package_of",
     "register_encoding",
     "registered",
+    "unregister_encoding",
     "CustomInit",
     "build_encoding",
     "encodings_in",

@@ -51,6 +51,12 @@ def register_encoding(name: str, cls: type[PositionalEncoding], package: str | N
         _packages[name] = package
 
 
+def unregister_encoding(name: str) -> None:
+    """Forget encoding `name` (tests register and forget their own; `tapelm.testing.registered_for_test`)."""
+    _encodings.pop(name, None)
+    _packages.pop(name, None)
+
+
 def encoding_class(name: str) -> type[PositionalEncoding]:
     """The class registered as `name`; ValueError naming the registered ones otherwise."""
     if name not in _encodings:
@@ -138,4 +144,5 @@ __all__ = [
     "package_of",
     "register_encoding",
     "registered",
+    "unregister_encoding",
 ]
