@@ -31,7 +31,7 @@ from ..training.atomic import write_json_atomically
 from ..training.checkpoints import CheckpointError, check_run_dir
 from ..training.devices import describe_device
 from ..training.launchers import shared_data_workers
-from ..training.loop import check_minutes, train
+from ..training.loop import LoopOptions, check_minutes, train
 from ..training.saved_models import load_saved_model
 from ..training.settings import TrainSettings
 from ..training.trackers import check_report_to
@@ -396,15 +396,17 @@ def run_task(
             run_dir,
             evaluate_fn=evaluate_fn,
             resume=resume,
-            progress=options.progress,
-            stop_after=stop_after,
             accelerator=state,
-            evaluate_last=False,
-            data_workers=options.data_workers,
-            compile_step=compile_step,
-            checkpoint_minutes=checkpoint_minutes,
-            compile_backend=options.compile_backend,
-        )  # the full evaluation below: the last step
+            options=LoopOptions(
+                progress=options.progress,
+                stop_after=stop_after,
+                evaluate_last=False,  # the full evaluation below: the last step
+                data_workers=options.data_workers,
+                compile_step=compile_step,
+                compile_backend=options.compile_backend,
+                checkpoint_minutes=checkpoint_minutes,
+            ),
+        )
     finally:
         trackers.finish(state)
     if trained.start_step + len(trained.losses) < run.settings.steps:
