@@ -18,7 +18,7 @@ from tapelm.experiments.presets import PRESETS, get_preset
 from tapelm.experiments.runs import RESULT_FILE, RunOptions, RunSpec, batch_stream, resolve, run_task
 from tapelm.experiments.stage import _open, ordered_runs, run_stage, whole_run_seconds
 from tapelm.training.checkpoints import list_checkpoints, verify_checkpoint
-from tapelm.training.loop import train
+from tapelm.training.loop import LoopOptions, train
 from test_stage import TEXT, TINY, schedule
 
 SPEC = RunSpec(
@@ -63,7 +63,12 @@ def test_a_run_a_signal_stops_resumes_from_its_timed_checkpoint_to_the_unbroken_
 
     def fit(directory, minutes, make=stream, resume=False):
         return train(
-            run.build_model(), make, run.settings, directory, resume=resume, progress=False, checkpoint_minutes=minutes
+            run.build_model(),
+            make,
+            run.settings,
+            directory,
+            resume=resume,
+            options=LoopOptions(progress=False, checkpoint_minutes=minutes),
         )
 
     whole = fit(tmp_path / "whole", 60.0)

@@ -18,7 +18,7 @@ from tapelm.cli import build_parser, main
 from tapelm.experiments.commands import spec_from_args
 from tapelm.experiments.runs import RunOptions, RunSpec, batch_stream, resolve, run_task
 from tapelm.training.checkpoints import CheckpointError, latest_checkpoint, list_checkpoints, verify_checkpoint
-from tapelm.training.loop import train
+from tapelm.training.loop import LoopOptions, train
 from tapelm.training.schedule import learning_rate_lambda
 from tapelm.training.settings import TrainSettings
 from tapelm.training.step import micro_batches
@@ -31,6 +31,7 @@ TINY_MODEL = {
     "num_key_value_heads": 2,
 }
 TINY_TASK = {"max_train_digits": 3, "eval_max_digits": 4}
+QUIET = LoopOptions(progress=False)
 
 
 def tiny_spec(pe: str = "tape", seed: int = 0, **train_options) -> RunSpec:
@@ -168,8 +169,7 @@ def test_resume_reproduces_the_uninterrupted_losses(tmp_path, pe) -> None:
             run.settings,
             directory,
             resume=resume,
-            progress=False,
-            stop_after=stop_after,
+            options=LoopOptions(progress=False, stop_after=stop_after),
         )
 
     whole = fresh(tmp_path / "whole")
@@ -188,7 +188,7 @@ def test_resume_reproduces_the_uninterrupted_losses(tmp_path, pe) -> None:
 
 def test_each_checkpoint_is_complete_and_a_partial_one_is_never_picked(tmp_path) -> None:
     run = resolve(tiny_spec(steps=4, checkpoint_every=2, keep_last=3))
-    train(run.build_model(), batch_stream(run.task, 0, 8), run.settings, tmp_path, progress=False)
+    train(run.build_model(), batch_stream(run.task, 0, 8), run.settings, tmp_path, options=QUIET)
     step, path = latest_checkpoint(tmp_path)
     assert step == 4
     manifest = verify_checkpoint(path)
@@ -472,10 +472,8 @@ def test_batches_made_by_worker_processes_are_the_stream_in_order(tmp_path) -> N
             stream,
             run.settings,
             directory,
-            progress=False,
-            data_workers=workers,
-            stop_after=stop_after,
             resume=resume,
+            options=LoopOptions(progress=False, data_workers=workers, stop_after=stop_after),
         ).losses
 
     alone = losses(tmp_path / "alone", 0)
@@ -492,7 +490,7 @@ def test_batches_made_by_worker_processes_are_the_stream_in_order(tmp_path) -> N
 def test_mixed_precision_and_gradient_checkpointing_train(tmp_path, options) -> None:
     run = resolve(tiny_spec(steps=3, **options))
     model = run.build_model()
-    result = train(model, batch_stream(run.task, 0, 8), run.settings, tmp_path, progress=False)
+    result = train(model, batch_stream(run.task, 0, 8), run.settings, tmp_path, options=QUIET)
     assert len(result.losses) == 3 and all(torch.isfinite(torch.tensor(result.losses)))
     if options.get("grad_checkpointing"):
         assert model.model.gradient_checkpointing

@@ -19,7 +19,7 @@ WORKER = textwrap.dedent("""
     import torch
     from accelerate import PartialState
     from tapelm.experiments.runs import RunSpec, batch_stream, resolve
-    from tapelm.training.loop import train
+    from tapelm.training.loop import LoopOptions, train
 
     out = Path(sys.argv[1])
     run = resolve(RunSpec(task="addition", pe="tape", task_options={"max_train_digits": 3, "eval_max_digits": 4},
@@ -36,7 +36,7 @@ WORKER = textwrap.dedent("""
         asked.append(index)
         firsts.append(hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest())
         return batch
-    result = train(model, recording, run.settings, out / "run", progress=False)
+    result = train(model, recording, run.settings, out / "run", options=LoopOptions(progress=False))
     state = PartialState()
     final = torch.cat([p.detach().flatten() for p in model.parameters()])
     (out / f"rank{state.process_index}.json").write_text(json.dumps({

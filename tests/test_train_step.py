@@ -14,7 +14,7 @@ from conftest import DEVICE
 from tapelm.experiments.runs import RunSpec, batch_stream, resolve
 from tapelm.layout import HostLayout
 from tapelm.training.checkpoints import list_checkpoints
-from tapelm.training.loop import train
+from tapelm.training.loop import LoopOptions, train
 from tapelm.training.schedule import learning_rate_lambda
 from tapelm.training.settings import TrainSettings
 
@@ -25,6 +25,7 @@ TINY_MODEL = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
 }
+QUIET = LoopOptions(progress=False)
 
 
 def tiny_run(pe: str, **train_options):
@@ -40,7 +41,7 @@ def test_the_loop_computes_what_a_plain_loop_computes(tmp_path) -> None:
     run = tiny_run("tape", steps=4, grad_accum=2, clip=0.5, log_every=3)
     settings, stream = run.settings, batch_stream(run.task, 0, run.settings.batch_size)
     trained = run.build_model()
-    result = train(trained, stream, settings, tmp_path, progress=False)
+    result = train(trained, stream, settings, tmp_path, options=QUIET)
 
     model = run.build_model().train()
     params = list(model.parameters())
@@ -100,7 +101,7 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_read_naming_its_step(
     settings = TrainSettings(steps=10, warmup=0, log_every=4, checkpoint_every=checkpoint_every)
     stopped = []
     with pytest.raises(FloatingPointError, match=r"^training loss is inf at step 6; lower the learning rate"):
-        train(_Regression(), lambda index: stopped.append(index) or stream(index), settings, tmp_path, progress=False)
+        train(_Regression(), lambda index: stopped.append(index) or stream(index), settings, tmp_path, options=QUIET)
     assert len(stopped) == stopped_at
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 4]
     assert list_checkpoints(tmp_path) == []
@@ -132,9 +133,11 @@ def test_a_compiled_step_trains_as_the_eager_step_and_the_next_run_reuses_its_co
             batch_stream(run.task, seed, 32),
             run.settings,
             tmp_path / name,
-            progress=False,
-            compile_step=compile_step,
-            compile_backend="inductor" if DEVICE.type == "cuda" else "aot_eager",
+            options=LoopOptions(
+                progress=False,
+                compile_step=compile_step,
+                compile_backend="inductor" if DEVICE.type == "cuda" else "aot_eager",
+            ),
         ).losses
 
     tolerance = 1e-3 if DEVICE.type == "cpu" else 1e-2  # inductor may round fewer intermediates to bf16
@@ -175,7 +178,13 @@ def test_a_step_between_log_steps_makes_no_host_sync(tmp_path, pe, kind, compile
         return reshaped(stream(index), kind)
 
     try:
-        result = train(run.build_model(), watched, run.settings, tmp_path, progress=False, compile_step=compile_step)
+        result = train(
+            run.build_model(),
+            watched,
+            run.settings,
+            tmp_path,
+            options=LoopOptions(progress=False, compile_step=compile_step),
+        )
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(result.losses) == 8

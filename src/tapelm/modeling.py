@@ -297,82 +297,19 @@ class TapeModel(TapePreTrainedModel):
         check_cache_type(cache)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        # As in transformers' Llama: activation checkpointing with gradients on turns caching off; without gradients
-        # (generate) nothing is checkpointed, so the cache works.
-        if use_cache and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            logger.warning_once(
-                "use_cache=True is incompatible with activation checkpointing in training mode; "
-                "setting use_cache=False."
-            )
-            use_cache = False
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        if not use_cache:
-            cache = None
-        prepare_cache(cache, self.positional.fixed_shape_cache)
-        batch, length = inputs_embeds.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0  # a device tensor for a fixed-shape cache
-        fixed = has_fixed_shapes(cache)  # attention sees the whole static cache, unwritten rows masked
-        key_length = capacity(cache) if fixed else past + length
-        if fixed:
-            check_room(cache, length)
-        host = None if tracing(inputs_embeds) else kwargs.get("host_layout")  # traced programs read no data anyway
-        if host is not None:
-            host.check(batch, length, attention_mask, fixed or bool(past), inputs_embeds.device)
-        documents, document_positions = packed_documents(
-            position_ids,
-            attention_mask,
-            past,
-            self.config.causal,
-            batch,
-            length,
-            kwargs.get("cu_seq_lens_q"),
-            kwargs.get("cu_seq_lens_k"),
-            host,
-        )
-        position_ids = self._position_ids(
-            position_ids if document_positions is None else document_positions,
-            attention_mask,
-            past,
-            batch,
-            length,
-            inputs_embeds.device,
-        )
+        cache = self._cache(cache, use_cache)
+        past, fixed, key_length = self._cache_sizes(cache, inputs_embeds.shape[1])
+        host = self._host_layout(kwargs.get("host_layout"), inputs_embeds, attention_mask, past, fixed)
+        documents, position_ids = self._positions(inputs_embeds, position_ids, attention_mask, past, host, kwargs)
         # the mask first: it checks a given 4D mask before anything reads it or is stored in the cache
-        mask = build_attention_mask(
-            attention_mask,
-            documents,
-            length,
-            key_length,
-            self.config.causal,
-            dense=self.positional.adds_logit_bias or fixed,
-            device=inputs_embeds.device,
-            past=past,
-            padded=None if host is None else host.padded,
-            segments=None if host is None or not self.config.causal else host.segments,
-        )
+        mask = self._attention_mask(inputs_embeds, attention_mask, documents, past, key_length, fixed, host)
         if paths is None:
             paths = resolve(self.config.fast_paths, inputs_embeds.device, encodings_in(self.config))
-        ctx = PositionContext(
-            query_positions=self.positional.positions(
-                position_ids, past, documents, None if host is None else host.extent
-            ),
-            paths=paths,
-            token_mask=real_tokens(attention_mask, length, past, None if host is None else host.padded),
-            distinct_rows=None if host is None else host.distinct,
-        )
-        if self.positional.needs_key_positions:
-            ctx.key_positions = key_positions(cache, ctx.query_positions)
-        self.positional.prepare(ctx, inputs_embeds.dtype)
-        hidden = self.positional.embed(inputs_embeds, ctx)
-        state = self.positional.initial_state(ctx, hidden.dtype)
-        index = None if host is None else host.index
-        layout = TokenLayout.of(ctx.token_mask if self.skip_padding else None, batch, length, index)
-        hidden = layout.pack(hidden)
+        ctx = self._position_context(inputs_embeds, position_ids, attention_mask, documents, past, host, cache, paths)
+        hidden, state, layout = self._layer_inputs(inputs_embeds, ctx, host)
 
         all_hidden = [] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
@@ -394,6 +331,116 @@ class TapeModel(TapePreTrainedModel):
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
             attentions=tuple(all_attentions) if all_attentions is not None else None,
         )
+
+    def _cache(self, cache: Cache | None, use_cache: bool | None) -> Cache | None:
+        """The cache this pass writes, holding tapelm's cache layers: `cache`, or a new DynamicCache when
+        `use_cache` (default: the config's) asks for one; None without caching."""
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        # As in transformers' Llama: activation checkpointing with gradients on turns caching off; without gradients
+        # (generate) nothing is checkpointed, so the cache works.
+        if use_cache and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            logger.warning_once(
+                "use_cache=True is incompatible with activation checkpointing in training mode; "
+                "setting use_cache=False."
+            )
+            use_cache = False
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if not use_cache:
+            cache = None
+        prepare_cache(cache, self.positional.fixed_shape_cache)
+        return cache
+
+    @staticmethod
+    def _cache_sizes(cache: Cache | None, length: int) -> tuple[int | torch.Tensor, bool, int]:
+        """The number of tokens cached before this pass (`past`: a device tensor for a fixed-shape cache), whether
+        the cache has fixed shapes (attention then sees the whole static cache, unwritten rows masked; ValueError when
+        the pass's `length` new tokens do not fit) and the length of the keys attention sees."""
+        past = cache.get_seq_length() if cache is not None else 0
+        fixed = has_fixed_shapes(cache)
+        key_length = capacity(cache) if fixed else past + length
+        if fixed:
+            check_room(cache, length)
+        return past, fixed, key_length
+
+    @staticmethod
+    def _host_layout(host, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None, past, fixed: bool):
+        """The batch's `host_layout`, checked against this pass; None while traced (traced programs read no data
+        anyway)."""
+        host = None if tracing(inputs_embeds) else host
+        if host is not None:
+            batch, length = inputs_embeds.shape[:2]
+            host.check(batch, length, attention_mask, fixed or bool(past), inputs_embeds.device)
+        return host
+
+    def _positions(self, inputs_embeds, position_ids, attention_mask, past, host, kwargs: dict):
+        """The document index of every new token when rows pack several documents (else None), and the tokens'
+        position ids (`_position_ids`, or those `cu_seq_lens_q` implies when it comes without `position_ids`)."""
+        batch, length = inputs_embeds.shape[:2]
+        documents, document_positions = packed_documents(
+            position_ids,
+            attention_mask,
+            past,
+            self.config.causal,
+            batch,
+            length,
+            kwargs.get("cu_seq_lens_q"),
+            kwargs.get("cu_seq_lens_k"),
+            host,
+        )
+        position_ids = self._position_ids(
+            position_ids if document_positions is None else document_positions,
+            attention_mask,
+            past,
+            batch,
+            length,
+            inputs_embeds.device,
+        )
+        return documents, position_ids
+
+    def _attention_mask(self, inputs_embeds, attention_mask, documents, past, key_length, fixed, host) -> AttentionMask:
+        """The mask of the new queries over `key_length` keys; dense where the encoding adds a logit bias or the
+        cache has fixed shapes."""
+        return build_attention_mask(
+            attention_mask,
+            documents,
+            inputs_embeds.shape[1],
+            key_length,
+            self.config.causal,
+            dense=self.positional.adds_logit_bias or fixed,
+            device=inputs_embeds.device,
+            past=past,
+            padded=None if host is None else host.padded,
+            segments=None if host is None or not self.config.causal else host.segments,
+        )
+
+    def _position_context(
+        self, inputs_embeds, position_ids, attention_mask, documents, past, host, cache, paths
+    ) -> PositionContext:
+        """What every layer reads about positions: the queries' positions (and every key's, where the encoding
+        asks), the real tokens, the fast paths, and what the encoding prepares from them."""
+        ctx = PositionContext(
+            query_positions=self.positional.positions(
+                position_ids, past, documents, None if host is None else host.extent
+            ),
+            paths=paths,
+            token_mask=real_tokens(attention_mask, inputs_embeds.shape[1], past, None if host is None else host.padded),
+            distinct_rows=None if host is None else host.distinct,
+        )
+        if self.positional.needs_key_positions:
+            ctx.key_positions = key_positions(cache, ctx.query_positions)
+        self.positional.prepare(ctx, inputs_embeds.dtype)
+        return ctx
+
+    def _layer_inputs(self, inputs_embeds, ctx: PositionContext, host):
+        """The first layer's hidden states (the embeddings as the encoding enters them, packed to the real tokens
+        when `skip_padding`), the encoding's initial state, and the token layout the layers run on."""
+        hidden = self.positional.embed(inputs_embeds, ctx)
+        state = self.positional.initial_state(ctx, hidden.dtype)
+        batch, length = inputs_embeds.shape[:2]
+        index = None if host is None else host.index
+        layout = TokenLayout.of(ctx.token_mask if self.skip_padding else None, batch, length, index)
+        return layout.pack(hidden), state, layout
 
     @staticmethod
     def _position_ids(position_ids, attention_mask, past, batch, length, device):

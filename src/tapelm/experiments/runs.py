@@ -31,7 +31,7 @@ from ..training.atomic import write_json_atomically
 from ..training.checkpoints import CheckpointError, check_run_dir
 from ..training.devices import describe_device
 from ..training.launchers import shared_data_workers
-from ..training.loop import check_minutes, train
+from ..training.loop import LoopOptions, TrainResult, check_minutes, train
 from ..training.saved_models import load_saved_model
 from ..training.settings import TrainSettings
 from ..training.trackers import check_report_to
@@ -312,6 +312,14 @@ class RunOptions:
             raise ValueError(f"compile_backend={self.compile_backend!r} is not a torch.compile backend: {backends}")
         object.__setattr__(self, "report_to", check_report_to(self.report_to))
 
+    def with_preset(self, preset: Preset) -> RunOptions:
+        """These options with `preset`'s choices where they leave them to it (None)."""
+        compile_step = self.compile_step
+        if compile_step is None:
+            compile_step = preset.compile_step and not self.compile_layers
+        minutes = preset.checkpoint_minutes if self.checkpoint_minutes is None else self.checkpoint_minutes
+        return replace(self, compile_step=compile_step, checkpoint_minutes=minutes)
+
     def in_workers(self, concurrent: int | None) -> RunOptions:
         """These options for a run among `concurrent` trained at once in worker processes (None: each on a machine
         of its own): no progress bars, a share of the data workers."""
@@ -332,14 +340,8 @@ def run_task(
     written to result.json), or None when stopped early by `stop_after`. With resume, a finished run returns its
     cached result. `launch`: how the run was launched (`launchers`), recorded in result.json with its device; like
     the options, not part of the run's identity."""
-    options = options or RunOptions()
     run = spec if isinstance(spec, ResolvedRun) else resolve(spec)
-    compile_layers, compile_step = options.compile_layers, options.compile_step
-    if compile_step is None:
-        compile_step = run.preset.compile_step and not compile_layers
-    checkpoint_minutes = options.checkpoint_minutes
-    if checkpoint_minutes is None:
-        checkpoint_minutes = run.preset.checkpoint_minutes
+    options = (options or RunOptions()).with_preset(run.preset)
     run_dir = Path(run_dir)
     _check_identity(run, run_dir)
     if resume and (run_dir / RESULT_FILE).exists():
@@ -349,67 +351,13 @@ def run_task(
     # The Accelerator comes first: a bare PartialState created before it would settle the process group on its own
     # (on CPU without ACCELERATE_USE_CPU it silently becomes a single process); a broken group is refused here.
     state = make_accelerator(run.settings, options.report_to, run_dir)
-    if state.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not (run_dir / RUN_FILE).exists():
-            write_json_atomically(
-                run_dir / RUN_FILE,
-                {
-                    "identity": run.identity,
-                    "settings_hash": run.settings_hash,
-                    "parameters": run.parameters,
-                    "command": command
-                    or shlex.join(
-                        [
-                            "tapelm",
-                            "train",
-                            "--task",
-                            run.spec.task,
-                            "--pe",
-                            run.spec.pe,
-                            "--seed",
-                            str(run.spec.seed),
-                            *option_flags(run.spec, compile_layers, compile_step),
-                        ]
-                    ),
-                },
-            )
-        if not has_saved_tokenizer(run_dir):
-            save_tokenizer(run.task.tokenizer, run_dir)
-    state.wait_for_everyone()
+    _prepare_run_dir(run, run_dir, state, command or _train_command(run.spec, options))
     model = run.build_model()
-    if compile_layers:
+    if options.compile_layers:
         compile_for_training(model, options.compile_backend)
-    stream = batch_stream(run.task, run.spec.seed, run.settings.batch_size)
-    evaluate_fn = None
-    if run.settings.eval_every:
-        evaluate_fn = eager(_quick_evaluation(run))
     started = time.time()
-    trackers.start(
-        state, f"{run.spec.task}-{run.spec.pe}-seed{run.spec.seed}-{run.settings_hash}", run.settings_hash, run.identity
-    )
-    try:
-        trained = train(
-            model,
-            stream,
-            run.settings,
-            run_dir,
-            evaluate_fn=evaluate_fn,
-            resume=resume,
-            progress=options.progress,
-            stop_after=stop_after,
-            accelerator=state,
-            evaluate_last=False,
-            data_workers=options.data_workers,
-            compile_step=compile_step,
-            checkpoint_minutes=checkpoint_minutes,
-            compile_backend=options.compile_backend,
-        )  # the full evaluation below: the last step
-    finally:
-        trackers.finish(state)
-    if trained.start_step + len(trained.losses) < run.settings.steps:
-        return None
-    if not state.is_main_process:
+    trained = _train_run(run, model, run_dir, state, options, resume, stop_after)
+    if trained.start_step + len(trained.losses) < run.settings.steps or not state.is_main_process:
         return None
     save_tokenizer(run.task.tokenizer, run_dir / "model")
     eval_started = time.time()
@@ -417,22 +365,119 @@ def run_task(
         model, run.task, run.preset.eval_n, run.preset.eval_batch_size, progress=options.progress
     )
     write_evaluation(run, run_dir, evaluation)
+    result = _result_record(
+        run,
+        run_dir,
+        options,
+        trained,
+        evaluation,
+        started=started,
+        eval_started=eval_started,
+        device=state.device,
+        launch=launch,
+    )
+    write_json_atomically(run_dir / RESULT_FILE, result)
+    return result
+
+
+def _run_record(run: ResolvedRun) -> dict[str, Any]:
+    """What run.json and result.json open with: the run's identity, settings hash and parameter count."""
+    return {"identity": run.identity, "settings_hash": run.settings_hash, "parameters": run.parameters}
+
+
+def _train_command(spec: RunSpec, options: RunOptions) -> str:
+    """The `tapelm train` command line of `spec` trained as `options` (with the preset's choices) say."""
+    return shlex.join(
+        [
+            "tapelm",
+            "train",
+            "--task",
+            spec.task,
+            "--pe",
+            spec.pe,
+            "--seed",
+            str(spec.seed),
+            *option_flags(spec, options.compile_layers, options.compile_step),
+        ]
+    )
+
+
+def _prepare_run_dir(run: ResolvedRun, run_dir: Path, state, command: str) -> None:
+    """run.json with `command` (unless there is one) and the task's tokenizer, written by the main process while the
+    others wait."""
+    if state.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / RUN_FILE).exists():
+            write_json_atomically(run_dir / RUN_FILE, {**_run_record(run), "command": command})
+        if not has_saved_tokenizer(run_dir):
+            save_tokenizer(run.task.tokenizer, run_dir)
+    state.wait_for_everyone()
+
+
+def _train_run(
+    run: ResolvedRun,
+    model: TapeForCausalLM,
+    run_dir: Path,
+    state,
+    options: RunOptions,
+    resume: bool,
+    stop_after: int | None,
+) -> TrainResult:
+    """`train` on the run's batches, with the quick evaluation every `eval_every` steps, logged to the trackers."""
+    stream = batch_stream(run.task, run.spec.seed, run.settings.batch_size)
+    evaluate_fn = eager(_quick_evaluation(run)) if run.settings.eval_every else None
+    loop = LoopOptions(
+        progress=options.progress,
+        stop_after=stop_after,
+        evaluate_last=False,  # the full evaluation follows: the last step's
+        data_workers=options.data_workers,
+        compile_step=options.compile_step,
+        compile_backend=options.compile_backend,
+        checkpoint_minutes=options.checkpoint_minutes,
+    )
+    trackers.start(
+        state, f"{run.spec.task}-{run.spec.pe}-seed{run.spec.seed}-{run.settings_hash}", run.settings_hash, run.identity
+    )
+    try:
+        return train(
+            model,
+            stream,
+            run.settings,
+            run_dir,
+            evaluate_fn=evaluate_fn,
+            resume=resume,
+            accelerator=state,
+            options=loop,
+        )
+    finally:
+        trackers.finish(state)
+
+
+def _result_record(
+    run: ResolvedRun,
+    run_dir: Path,
+    options: RunOptions,
+    trained: TrainResult,
+    evaluation: dict[str, Any],
+    *,
+    started: float,
+    eval_started: float,
+    device: torch.device,
+    launch: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """result.json: the run's record, its evaluation, first and last logged losses, this session's training, the
+    seconds since the session (`started`) and its evaluation (`eval_started`) began, and how and where it ran."""
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    losses = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
-    result = {
-        "identity": run.identity,
-        "settings_hash": run.settings_hash,
-        "parameters": run.parameters,
+    losses = [m["loss"] for m in metrics if "loss" in m]
+    return {
+        **_run_record(run),
         "task": run.spec.task,
         "pe": run.spec.pe,
         "seed": run.spec.seed,
         "preset": run.spec.preset,
-        "metric": evaluation["metric"],
-        "summary": evaluation["summary"],
-        "mean": evaluation["mean"],
-        "token_accuracy_summary": evaluation.get("token_accuracy_summary"),
-        "first_loss": losses[0][1] if losses else None,
-        "final_loss": losses[-1][1] if losses else None,
+        **{key: evaluation.get(key) for key in EVALUATION_FIELDS},
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
         "train_seconds_this_session": trained.seconds,
         "resumed_from_step": trained.start_step,
         "train_seconds_before_this_session": trained.earlier_seconds,
@@ -440,15 +485,13 @@ def run_task(
         "session_seconds": time.time() - started,
         "world_size": trained.world_size,
         "tokens_this_session": trained.tokens,
-        "compiled_layers": options.compile_backend if compile_layers else False,
-        "compiled_step": options.compile_backend if compile_step else False,
+        "compiled_layers": options.compile_backend if options.compile_layers else False,
+        "compiled_step": options.compile_backend if options.compile_step else False,
         "data": run.task.data_record(),
-        "device": describe_device(state.device),
+        "device": describe_device(device),
         "launch": launch or {"launcher": "in-process"},
         "environment": _environment(),
     }
-    write_json_atomically(run_dir / RESULT_FILE, result)
-    return result
 
 
 def _check_tokenizer(run: ResolvedRun, run_dir: Path) -> None:

@@ -324,7 +324,7 @@ def finetune(
     checkpoints when they are a fine-tuning of the same `source_name` (the model's name, recorded in RUN_RECORD)
     with the same settings; ValueError otherwise. `evaluate_fn(model, step)`: called every `settings.eval_every`
     steps (see `tapelm.training.loop.train`)."""
-    from ..training.loop import train
+    from ..training.loop import LoopOptions, train
 
     run_dir = Path(run_dir)
     check_run_folder(run_dir, settings, source_name)
@@ -356,9 +356,7 @@ def finetune(
             evaluate_fn=evaluate_fn,
             resume=resume and has_run,
             parameters=params,
-            progress=progress,
-            stop_after=stop_after,
-            evaluate_last=False,
+            options=LoopOptions(progress=progress, stop_after=stop_after, evaluate_last=False),
         )
     trained = outcome.steps - outcome.start_step if stop_after is None else len(outcome.losses)
     result = FinetuneResult(

@@ -31,7 +31,7 @@ from ..data.tokenization import save_tokenizer
 from ..training.accelerator import make_accelerator
 from ..training.atomic import write_json_atomically
 from ..training.checkpoints import CheckpointError, check_run_dir
-from ..training.loop import train
+from ..training.loop import LoopOptions, train
 from ..training.settings import TrainSettings
 from .data import load_rows
 from .models import SCROLLS_RUN_FILE, load_source
@@ -263,9 +263,8 @@ def finetune(
         settings,
         run_dir,
         resume=resume,
-        progress=progress,
-        stop_after=stop_after,
         accelerator=accelerator,
+        options=LoopOptions(progress=progress, stop_after=stop_after),
     )
     done = result.start_step + len(result.losses) >= settings.steps
     if accelerator.is_main_process:

@@ -75,6 +75,36 @@ class TrainResult:
     tokens: int = 0
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """How `train` runs, none of it a setting: none changes a number the run computes.
+
+    progress: a progress bar (on the main process).
+    stop_after: stop (as if killed) after this many steps, leaving the checkpoints; for tests and time budgets.
+    evaluate_last: also evaluate after the last step; False when the caller evaluates the final model itself, so
+    only a last step on the `eval_every` schedule is evaluated.
+    data_workers: make the micro-batches ahead in that many worker processes (the same batches in the same order;
+    only whether a GPU waits for the CPU to make its next batch).
+    compile_step: compile the model for the run's fixed batch shapes (`compile_for_steps`) with torch.compile's
+    `compile_backend`; the same function to float rounding.
+    checkpoint_minutes: also write a checkpoint at the first log step at least that many minutes (wall clock, the
+    main process's) after the previous one or the start of the call (0: only `checkpoint_every`'s); a run resumed
+    from one ends as an unbroken run does.
+    """
+
+    progress: bool = True
+    stop_after: int | None = None
+    evaluate_last: bool = True
+    data_workers: int = 0
+    compile_step: bool = False
+    compile_backend: str = "inductor"
+    checkpoint_minutes: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_int("data_workers", self.data_workers, 0)
+        check_minutes(self.checkpoint_minutes)
+
+
 def train(
     model: torch.nn.Module,
     batch_stream: BatchStream,
@@ -83,32 +113,18 @@ def train(
     evaluate_fn: EvaluateFn | None = None,
     resume: bool = False,
     parameters: list[torch.nn.Parameter] | None = None,
-    progress: bool = True,
     accelerator=None,
-    stop_after: int | None = None,
-    evaluate_last: bool = True,
-    data_workers: int = 0,
-    compile_step: bool = False,
-    checkpoint_minutes: float = 0.0,
-    compile_backend: str = "inductor",
+    options: LoopOptions | None = None,
 ) -> TrainResult:
     """Train `model` for `settings.steps` optimizer updates and save it to `run_dir/model`.
 
     batch_stream: index -> keyword arguments of `model` for one micro-batch (see the module docstring).
     evaluate_fn(model, step) -> JSON-able dict: called on every process with the unwrapped model in eval mode every
-    `eval_every` steps and after the last step (unless `evaluate_last` is False: the caller evaluates the final
-    model itself, so only a last step on the `eval_every` schedule is evaluated); the main process's result is logged.
+    `eval_every` steps and after the last step (see `LoopOptions.evaluate_last`); the main process's result is logged.
     resume: continue from the newest checkpoint in `run_dir` (a fresh start when there is none).
     parameters: the parameters to optimise (default: every parameter with requires_grad).
     accelerator: an `accelerate.Accelerator` to use (default: a new one from the settings and the launch environment).
-    stop_after: stop (as if killed) after this many steps, leaving the checkpoints; for tests and time budgets.
-    data_workers: make the micro-batches ahead in that many worker processes (the same batches in the same order;
-    not a setting: it changes no number, only whether a GPU waits for the CPU to make its next batch).
-    compile_step: compile the model for the run's fixed batch shapes (`compile_for_steps`) with torch.compile's
-    `compile_backend`; the same function to float rounding, so not a setting either.
-    checkpoint_minutes: also write a checkpoint at the first log step at least that many minutes (wall clock, the
-    main process's) after the previous one or the start of this call (0: only `checkpoint_every`'s). Not a setting
-    either: a checkpoint changes no number, and a run resumed from one ends as an unbroken run does.
+    options: how the loop runs (default `LoopOptions()`).
 
     Between log steps the loop reads nothing from the device (`training_step`): token counts come from the batches'
     host copies, and the steps' losses are read at the next log, evaluation or checkpoint step. A non-finite loss
@@ -118,14 +134,13 @@ def train(
     from accelerate.utils import set_seed
 
     run_dir = Path(run_dir)
-    check_int("data_workers", data_workers, 0)
-    check_minutes(checkpoint_minutes)
+    options = options or LoopOptions()
     checkpoint = check_run_dir(run_dir, settings, resume)
     accelerator = check_world(accelerator or make_accelerator(settings))
     set_seed(settings.seed)
-    graphs = compile_step and compile_backend == "inductor" and accelerator.device.type == "cuda"
+    graphs = options.compile_step and options.compile_backend == "inductor" and accelerator.device.type == "cuda"
     graphs = graphs and settings.grad_accum == 1
-    step_backend = compile_backend if compile_step else None
+    step_backend = options.compile_backend if options.compile_step else None
     model, optimizer, scheduler = _prepare(model, parameters, settings, accelerator, step_backend, graphs)
     start_step, micro, earlier, metrics_path = _restore(accelerator, run_dir, settings, checkpoint, resume)
 
@@ -142,20 +157,20 @@ def train(
         initial=start_step,
         desc=f"train {run_dir.name}",
         unit="step",
-        disable=not (progress and accelerator.is_main_process),
+        disable=not (options.progress and accelerator.is_main_process),
         dynamic_ncols=True,
     )
     started = last_saved = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
     unread: list[torch.Tensor] = []  # the mean losses of the steps since the last read, on the device
-    last_step = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    last_step = settings.steps if options.stop_after is None else min(settings.steps, options.stop_after)
     pinned = accelerator.device.type == "cuda"
     batches = micro_batches(
         batch_stream,
         micro * world + rank,
         world,
         (last_step - start_step) * settings.grad_accum,
-        data_workers,
+        options.data_workers,
         pin_memory=pinned,
     )
     model.train()
@@ -175,11 +190,12 @@ def train(
             # run stopped and resumed logs the unbroken run's lines.
             logged = step % settings.log_every == 0 or step in (1, settings.steps)
             evaluated = evaluate_fn is not None and (
-                (settings.eval_every and step % settings.eval_every == 0) or (step == settings.steps and evaluate_last)
+                (settings.eval_every and step % settings.eval_every == 0)
+                or (step == settings.steps and options.evaluate_last)
             )
             saved = step < settings.steps and (
                 (settings.checkpoint_every and step % settings.checkpoint_every == 0)
-                or (logged and _minutes_passed(accelerator, checkpoint_minutes, last_saved))
+                or (logged and _minutes_passed(accelerator, options.checkpoint_minutes, last_saved))
             )
             if logged or evaluated or saved or step == last_step:
                 result.losses += read_losses(unread, step - len(unread) + 1)
@@ -202,7 +218,7 @@ def train(
                 bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
             bar.update(1)
             if evaluated:  # eagerly: a compiled step's shapes are not the evaluation's
-                with torch.compiler.set_stance("force_eager") if compile_step else contextlib.nullcontext():
+                with torch.compiler.set_stance("force_eager") if options.compile_step else contextlib.nullcontext():
                     _evaluate(accelerator, model, evaluate_fn, step, metrics_path, result)
             if saved:
                 seconds = earlier + time.perf_counter() - started
