@@ -5,6 +5,7 @@ counted (also those inside functions), so a lazy import cannot hide an upward de
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -193,3 +194,44 @@ def test_the_name_count_sees_relative_absolute_and_nested_imports(tmp_path):
         "def late():\n    from .. import experiments\n    from ..experiments.runs import RunSpec\n"
     )
     assert names_from_experiments(tmp_path) == {"aggregate", "plan", "KEY_LOW", "question", "RunSpec"}
+
+
+# What `pip install tapelm` installs (pyproject.toml's dependencies, and what transformers needs: numpy, packaging),
+# and the kernels' libraries, imported only when their kernels run on a device that has them.
+MODEL_PACKAGES = {"torch", "transformers", "safetensors", "numpy", "packaging", "triton", "fla"}
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level packages a file imports that are neither tapelm nor the standard library."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {PACKAGE, "__future__"} - set(sys.stdlib_module_names)
+
+
+def test_the_model_library_imports_only_what_pip_install_tapelm_installs():
+    """The model (and the public API) runs without the lab's extra: CI's bare stage installs `tapelm` alone and
+    builds, trains, generates, saves and loads every encoding there (.ci/bare.py)."""
+    outside = {
+        module: sorted(third_party_imports(path) - MODEL_PACKAGES)
+        for module, path in module_files(SRC).items()
+        if part_of(module) in ("model", "facade")
+    }
+    assert {module: found for module, found in outside.items() if found} == {}
+    assert third_party_imports(SRC / PACKAGE / "training" / "accelerator.py") - MODEL_PACKAGES  # the check sees one
+
+
+def test_a_lab_command_without_the_lab_names_the_extra_in_one_line(monkeypatch, capsys):
+    import tapelm.cli as cli
+
+    monkeypatch.setattr(cli, "missing", lambda extra: ["accelerate", "peft"] if extra == "lab" else [])
+    assert cli.main(["compare", "mqar", "--pe", "rope"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [
+        "tapelm: error: `tapelm compare` is a lab command and needs tapelm's lab extra, which is not installed "
+        "(missing: accelerate, peft): pip install 'tapelm[lab]'"
+    ]
+    assert "check-encoding" in cli.build_parser(lab=False).format_help()

@@ -36,7 +36,7 @@ ROPE_FAMILY_NAMES = {
 }
 
 
-def check_encoding(name: str) -> None:
+def check_row(name: str) -> None:
     """Refuse a name that is neither an encoding nor a variant, listing both."""
     if not is_registered(name) and name not in VARIANTS and name not in ROPE_FAMILY:
         raise ValueError(
@@ -60,7 +60,7 @@ __all__ = [
     "ROPE_FAMILY",
     "ROPE_FAMILY_NAMES",
     "VARIANTS",
-    "check_encoding",
+    "check_row",
     "display_name",
     "resolve_variant",
 ]

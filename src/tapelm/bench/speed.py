@@ -40,12 +40,13 @@ from tqdm import tqdm
 from transformers import Cache, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from ..analysis.statistics import interval
-from ..config import PE_TYPES, TapeConfig
+from ..config import TapeConfig
 from ..fast_paths import NAMES as FAST_PATH_NAMES
 from ..fast_paths import SETTINGS as FAST_PATH_SETTINGS
 from ..fast_paths import check_setting
 from ..kernels import fla_runs_on
 from ..modeling import TapeForCausalLM
+from ..positional import encoding_names
 from ..training.provenance import environment, installed_version
 from ..variants import ROPE_FAMILY, VARIANTS, resolve_variant
 
@@ -704,10 +705,11 @@ def plot(report: dict, path: Path) -> None:
 
 def check_rows(rows: list[str], device: torch.device) -> list[str]:
     """The rows to measure, RoPE first; ValueError naming an unknown one, or an fla row where fla cannot run."""
-    unknown = [row for row in rows if row not in (*PE_TYPES, *ROPE_FAMILY, *VARIANTS, *PEERS)]
+    encodings = [*encoding_names(), *ROPE_FAMILY]
+    unknown = [row for row in rows if row not in (*encodings, *VARIANTS, *PEERS)]
     if unknown:
         raise ValueError(
-            f"unknown row {unknown[0]!r}; choose from the encodings {', '.join([*PE_TYPES, *ROPE_FAMILY])}, TAPE's "
+            f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(encodings)}, TAPE's "
             f"variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}"
         )
     fla_rows = [row for row in rows if row in FLA_PEERS]
@@ -790,7 +792,7 @@ def _bench_speed(args: argparse.Namespace) -> None:
         sizes = args.sizes or list(GPU_SIZES if device.type == "cuda" else CPU_SIZES)
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats={args.repeats} is not allowed; it must be a positive integer")
-    rows = args.pe or [*PE_TYPES, *(peer for peer in PEERS if peer not in FLA_PEERS or fla_runs_on(device))]
+    rows = args.pe or [*encoding_names(), *(peer for peer in PEERS if peer not in FLA_PEERS or fla_runs_on(device))]
     chosen = [SIZES[name] if args.repeats is None else replace(SIZES[name], repeats=args.repeats) for name in sizes]
     run(chosen, rows, Path(args.out), options, progress=not args.no_progress)
 
@@ -825,7 +827,7 @@ def add_arguments(bench) -> None:
         "--pe",
         nargs="+",
         metavar="ROW",
-        help=f"rows (default: every encoding, {', '.join(PE_TYPES)}, and the peers "
+        help=f"rows (default: every encoding, {', '.join(encoding_names())}, and the peers "
         f"{', '.join(PEERS)}; TAPE's variants too, e.g. tape-attention-only); RoPE is always "
         "included",
     )

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from ..config import PE_TYPES
 from ..experiments.runs import RunSpec, batch_stream, resolve
+from ..positional import encoding_names
 from ..training.provenance import environment
 
 # name -> (skip padding, compile the layers, bf16 autocast)
@@ -200,7 +200,7 @@ def add_arguments(bench) -> None:
         "--pe",
         nargs="+",
         default=["tape", "rope"],
-        choices=PE_TYPES,
+        choices=encoding_names(),
         metavar="PE",
         help="encodings (default: tape rope)",
     )

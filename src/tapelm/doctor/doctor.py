@@ -53,13 +53,13 @@ TINY_MODEL = {
     "tape_position_size": 8,
 }
 TINY_TESTS = tuple(
-    f"{test}[{pe}]"
-    for test in (
-        "test_cache.py::test_cache_parity",
-        "test_equivalence.py::test_sdpa_equals_eager_reference",
-        "test_packing.py::test_a_packed_row_is_each_document_alone",
-    )
+    test
     for pe in ("tape", "rope", "grape-ap")
+    for test in (
+        f"test_conformance.py::test_every_encoding_obeys_every_law[{pe}-cache_step]",
+        f"test_equivalence.py::test_sdpa_equals_eager_reference[{pe}]",
+        f"test_conformance.py::test_every_encoding_obeys_every_law[{pe}-packed_documents]",
+    )
 )
 """The law tests `--tiny` runs: cache parity, the fused path against the explicit one, packing, for TAPE, RoPE and
 an encoding with a logit bias (the suite runs them for every encoding; the tiny run checks the doctor's own

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..config import PE_TYPES
+from ..positional import encoding_names
 from ..training.devices import process_device
 from ..training.flags import TRAIN_FLAGS, add_train_flags
 from ..training.launchers import Launcher, LocalLauncher, SlurmLauncher
@@ -251,7 +251,7 @@ def spec_from_args(args, pe: str, seed: int) -> RunSpec:
 def _add_train(commands) -> None:
     parser = commands.add_parser("train", help="train one model on a task, then evaluate it over lengths")
     parser.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--pe", required=True, help=f"positional encoding, one of: {', '.join(PE_TYPES)}")
+    parser.add_argument("--pe", required=True, help=f"positional encoding, one of: {', '.join(encoding_names())}")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default: %(default)s)")
     parser.add_argument("--out", help="run directory (default: runs/train/TASK-PE-seedSEED)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -350,7 +350,7 @@ def _add_compare(commands) -> None:
         nargs="+",
         default=list(DEFAULT_PES),
         metavar="PE",
-        help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(PE_TYPES)}, the RoPE options "
+        help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(encoding_names())}, the RoPE options "
         f"{', '.join(ROPE_FAMILY)}, TAPE's variants {', '.join(VARIANTS)}, or 'all' (the pe_types)",
     )
     _add_comparison_arguments(parser, seeds=[0])
@@ -375,7 +375,7 @@ def _add_comparison_arguments(parser, seeds: list[int]) -> None:
 
 
 def _compare_command(args) -> None:
-    pes = list(PE_TYPES) if args.pe == ["all"] else args.pe
+    pes = list(encoding_names()) if args.pe == ["all"] else args.pe
     base = spec_from_args(args, pes[0] if pes else "tape", 0)
     launcher = launcher_from_args(args)
     apply_threads(args)
@@ -444,7 +444,7 @@ def _add_sweep(commands) -> None:
         "--pe",
         nargs="+",
         default=["rope"],
-        help=f"positional encodings (default: %(default)s); from: {', '.join(PE_TYPES)}",
+        help=f"positional encodings (default: %(default)s); from: {', '.join(encoding_names())}",
     )
     parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0], help="training seeds (default: 0)")
     parser.add_argument("--lr", type=float, nargs="+", required=True, help="peak learning rates to try")
@@ -550,7 +550,9 @@ def _add_sharing(commands) -> None:
         "one device, and the device's training throughput at each against one run alone (JSON)",
     )
     parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--pe", default="tape", choices=PE_TYPES, metavar="PE", help="encoding (default: %(default)s)")
+    parser.add_argument(
+        "--pe", default="tape", choices=encoding_names(), metavar="PE", help="encoding (default: %(default)s)"
+    )
     parser.add_argument(
         "--runs", type=int, nargs="+", default=[1, 2, 4], help="runs at once to measure (default: 1 2 4)"
     )

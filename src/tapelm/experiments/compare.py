@@ -30,7 +30,7 @@ from ..analysis.statistics import (
     verdict,
 )
 from ..training.launchers import LocalLauncher, Log
-from ..variants import check_encoding
+from ..variants import check_row
 from .claims import learned_threshold, verdict_lines
 from .launchers import Job
 from .runs import (
@@ -88,7 +88,7 @@ def open_comparison(
     if not pes:
         raise ValueError("give at least one encoding with --pe")
     for pe in pes:
-        check_encoding(pe)
+        check_row(pe)
     bad_seeds = [s for s in seeds if not isinstance(s, int) or s < 0]
     if not seeds or bad_seeds:
         raise ValueError(f"seeds={seeds!r} is not allowed; give non-negative integers")

@@ -35,7 +35,7 @@ from ..training.loop import LoopOptions, TrainResult, check_minutes, train
 from ..training.saved_models import load_saved_model
 from ..training.settings import TrainSettings
 from ..training.trackers import check_report_to
-from ..variants import check_encoding, resolve_variant
+from ..variants import check_row, resolve_variant
 from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task, has_saved_tokenizer, is_saved_in, save_tokenizer
@@ -104,7 +104,7 @@ def model_config(task: Task, pe: str, preset: Preset, options: dict[str, Any]) -
     """The model of a run: the preset's sizes, the task's vocabulary and position tables covering the longest
     evaluation length (learned positions beyond the training lengths stay untrained: the honest baseline), RandPE
     positions drawn from [0, longest evaluation length)."""
-    check_encoding(pe)
+    check_row(pe)
     pe_type, variant_options = resolve_variant(pe)
     longest = max(task.max_eval_length, task.train_length)
     kwargs: dict[str, Any] = dict(
@@ -145,7 +145,7 @@ def _recipe(spec: RunSpec) -> tuple[Preset, dict[str, Any], TrainSettings]:
     """The validated preset (with the spec's evaluation sizes), task options and training settings of `spec`."""
     if spec.task not in TASKS:
         raise ValueError(f"unknown task '{spec.task}'; choose one of: {', '.join(TASKS)}")
-    check_encoding(spec.pe)
+    check_row(spec.pe)
     if spec.preset not in PRESETS:
         raise ValueError(f"unknown preset '{spec.preset}'; choose one of: {', '.join(PRESETS)}")
     if not isinstance(spec.seed, int) or spec.seed < 0:

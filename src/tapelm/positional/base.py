@@ -6,6 +6,27 @@ positional state. Its `make_layer` builds one `LayerPositional` per decoder bloc
 per-layer logit bias or compute the attention itself, append a positional state to the value stream and update that
 state after the attention and MLP sublayers. The decoder block calls these hooks and never names an encoding. An
 encoding whose model level only makes its layers is a `PerLayerEncoding` naming its layer class.
+
+This module is the contract of every encoding, tapelm's own and anyone's (`register_encoding`):
+
+- **Must implement**: `__init__(config)` of the model level (a `PerLayerEncoding` has it, and names `layer_class`,
+  built as `layer_class(config, layer_idx)`). Nothing else: every hook below defaults to "nothing".
+- **May override**: the model level's `positions`, `embed`, `prepare`, `initial_state`, `make_layer`,
+  `validate_fields`, `validate_config`; the layer's `transform_qk`, `logit_bias`, `attention_inputs`, `attend`,
+  `value_extra`, `after_attention`, `after_mlp`, `logit_scale`, and `init_weights` of any `CustomInit` module.
+- **What the decoder guarantees**:
+  - positions: `ctx.query_positions` (B, N) are the new tokens' positions as `positions` returned them, taken from
+    `position_ids` when given, else counted over the real tokens of a left-padded row, else 0..N-1 after the cached
+    tokens; `ctx.key_positions` (B, T), every key's including the cached ones, when `needs_key_positions`;
+  - a cache: the hooks see only the new tokens; the default `attention_inputs` stores the transformed keys and the
+    value stream and hands attention every key, so that decoding step by step computes the full pass;
+  - padding: `ctx.token_mask` marks the real tokens (None: none padded), and no query attends to a padding key;
+  - packed documents (positions restarting inside a row, or `cu_seq_lens`): `positions` receives the documents, and
+    the mask keeps every token inside its own document;
+  - devices and dtypes: the hooks receive tensors on the model's device, q and k in the compute dtype; angles and
+    whatever else a position feeds should be computed in float32 or wider (`Float32Buffers` keeps tables there).
+- **Declares**: its facts, on the class (`PositionalEncoding`'s docstring). `tapelm.testing` checks the
+  guarantees' consequences for any encoding: `tapelm check-encoding NAME`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ the whole registry is listed. A config records the package each encoding from ou
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
 import sys
@@ -127,8 +128,14 @@ def _distribution_of(cls: type) -> str | None:
     top = cls.__module__.split(".")[0]
     if top == "tapelm" or top not in sys.modules:
         return None
-    names = importlib.metadata.packages_distributions().get(top)
+    names = _distributions().get(top)
     return names[0] if names else None
+
+
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    """Top-level module -> the installed distributions providing it (a scan of every installed package: once)."""
+    return importlib.metadata.packages_distributions()
 
 
 def _qualified(cls: type) -> str:

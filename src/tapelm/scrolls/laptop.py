@@ -76,11 +76,11 @@ class LaptopPlan:
     progress: bool = True
 
     def check(self) -> None:
-        from ..config import PE_TYPES
+        from ..positional import encoding_names
 
         for pe in self.pes:
-            if pe not in PE_TYPES:
-                raise ValueError(f"pe={pe!r} is not allowed; choose from: {', '.join(PE_TYPES)}")
+            if pe not in encoding_names():
+                raise ValueError(f"pe={pe!r} is not allowed; choose from: {', '.join(encoding_names())}")
         for name in (
             "context_multiplier",
             "train_examples",
