@@ -57,7 +57,9 @@ def test_a_registered_encoding_joins_a_layer_schedule_and_computes_what_it_compu
     with registered_for_test("shifted", Shifted):
         alone = tiny_model("shifted", dtype=torch.float64)
         mixed = tiny_model("rope", dtype=torch.float64, layer_pe_types=["shifted", "shifted"])
-        state = {key.replace("positional.", "positional.encodings.shifted."): v for key, v in alone.state_dict().items()}
+        state = {
+            key.replace("positional.", "positional.encodings.shifted."): v for key, v in alone.state_dict().items()
+        }
         mixed.load_state_dict(state)
         ids = tokens(2, 9)
         torch.testing.assert_close(mixed(ids).logits, alone(ids).logits, atol=1e-12, rtol=0)
