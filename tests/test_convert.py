@@ -72,6 +72,12 @@ def ids(length: int = 40, batch: int = 2) -> torch.Tensor:
     [
         ("llama", 2, True, {"attention_bias": True}),
         ("llama", 6, False, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}),
+        (  # transformers' p-RoPE (Gemma 4's full-attention layers): the same rotation as tapelm's rope_fraction
+            "llama",
+            2,
+            False,
+            {"rope_parameters": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e4}},
+        ),
         (
             "llama",
             3,

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from conftest import DEVICE, decode_in_chunks, tiny_model, tokens
+from conftest import DEVICE, decode_in_chunks, new_model, tiny_model, tokens
 from tapelm import TapeConfig
 
 pytestmark = pytest.mark.device
@@ -43,6 +43,43 @@ def test_only_the_highest_frequencies_rotate(fraction, rotating):
     assert torch.equal(sin[..., :rotating], full_sin[..., :rotating])
     assert torch.equal(cos[..., rotating:], torch.ones_like(cos[..., rotating:]))
     assert torch.equal(sin[..., rotating:], torch.zeros_like(sin[..., rotating:]))
+
+
+@pytest.mark.parametrize("head_dim", [8, 16, 20, 64])
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.25, 0.3, 0.45, 0.5, 0.6, 0.75, 0.9, 1.0])
+def test_p_rope_rotates_what_transformers_proportional_rope_rotates(fraction, head_dim):
+    """`rope_fraction` p counts its rotating pairs as transformers' `rope_type="proportional"` with
+    `partial_rotary_factor` p does (floor(p x head_dim / 2): the two rules differ from rounding at p = 0.45 with
+    head_dim 16, 3 pairs against 4), and rotates them by the same frequencies: transformers' own function gives the
+    spectrum, zeros for the pairs that do not rotate."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = TapeConfig(
+        hidden_size=2 * head_dim,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        pe_type="rope",
+        rope_fraction=fraction,
+        rope_parameters={"rope_type": "proportional", "rope_theta": 500.0, "partial_rotary_factor": fraction},
+    )
+    expected, _ = ROPE_INIT_FUNCTIONS["proportional"](config, DEVICE)
+    default = TapeConfig(**{**config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}})
+    rotary = new_model(default).model.positional.rotary
+    frequencies = rotary.inv_freq * (torch.arange(head_dim // 2, device=DEVICE) < rotary.rotating_pairs)
+    assert torch.equal(frequencies, expected)
+
+
+def test_a_p_rope_model_computes_the_proportional_rope_model():
+    """The same weights under `rope_fraction` p and under transformers' proportional RoPE with p: the same logits."""
+    ids = tokens(2, 12)
+    model = p_rope(0.75)
+    proportional = tiny_model(
+        "rope",
+        dtype=torch.float64,
+        rope_parameters={"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+    )
+    proportional.load_state_dict(model.state_dict())
+    torch.testing.assert_close(proportional(ids).logits, model(ids).logits, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("layers, rotating", [("all", [0, 1, 2, 3]), ("nope-every-4th", [0, 1, 2]), ([1, 3], [1, 3])])

@@ -33,8 +33,9 @@ class TapeConfig(PreTrainedConfig):
       last layer never updates (its E would be discarded).
     - `causal`: False gives a bidirectional encoder.
 
-    - `rope_fraction` p (pe_type "rope" only): p-RoPE (Barbero et al., ICLR 2025): only the round(p x head_dim / 2)
-      highest of RoPE's frequencies rotate, the lowest pairs of dimensions are left as they are; 1 (default) is RoPE,
+    - `rope_fraction` p (pe_type "rope" only): p-RoPE (Barbero et al., ICLR 2025): only the floor(p x head_dim / 2)
+      highest of RoPE's frequencies rotate, the lowest pairs of dimensions are left as they are (transformers'
+      `rope_type="proportional"` with `partial_rotary_factor` p computes the same rotation); 1 (default) is RoPE,
       0 leaves every pair unrotated (NoPE).
     - `rope_layers` (pe_type "rope" only): which layers rotate q and k, the others attending without a positional
       encoding (NoPE): "all" (default), "nope-every-4th" (every fourth layer NoPE, the 4th, 8th, ...: SmolLM3's

@@ -77,7 +77,7 @@ def check_source(config: PretrainedConfig) -> None:
             f"cannot convert a {model_type!r} model without RoPE (rope_parameters={rope!r}); "
             f"supported: RoPE models of {_supported()}"
         )
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+    if rope.get("partial_rotary_factor", 1.0) != 1.0 and rope.get("rope_type") != "proportional":
         raise ValueError(
             f"cannot convert partial rotary embeddings (partial_rotary_factor="
             f"{rope['partial_rotary_factor']}); tapelm rotates the whole head dimension"

@@ -55,11 +55,12 @@ def rope_frequencies(theta: float, dim: int, device: torch.device | None = None)
 class TapeRotaryEmbedding(Float32Buffers, LlamaRotaryEmbedding):
     """transformers' rotary embedding (its scalings, dynamic updates and re-initialisation), with cos/sin computed in
     float32, or float64 for a float64 model, from integer positions. With `rope_fraction` p < 1 (p-RoPE) only the
-    `rotating_pairs` highest frequencies rotate: the lowest ones have angle 0."""
+    `rotating_pairs` highest frequencies rotate, floor(p x head_dim / 2) of them, counted as transformers'
+    `rope_type="proportional"` counts them: the lowest ones have angle 0."""
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.rotating_pairs = round(config.rope_fraction * (config.head_dim // 2))
+        self.rotating_pairs = int(config.rope_fraction * config.head_dim // 2)
 
     def grouped_frequencies(self, groups: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """(groups, head_dim/2) in `dtype`: the (scaled) inverse frequencies, group g's times
