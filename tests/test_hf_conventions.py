@@ -16,6 +16,7 @@ VARIANTS = [(pe, {}) for pe in PE_TYPES] + [
     ("fire", {"fire_shared": True}),
     ("t5", {"t5_shared": True}),
     ("fox", {"fox_gate_bias_init": 2.0}),
+    ("pope", {"pope_shared_bias": True, "pope_bias_init": "uniform"}),
     ("tape", {"num_hidden_layers": 4, "layer_pe_types": ["tape", "fire", "t5", "tape"]}),
     (
         "rope",

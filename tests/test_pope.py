@@ -11,11 +11,12 @@ import math
 import pytest
 import torch
 
-from conftest import DEVICE, decode_in_chunks, new_model, tiny_config, tiny_model, tokens
+from conftest import DEVICE, WEIGHT_STD, decode_in_chunks, new_model, tiny_config, tiny_model, tokens
 from tapelm import TapeConfig
 from tapelm.fast_paths import NONE
 from tapelm.positional import PositionContext
 from tapelm.positional.rotary import RoPE, RotaryLayer, rope_frequencies
+from tapelm.testing import LAWS, Subject
 
 HEADS, DIM, HIDDEN, LENGTH = 4, 8, 32, 12
 
@@ -187,10 +188,36 @@ def test_phase_offsets_start_at_zero_or_uniform_in_their_clamp():
         assert (offsets.std() > 1) == (init == "uniform")
 
 
+@pytest.mark.parametrize("law", [law for law in LAWS if law != "compiles"])
+def test_shared_phase_offsets_obey_every_law(law):
+    LAWS[law](Subject("pope", DEVICE, WEIGHT_STD, {"pope_shared_bias": True}))
+
+
+def test_shared_phase_offsets_are_one_set_that_every_layer_reads():
+    """`pope_shared_bias`: one (heads, head_dim) parameter at the model level, as x-transformers' one
+    `PolarEmbedding`; the model computes, forward and backward, the per-layer model whose every layer holds it."""
+    shared = tiny_model(
+        "pope", dtype=torch.float64, pope_shared_bias=True, pope_bias_init="uniform", num_hidden_layers=3
+    )
+    offsets = shared.model.positional.phase_bias
+    assert offsets.shape == (4, 8) and all(layer.positional.phase_bias is None for layer in shared.model.layers)
+    own = tiny_model("pope", dtype=torch.float64, num_hidden_layers=3)
+    state = {k: v for k, v in shared.state_dict().items() if k != "model.positional.phase_bias"}
+    state.update({f"model.layers.{i}.positional.phase_bias": offsets.detach() for i in range(3)})
+    own.load_state_dict(state)
+    ids = tokens(2, 10)
+    torch.testing.assert_close(shared(ids).logits, own(ids).logits, atol=1e-12, rtol=0)
+    shared(ids).logits.sum().backward()
+    own(ids).logits.sum().backward()
+    summed = sum(layer.positional.phase_bias.grad for layer in own.model.layers)
+    torch.testing.assert_close(offsets.grad, summed, atol=1e-10, rtol=0)
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
         ({"pope_bias_init": "normal"}, "pope_bias_init='normal' is not allowed; choose one of: zero, uniform"),
+        ({"pope_shared_bias": 1}, "pope_shared_bias=1 is not allowed; it must be True or False"),
         (
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
             "rope_type='linear' is not allowed with pe_type='pope'",

@@ -96,7 +96,9 @@ class TapeConfig(PreTrainedConfig):
     PoPE (Gopalakrishnan et al. 2025; `pe_type` "pope"), as lucidrains/x-transformers' `polar_pos_emb`: magnitudes
     softplus(q), softplus(k), phases position x RoPE's spectrum for a head twice as wide (theta from
     `rope_parameters`), and a learned phase offset per head and frequency, clamped to [-2 pi, 0], starting at 0
-    (`pope_bias_init` "zero") or uniform in [-2 pi, 0] ("uniform", x-transformers' `polar_bias_uniform_init`).
+    (`pope_bias_init` "zero") or uniform in [-2 pi, 0] ("uniform", x-transformers' `polar_bias_uniform_init`);
+    each layer its own offsets (`pope_shared_bias` False), or one set every layer shares (True: x-transformers' one
+    `PolarEmbedding` for all layers).
     Stick-breaking attention (Tan et al. 2025; `pe_type` "stickbreaking", causal only, no position signal beyond the
     order the stick breaks in): a query does not see its own key (`stickbreaking_attend_current` False, as fla's and
     the authors' defaults).
@@ -171,6 +173,7 @@ class TapeConfig(PreTrainedConfig):
     grape_a_omega_init: float = 1.0
     grape_a_gate_l2_norm: bool = True
     pope_bias_init: str = "zero"
+    pope_shared_bias: bool = False
     stickbreaking_attend_current: bool = False
     fast_paths: str | list[str] = "auto"
     encoding_packages: dict[str, str] | None = None
