@@ -154,6 +154,31 @@ def test_grape_m_fixed_converts_exactly_at_step_0(family, kv_heads, tied, extra)
         from_pretrained_llama(scaled, pe_type="grape-m-fixed")
 
 
+@pytest.mark.parametrize("pe_type", ["rope", "tape"])
+def test_a_context_extension_provably_changes_the_rotation_or_is_refused(pe_type):
+    """Every change of `rope_parameters` a conversion makes (what `tapelm finetune`'s theta, pi and yarn and `tapelm
+    extend`'s rows ask for) must change the rotation the converted model applies within four times the source's
+    window, as transformers' rotary module computes it in a forward pass; one that leaves it as it was is refused in
+    one line instead of extending nothing. No change of the parameters, no change of the rotation."""
+    from tapelm.conversion import rotation_tables
+
+    source = random_source("llama")
+    window = source.config.max_position_embeddings
+    positions = torch.arange(4 * window, device=DEVICE)  # dynamic scaling acts beyond the window only
+    plain = rotation_tables(from_pretrained_llama(source, pe_type=pe_type), positions)
+    assert all(torch.equal(a, b) for a, b in zip(plain, rotation_tables(source, positions)))
+    for overrides in (
+        {"rope_theta": 5e5},
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": window},
+        {"rope_type": "dynamic", "factor": 2.0},
+    ):
+        extended = rotation_tables(from_pretrained_llama(source, pe_type=pe_type, rope_overrides=overrides), positions)
+        assert not all(torch.equal(a, b) for a, b in zip(plain, extended)), overrides
+    with pytest.raises(ValueError, match="leave the rotation unchanged at positions 0 to .* extends nothing"):
+        from_pretrained_llama(source, pe_type=pe_type, rope_overrides={"rope_type": "linear", "factor": 1.0})
+
+
 def test_qwen2_biases_are_copied_and_there_is_no_output_bias():
     source = random_source("qwen2")
     model = from_pretrained_llama(source)

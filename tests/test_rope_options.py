@@ -164,6 +164,10 @@ def test_the_options_survive_save_and_load(tmp_path):
         ({"pe_type": "rope", "rope_layers": [0, 2]}, "rope_layers=[0, 2] is not allowed; give one of"),
         ({"pe_type": "rope", "rope_layers": [1, 1]}, "rope_layers=[1, 1] is not allowed"),
         ({"pe_type": "tape", "rope_layers": [0]}, "rope_layers=[0] is an option of pe_type='rope'"),
+        (  # a scaling an encoding would silently ignore
+            {"pe_type": "alibi", "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+            "rope_type='linear' is not allowed with pe_type='alibi': no layer reads RoPE's frequencies",
+        ),
     ],
 )
 def test_a_bad_option_is_refused_in_one_line(options, message):

@@ -23,6 +23,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 from .config import TapeConfig
 from .modeling import TapeForCausalLM
 from .positional import layer_encodings
+from .positional.rotary import TapeRotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +187,38 @@ def from_pretrained_llama(
     with torch.device(weight.device):
         model = TapeForCausalLM(config)
     copy_weights(source, model)
+    if rope_overrides and config.rope_parameters != source.config.rope_parameters:
+        check_rotation_changed(source, model)
     model.generation_config = source.generation_config
     return model.to(dtype or weight.dtype).eval()
+
+
+def rotation_tables(model: torch.nn.Module, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (N, head_dim / 2) of the rotation a Llama-family or tapelm model applies at `positions` (N,), in
+    float32, with its scaling's attention factor: what its rotary embedding module computes for them in a forward
+    pass (so dynamic scalings see the positions too)."""
+    rotary = next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    anchor = torch.empty(0, dtype=torch.float32, device=positions.device)
+    cos, sin = rotary(anchor, positions[None])
+    half = cos.shape[-1] if isinstance(rotary, TapeRotaryEmbedding) else cos.shape[-1] // 2
+    return cos[0, :, :half].float(), sin[0, :, :half].float()
+
+
+def check_rotation_changed(source: torch.nn.Module, model: TapeForCausalLM) -> None:
+    """ValueError unless the rotation `model` applies differs from the source's somewhere within four times the
+    source's window: a change of `rope_parameters` that the model did not take would leave a context extension
+    silently undone (as setting a scaling on a model whose frequencies were computed at its construction does)."""
+    window = int(source.config.rope_parameters.get("original_max_position_embeddings") or 0)
+    window = window or source.config.max_position_embeddings
+    positions = torch.arange(4 * window, device=next(source.parameters()).device)
+    with torch.no_grad():
+        before, after = rotation_tables(source, positions), rotation_tables(model, positions)
+    if all(torch.equal(old, new) for old, new in zip(before, after)):
+        raise ValueError(
+            f"rope_parameters {model.config.rope_parameters} leave the rotation unchanged at positions 0 to "
+            f"{4 * window - 1} (the source's: {source.config.rope_parameters}); a scaling that changes nothing "
+            "extends nothing"
+        )
 
 
 def copy_weights(source: torch.nn.Module, target: TapeForCausalLM) -> None:

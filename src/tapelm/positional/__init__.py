@@ -115,6 +115,20 @@ def validate_encodings(config) -> None:
                 "runs from earlier to later tokens"
             )
         chosen.validate_config(config)
+    check_rope_scaling(config, [encodings[name] for name in encodings_in(config)])
+
+
+def check_rope_scaling(config, chosen: list) -> None:
+    """A RoPE scaling (`rope_parameters`' rope_type other than "default") needs a layer whose encoding honours it
+    (`rope_scaling`); refused in one line otherwise, since it would change nothing."""
+    rope_type = (config.rope_parameters or {}).get("rope_type", "default")
+    if rope_type == "default" or any(encoding.rope_scaling for encoding in chosen):
+        return
+    honouring = ", ".join(name for name, encoding in registered().items() if encoding.rope_scaling)
+    raise ValueError(
+        f"rope_parameters rope_type={rope_type!r} is not allowed with pe_type={config.pe_type!r}: no layer reads "
+        f"RoPE's frequencies, so the scaling would change nothing; the encodings that honour one: {honouring}"
+    )
 
 
 def build_encoding(config) -> PositionalEncoding:

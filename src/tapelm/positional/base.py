@@ -241,6 +241,8 @@ class PositionalEncoding(CustomInit):
     `config_fields`: the encoding's own config fields and their defaults, for an encoding whose fields are not
     declared on `TapeConfig` (a plugin's): every config carries them, so that config.json saves them.
     `test_options`: config values that make the kit's tiny model deterministic and small (e.g. FIRE's width).
+    `rope_scaling`: it rotates by transformers' RoPE spectrum under the scaling `rope_parameters` names (linear,
+    YaRN, dynamic, ...); a config whose layers hold no such encoding refuses a scaling, which would change nothing.
     """
 
     needs_key_positions = False
@@ -254,6 +256,7 @@ class PositionalEncoding(CustomInit):
     step_cost: StepCost | None = None
     config_fields: dict = {}
     test_options: dict = {}
+    rope_scaling: bool = False
 
     @classmethod
     def validate_fields(cls, config) -> None:

@@ -100,6 +100,7 @@ class RoPE(PositionalEncoding):
 
     display_name = "RoPE"
     step_cost = measured(1.0)
+    rope_scaling = True
 
     def __init__(self, config):
         super().__init__()

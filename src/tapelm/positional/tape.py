@@ -68,6 +68,7 @@ class TapeEncoding(PositionalEncoding):
     """Model-level TAPE: the initial state E0 from RoPE (angles in float32, transformers' scalings applied)."""
 
     display_name = "TAPE"
+    rope_scaling = True  # E0 is RoPE's rotation under the scaling (tape_block (2, 2), or linear)
     family = "accumulating"
     step_cost = measured(1.36)
 
