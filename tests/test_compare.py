@@ -606,7 +606,8 @@ def test_ablation_variants_are_encodings_with_options(tmp_path, capsys) -> None:
 
 
 def test_the_rope_familys_options_are_encodings_of_their_own() -> None:
-    """p-RoPE and the NoPE schedules are rows by name: RoPE with their options, listed as encodings."""
+    """p-RoPE, the NoPE schedules and the attention's options are rows by name: an encoding with their options,
+    listed as encodings."""
     from tapelm.experiments.runs import resolve
     from tapelm.positional.schedule import layer_encodings
     from tapelm.report.findings_section import name
@@ -617,7 +618,14 @@ def test_the_rope_familys_options_are_encodings_of_their_own() -> None:
     assert layer_encodings(interleaved) == ["rope", "nope", "rope", "nope"]
     assert resolve(RunSpec(task="flipflop", pe="p-rope-0.75")).config.rope_fraction == 0.75
     assert name("p-rope-0.75") == "p-RoPE (0.75)"
-    with pytest.raises(ValueError, match="rope-nope-every-2nd, or a variant"):
+    gated = resolve(RunSpec(task="flipflop", pe="tape-gated")).config
+    assert gated.pe_type == "tape" and gated.attention_gate == "elementwise" and not gated.ssmax
+    assert resolve(RunSpec(task="flipflop", pe="rope-ssmax")).config.ssmax
+    llama4 = resolve(RunSpec(task="flipflop", pe="rope-nope-every-4th-temp128")).config
+    assert layer_encodings(llama4) == ["rope", "rope", "rope", "nope"] and llama4.nope_temperature_tuning
+    assert llama4.nope_floor_scale == 128 and llama4.nope_attn_scale == 0.1
+    assert name("tape-ssmax") == "TAPE + SSMax"
+    with pytest.raises(ValueError, match="rope-nope-every-4th-temp128, or a variant"):
         resolve(RunSpec(task="flipflop", pe="rope-sideways"))
 
 

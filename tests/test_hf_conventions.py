@@ -17,6 +17,9 @@ VARIANTS = [(pe, {}) for pe in PE_TYPES] + [
     ("t5", {"t5_shared": True}),
     ("fox", {"fox_gate_bias_init": 2.0}),
     ("pope", {"pope_shared_bias": True, "pope_bias_init": "uniform"}),
+    ("rope", {"ssmax": True, "ssmax_scale_init": 0.3, "attention_gate": "elementwise"}),
+    ("alibi", {"ssmax": True, "attention_gate": "headwise"}),
+    ("nope", {"nope_temperature_tuning": True, "nope_floor_scale": 2.0}),
     ("tape", {"num_hidden_layers": 4, "layer_pe_types": ["tape", "fire", "t5", "tape"]}),
     (
         "rope",

@@ -5,8 +5,16 @@ from __future__ import annotations
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
+from .attention_options import check_attention_options
 from .fast_paths import check_setting as check_fast_paths
-from .positional import BUILT_IN, add_encoding_fields, layer_encodings, validate_encodings
+from .positional import (
+    BUILT_IN,
+    add_encoding_fields,
+    encoding_class,
+    encodings_in,
+    layer_encodings,
+    validate_encodings,
+)
 from .positional.base import check_choice, check_positive
 from .remote_code import AUTO_MAP, write_modules
 
@@ -103,6 +111,15 @@ class TapeConfig(PreTrainedConfig):
     order the stick breaks in): a query does not see its own key (`stickbreaking_attend_current` False, as fla's and
     the authors' defaults).
 
+    NoPE layers (`pe_type` "nope", or a schedule's) with `nope_temperature_tuning` scale each query's logits as
+    Llama 4's NoPE layers do (transformers' Llama4 `attn_temperature_tuning`): by 1 + `nope_attn_scale` x
+    log1p(floor(n / `nope_floor_scale`)), n the keys the query sees (Llama 4's 0.1 and 8192 by default).
+
+    Options of the attention, whatever the encoding (`tapelm.attention_options`): `ssmax` (SSMax: each softmax row
+    over n keys scales its logits by s log n, s learned per head and layer from `ssmax_scale_init`; not with an
+    encoding that computes its attention itself) and `attention_gate` (None, "elementwise" or "headwise": the heads'
+    outputs times sigmoid of a projection of the attention input, as Qwen3-Next's gated attention).
+
     `attention_bias` puts biases on q, k, v and o (Llama's meaning); `qkv_bias` on q, k and v only (Qwen2's).
 
     `fast_paths`: "auto" (default) runs each fast path (a kernel or formulation computing the same function as its
@@ -175,6 +192,12 @@ class TapeConfig(PreTrainedConfig):
     pope_bias_init: str = "zero"
     pope_shared_bias: bool = False
     stickbreaking_attend_current: bool = False
+    nope_temperature_tuning: bool = False
+    nope_floor_scale: float = 8192.0
+    nope_attn_scale: float = 0.1
+    ssmax: bool = False
+    ssmax_scale_init: float = 0.43
+    attention_gate: str | None = None
     fast_paths: str | list[str] = "auto"
     encoding_packages: dict[str, str] | None = None
 
@@ -248,6 +271,7 @@ class TapeConfig(PreTrainedConfig):
         if not isinstance(self.rms_norm_eps, (int, float)) or self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps={self.rms_norm_eps!r} is not allowed; it must be a positive number")
         validate_encodings(self)
+        check_attention_options(self, {name: encoding_class(name) for name in encodings_in(self)})
 
     def to_dict(self):
         output = super().to_dict()

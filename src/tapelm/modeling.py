@@ -19,6 +19,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .attention_options import OutputGate, ScalableSoftmax
 from .cache import (
     SHARED_STREAM,
     capacity,
@@ -38,6 +39,7 @@ from .kernels.attention import (
     attend_stream,
     attend_with_probabilities,
     joined_stream,
+    scale_rows,
 )
 from .kernels.loss import loss_without_logits
 from .kernels.mlp import swiglu
@@ -61,7 +63,8 @@ class TapeAttention(nn.Module):
     tapelm's own attention ("sdpa", or "eager" for the explicit reference), or a function registered under that name
     with transformers' `AttentionInterface` (`tapelm.kernels.attention.attend_registered` says how it is called).
     A layer whose positional module computes the attention itself (`LayerPositional.attend`) takes tapelm's own
-    attention only."""
+    attention only. `ssmax` and `attention_gate` (`tapelm.attention_options`) scale the logits by the number of keys
+    each query sees and gate the heads' outputs, whatever the encoding."""
 
     def __init__(self, config: TapeConfig, layer_idx: int):
         super().__init__()
@@ -77,6 +80,8 @@ class TapeAttention(nn.Module):
         self.o_proj = nn.Linear(
             config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias
         )
+        self.ssmax = ScalableSoftmax(config) if config.ssmax else None
+        self.output_gate = OutputGate(config) if config.attention_gate else None
 
     def forward(
         self,
@@ -110,6 +115,7 @@ class TapeAttention(nn.Module):
             layout.unpack(hidden), q, k, stream, self.head_dim, cache, self.layer_idx, mask.valid, ctx
         )
         bias = RowBias.add(ctx.bias, bias)
+        q, bias = self._length_scaled(q, k, bias, positional, mask)
         scale, probs = positional.logit_scale(self.head_dim), None
         implementation = self.config._attn_implementation
         own = positional.attend(q, k, stream, shared, mask, scale, ctx, output_attentions)
@@ -147,7 +153,21 @@ class TapeAttention(nn.Module):
                 out = attend_registered(function, self, q, k, joined_stream(stream, shared), mask, bias, scale)
             values, attended = out[..., : self.head_dim], (out[..., self.head_dim :] if extra is not None else None)
         out_v = layout.pack(values.transpose(1, 2).reshape(batch, length, -1))
+        if self.output_gate is not None:
+            out_v = self.output_gate(hidden, out_v)
         return self.o_proj(out_v), attended, probs
+
+    def _length_scaled(self, q, k, bias, positional: LayerPositional, mask: AttentionMask):
+        """q and the logit bias with each query's row times the factors of the keys it sees (SSMax's, the layer's
+        `logit_length`), or as they are without either."""
+        scalings = [module for module in (positional.logit_length, self.ssmax) if module is not None]
+        if not scalings:
+            return q, bias
+        seen = mask.keys_seen(q.shape[-2], k.shape[-2], q.device)
+        factor = scalings[0](seen)
+        for module in scalings[1:]:
+            factor = factor * module(seen)
+        return (q * factor).to(q.dtype), scale_rows(bias, factor)
 
 
 def same_for_every_head(extra: torch.Tensor) -> bool:

@@ -29,18 +29,39 @@ ROPE_FAMILY: dict[str, tuple[str, dict[str, Any]]] = {
     "rope-nope-every-2nd": ("rope", {"layer_pe_types": "nope-every-2nd"}),  # RNoPE's interleaving, no window
 }
 """Encodings spelled as RoPE's options (docs/ENCODINGS.md): compared and reported as encodings of their own."""
+LLAMA4_NOPE = {"layer_pe_types": "nope-every-4th", "nope_temperature_tuning": True}
+WITH_ATTENTION_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rope-ssmax": ("rope", {"ssmax": True}),
+    "tape-ssmax": ("tape", {"ssmax": True}),
+    "rope-gated": ("rope", {"attention_gate": "elementwise"}),
+    "tape-gated": ("tape", {"attention_gate": "elementwise"}),
+    # Llama 4's NoPE layers, their temperature starting to grow at 16 or 128 keys (Llama 4's at 8192): MQAR's and
+    # flip-flop's training lengths in the far-lengths recipes
+    "rope-nope-every-4th-temp16": ("rope", {**LLAMA4_NOPE, "nope_floor_scale": 16.0}),
+    "rope-nope-every-4th-temp128": ("rope", {**LLAMA4_NOPE, "nope_floor_scale": 128.0}),
+}
+"""Encodings with options of the attention on (`tapelm.attention_options`, Llama 4's NoPE temperature): rows of their
+own, paired by seed with the same encodings without them."""
 ROPE_FAMILY_NAMES = {
     "p-rope-0.75": "p-RoPE (0.75)",
     "rope-nope-every-4th": "RoPE (NoPE every 4th layer)",
     "rope-nope-every-2nd": "RoPE (NoPE every 2nd layer)",
+    "rope-ssmax": "RoPE + SSMax",
+    "tape-ssmax": "TAPE + SSMax",
+    "rope-gated": "RoPE, gated attention",
+    "tape-gated": "TAPE, gated attention",
+    "rope-nope-every-4th-temp16": "RoPE (NoPE every 4th layer, Llama 4's temperature from 16 keys)",
+    "rope-nope-every-4th-temp128": "RoPE (NoPE every 4th layer, Llama 4's temperature from 128 keys)",
 }
+MECHANISMS = {**ROPE_FAMILY, **WITH_ATTENTION_OPTIONS}
+"""Every row spelled as an encoding plus options that is reported as an encoding of its own."""
 
 
 def check_row(name: str) -> None:
     """Refuse a name that is neither an encoding nor a variant, listing both."""
-    if not is_registered(name) and name not in VARIANTS and name not in ROPE_FAMILY:
+    if not is_registered(name) and name not in VARIANTS and name not in MECHANISMS:
         raise ValueError(
-            f"unknown encoding '{name}'; choose from: {', '.join([*encoding_names(), *ROPE_FAMILY])}, or a variant: "
+            f"unknown encoding '{name}'; choose from: {', '.join([*encoding_names(), *MECHANISMS])}, or a variant: "
             f"{', '.join(VARIANTS)}"
         )
 
@@ -52,13 +73,15 @@ def display_name(name: str) -> str:
 
 def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:
     """(pe_type, TapeConfig options) of an encoding or variant name (an encoding is itself with no options)."""
-    return VARIANTS.get(name) or ROPE_FAMILY.get(name) or (name, {})
+    return VARIANTS.get(name) or MECHANISMS.get(name) or (name, {})
 
 
 __all__ = [
     "ABLATIONS",
+    "MECHANISMS",
     "ROPE_FAMILY",
     "ROPE_FAMILY_NAMES",
+    "WITH_ATTENTION_OPTIONS",
     "VARIANTS",
     "check_row",
     "display_name",

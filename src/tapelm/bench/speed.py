@@ -48,7 +48,7 @@ from ..kernels import fla_runs_on
 from ..modeling import TapeForCausalLM
 from ..positional import encoding_names
 from ..training.provenance import environment, installed_version
-from ..variants import ROPE_FAMILY, VARIANTS, resolve_variant
+from ..variants import MECHANISMS, VARIANTS, resolve_variant
 
 PEERS = ("llama", "fla-fox", "fla-path")
 """Rows that are not tapelm encodings: `llama` is transformers' LlamaForCausalLM at the same size (RoPE);
@@ -705,7 +705,7 @@ def plot(report: dict, path: Path) -> None:
 
 def check_rows(rows: list[str], device: torch.device) -> list[str]:
     """The rows to measure, RoPE first; ValueError naming an unknown one, or an fla row where fla cannot run."""
-    encodings = [*encoding_names(), *ROPE_FAMILY]
+    encodings = [*encoding_names(), *MECHANISMS]
     unknown = [row for row in rows if row not in (*encodings, *VARIANTS, *PEERS)]
     if unknown:
         raise ValueError(

@@ -15,7 +15,7 @@ from ..training.devices import process_device
 from ..training.flags import TRAIN_FLAGS, add_train_flags
 from ..training.launchers import Launcher, LocalLauncher, SlurmLauncher
 from ..training.trackers import TRACKERS
-from ..variants import ABLATIONS, ROPE_FAMILY, VARIANTS
+from ..variants import ABLATIONS, MECHANISMS, VARIANTS
 from .compare import DEFAULT_PES, compare
 from .evaluate import EVAL_SEED, evaluate_model
 from .ladder import LADDER_TASKS, climb, rungs, write_prediction
@@ -350,8 +350,8 @@ def _add_compare(commands) -> None:
         nargs="+",
         default=list(DEFAULT_PES),
         metavar="PE",
-        help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(encoding_names())}, the RoPE options "
-        f"{', '.join(ROPE_FAMILY)}, TAPE's variants {', '.join(VARIANTS)}, or 'all' (the pe_types)",
+        help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(encoding_names())}, the options rows "
+        f"{', '.join(MECHANISMS)}, TAPE's variants {', '.join(VARIANTS)}, or 'all' (the pe_types)",
     )
     _add_comparison_arguments(parser, seeds=[0])
     parser.set_defaults(handler=_compare_command)

@@ -13,7 +13,8 @@ This module is the contract of every encoding, tapelm's own and anyone's (`regis
   built as `layer_class(config, layer_idx)`). Nothing else: every hook below defaults to "nothing".
 - **May override**: the model level's `positions`, `embed`, `prepare`, `initial_state`, `make_layer`,
   `validate_fields`, `validate_config`; the layer's `transform_qk`, `logit_bias`, `attention_inputs`, `attend`,
-  `value_extra`, `after_attention`, `after_mlp`, `logit_scale`, and `init_weights` of any `CustomInit` module.
+  `value_extra`, `after_attention`, `after_mlp`, `logit_scale`, `logit_length`, and `init_weights` of any
+  `CustomInit` module.
 - **What the decoder guarantees**:
   - positions: `ctx.query_positions` (B, N) are the new tokens' positions as `positions` returned them, taken from
     `position_ids` when given, else counted over the real tokens of a left-padded row, else 0..N-1 after the cached
@@ -125,7 +126,15 @@ class CustomInit(nn.Module):
 
 
 class LayerPositional(CustomInit):
-    """Per-layer hooks. The defaults leave attention untouched and carry no state."""
+    """Per-layer hooks. The defaults leave attention untouched and carry no state.
+
+    `logit_length`: None, or a module mapping the number of keys each query sees, (B or 1, 1, N, 1) in float32, to a
+    factor on that query's logits, broadcastable to (B, H, N, 1) (Llama 4's temperature on NoPE layers); the decoder
+    multiplies q and the query's row of the logit bias by it."""
+
+    def __init__(self):
+        super().__init__()
+        self.logit_length: nn.Module | None = None
 
     def transform_qk(self, q: torch.Tensor, k: torch.Tensor, state, ctx: PositionContext):
         """Return q, k as the attention logits should see them; q (B, H, N, d), k (B, Hkv, N, d)."""
@@ -241,6 +250,8 @@ class PositionalEncoding(CustomInit):
     `config_fields`: the encoding's own config fields and their defaults, for an encoding whose fields are not
     declared on `TapeConfig` (a plugin's): every config carries them, so that config.json saves them.
     `test_options`: config values that make the kit's tiny model deterministic and small (e.g. FIRE's width).
+    `softmax_of_logits`: its attention is the decoder's softmax of q.k plus a bias, so that options acting on the
+    logits (SSMax) apply; False for one whose layers compute their attention themselves (`LayerPositional.attend`).
     `rope_scaling`: it rotates by transformers' RoPE spectrum under the scaling `rope_parameters` names (linear,
     YaRN, dynamic, ...); a config whose layers hold no such encoding refuses a scaling, which would change nothing.
     """
@@ -256,6 +267,7 @@ class PositionalEncoding(CustomInit):
     step_cost: StepCost | None = None
     config_fields: dict = {}
     test_options: dict = {}
+    softmax_of_logits: bool = True
     rope_scaling: bool = False
 
     @classmethod

@@ -48,6 +48,7 @@ class StickBreaking(PerLayerEncoding):
     )
 
     causal_only = True
+    softmax_of_logits = False
     layer_class = StickBreakingLayer
 
     @classmethod

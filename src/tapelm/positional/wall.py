@@ -104,6 +104,7 @@ class Wall(PerLayerEncoding):
 
     fixed_shape_cache = False
     causal_only = True
+    softmax_of_logits = False
     layer_class = WallLayer
 
     @classmethod

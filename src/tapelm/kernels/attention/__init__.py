@@ -25,7 +25,7 @@ from .. import candidates, first
 from . import blocks, unpadded
 from .cpu_flash import CpuFlashAttention
 from .efficient import bias_needs_grad, efficient_bias_attention
-from .inputs import AttentionMask, RowBias, Segments, materialized, with_bias
+from .inputs import AttentionMask, RowBias, Segments, materialized, scale_rows, with_bias
 from .naive import explicit_attention, padded_attention, sdpa_dtype
 
 Outputs = tuple[torch.Tensor, torch.Tensor | None]
@@ -182,4 +182,5 @@ __all__ = [
     "joined_stream",
     "materialized",
     "padded_attention",
+    "scale_rows",
 ]

@@ -30,6 +30,15 @@ class AttentionMask:
     is_causal: bool
     segments: Segments | None = None
 
+    def keys_seen(self, queries: int, keys: int, device: torch.device) -> torch.Tensor:
+        """How many keys each of the `queries` new queries sees among `keys`, as float32 (B or 1, 1, N, 1): what a
+        softmax row is normalised over (padding, other documents and later keys left out; at least 1)."""
+        if self.valid is not None:
+            return self.valid.sum(-1, keepdim=True, dtype=torch.float32)
+        if self.is_causal:  # SDPA's own causal mask: no cache, no padding
+            return torch.arange(1, queries + 1, dtype=torch.float32, device=device).view(1, 1, queries, 1)
+        return torch.full((1, 1, queries, 1), float(keys), device=device)
+
 
 class RowBias:
     """An additive logit bias (B or 1, H, N, T) given by a function of a block of queries: `rows(start, end, keys)` is
@@ -68,6 +77,13 @@ def _rows(bias, start: int, end: int, keys: int | None) -> torch.Tensor:
     return bias.rows(start, end, keys) if isinstance(bias, RowBias) else bias[..., start:end, :keys]
 
 
+def scale_rows(bias, factor: torch.Tensor):
+    """A bias (a tensor, a `RowBias` or None) with each query's row multiplied by `factor` (B or 1, H or 1, N, 1)."""
+    if bias is None or not isinstance(bias, RowBias):
+        return None if bias is None else bias * factor
+    return RowBias(lambda start, end, keys: bias.rows(start, end, keys) * factor[..., start:end, :], bias.queries)
+
+
 def materialized(bias):
     """A bias as one tensor (None stays None)."""
     return bias.full() if isinstance(bias, RowBias) else bias
@@ -89,4 +105,4 @@ def seen_keys(valid: torch.Tensor) -> int:
     return int(seen[-1]) + 1 if len(seen) else 1
 
 
-__all__ = ["AttentionMask", "RowBias", "Segments", "materialized", "seen_keys", "with_bias"]
+__all__ = ["AttentionMask", "RowBias", "Segments", "materialized", "scale_rows", "seen_keys", "with_bias"]
