@@ -35,10 +35,14 @@ WITH_ATTENTION_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "tape-ssmax": ("tape", {"ssmax": True}),
     "rope-gated": ("rope", {"attention_gate": "elementwise"}),
     "tape-gated": ("tape", {"attention_gate": "elementwise"}),
-    # Llama 4's NoPE layers, their temperature starting to grow at 16 or 128 keys (Llama 4's at 8192): MQAR's and
-    # flip-flop's training lengths in the far-lengths recipes
-    "rope-nope-every-4th-temp16": ("rope", {**LLAMA4_NOPE, "nope_floor_scale": 16.0}),
+    # Llama 4's NoPE layers, their temperature starting to grow at 128 keys (Llama 4's at 8192): flip-flop's training
+    # length in its far-lengths recipe; MQAR's 2-layer model has no 4th layer, so its row makes every 2nd layer NoPE
+    # and starts at 16 keys
     "rope-nope-every-4th-temp128": ("rope", {**LLAMA4_NOPE, "nope_floor_scale": 128.0}),
+    "rope-nope-every-2nd-temp16": (
+        "rope",
+        {**LLAMA4_NOPE, "layer_pe_types": "nope-every-2nd", "nope_floor_scale": 16.0},
+    ),
 }
 """Encodings with options of the attention on (`tapelm.attention_options`, Llama 4's NoPE temperature): rows of their
 own, paired by seed with the same encodings without them."""
@@ -50,8 +54,8 @@ ROPE_FAMILY_NAMES = {
     "tape-ssmax": "TAPE + SSMax",
     "rope-gated": "RoPE, gated attention",
     "tape-gated": "TAPE, gated attention",
-    "rope-nope-every-4th-temp16": "RoPE (NoPE every 4th layer, Llama 4's temperature from 16 keys)",
     "rope-nope-every-4th-temp128": "RoPE (NoPE every 4th layer, Llama 4's temperature from 128 keys)",
+    "rope-nope-every-2nd-temp16": "RoPE (NoPE every 2nd layer, Llama 4's temperature from 16 keys)",
 }
 MECHANISMS = {**ROPE_FAMILY, **WITH_ATTENTION_OPTIONS}
 """Every row spelled as an encoding plus options that is reported as an encoding of its own."""
