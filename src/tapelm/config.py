@@ -47,7 +47,8 @@ class TapeConfig(PreTrainedConfig):
       0 leaves every pair unrotated (NoPE).
     - `rope_layers` (pe_type "rope" only): which layers rotate q and k, the others attending without a positional
       encoding (NoPE): "all" (default), "nope-every-4th" (every fourth layer NoPE, the 4th, 8th, ...: SmolLM3's
-      `no_rope_layer_interval` 4, as Llama 4 places its NoPE layers), or a list of the layer indices that rotate.
+      `no_rope_layer_interval` 4, as Llama 4 places its NoPE layers; Llama 4 also sets `nope_temperature_tuning`),
+      or a list of the layer indices that rotate.
       Kept for saved configs: it is the RoPE/NoPE case of `layer_pe_types`, and computes what that schedule does.
 
     `layer_pe_types` gives each layer its own encoding (`tapelm.positional.schedule`): None (default: every layer
@@ -110,6 +111,14 @@ class TapeConfig(PreTrainedConfig):
     Stick-breaking attention (Tan et al. 2025; `pe_type` "stickbreaking", causal only, no position signal beyond the
     order the stick breaks in): a query does not see its own key (`stickbreaking_attend_current` False, as fla's and
     the authors' defaults).
+
+    Selective RoPE (Movahedi, Carstensen et al. 2026; `pe_type` "selective-rope"): q and k rotated by RoPE's
+    frequencies (theta `selective_rope_theta`, times `selective_rope_temperature`) times a running sum of phases the
+    content chooses: the normed attention input, L2-normalised per head chunk, through a rank-`selective_rope_rank`
+    projection and a causal convolution of `selective_rope_conv_size` (`selective_rope_conv_activation` after it),
+    plus exp of a learned bias (`selective_rope_bias`), times a sigmoid gate (`selective_rope_gate`: None,
+    "standard", "low-rank" or "gla", of rank `selective_rope_gate_rank`); the authors' code's defaults
+    (`tapelm.positional.selective_rope`).
 
     NoPE layers (`pe_type` "nope", or a schedule's) with `nope_temperature_tuning` scale each query's logits as
     Llama 4's NoPE layers do (transformers' Llama4 `attn_temperature_tuning`): by 1 + `nope_attn_scale` x
@@ -192,6 +201,14 @@ class TapeConfig(PreTrainedConfig):
     pope_bias_init: str = "zero"
     pope_shared_bias: bool = False
     stickbreaking_attend_current: bool = False
+    selective_rope_rank: int = 32
+    selective_rope_conv_size: int = 4
+    selective_rope_conv_activation: str | None = None
+    selective_rope_theta: float = 500000.0
+    selective_rope_temperature: float = 1.0
+    selective_rope_bias: bool = False
+    selective_rope_gate: str | None = None
+    selective_rope_gate_rank: int = 16
     nope_temperature_tuning: bool = False
     nope_floor_scale: float = 8192.0
     nope_attn_scale: float = 0.1

@@ -33,6 +33,7 @@ from .registry import (
 )
 from .rotary import RandPE, RoPE, XPos
 from .schedule import Schedule, encodings_in, is_scheduled, layer_encodings, validate_schedule
+from .selective_rope import SelectiveRoPE
 from .stickbreaking import StickBreaking
 from .tape import TapeEncoding, TapeLayer
 from .wall import Wall
@@ -58,6 +59,7 @@ BUILT_IN: dict[str, type[PositionalEncoding]] = {
     "grape-a-k": GrapeAKey,
     "grape-a-qk": GrapeAQueryKey,
     "pope": PoPE,
+    "selective-rope": SelectiveRoPE,
     "wall": Wall,
     "stickbreaking": StickBreaking,
 }

@@ -33,18 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import cached_keys, cached_state, rewrite_keys, store_keys_values, store_state
+from ..cache import cached_keys, rewrite_keys, store_keys_values
 from ..kernels.path_attention import PathLogits, path_attention_bias
 from .base import LayerPositional, PerLayerEncoding, check_positive
+from .convolution import short_convolution
 from .costs import measured
 
 NORM_EPS = 1e-6
-
-
-def _diagonal(valid: torch.Tensor, offset: int) -> torch.Tensor:
-    """valid[b, s, s + offset] for every query s (B, N); False where that key would lie before the first one."""
-    seen = valid.diagonal(offset=offset, dim1=-2, dim2=-1)
-    return F.pad(seen, (valid.shape[-2] - seen.shape[-1], 0), value=False)
 
 
 class PaTHLayer(LayerPositional):
@@ -62,8 +57,7 @@ class PaTHLayer(LayerPositional):
             )
         else:
             self.w_proj = nn.Linear(config.hidden_size, kv_dim, bias=False)
-        self.conv_size = config.path_conv_size
-        self.w_conv = nn.Conv1d(kv_dim, kv_dim, self.conv_size, groups=kv_dim, bias=False)
+        self.w_conv = nn.Conv1d(kv_dim, kv_dim, config.path_conv_size, groups=kv_dim, bias=False)
         self.beta_proj = nn.Linear(config.hidden_size, self.kv_heads, bias=True)
         self.layer_idx = layer_idx
 
@@ -78,22 +72,7 @@ class PaTHLayer(LayerPositional):
         beta = 2 * torch.sigmoid(self.beta_proj(x).to(wide))  # (B, N, Hkv)
         if ctx.token_mask is not None:  # padding: H = I
             beta = beta * ctx.token_mask[..., None]
-        history = self.conv_size - 1
-        mixed = inputs * self.w_conv.weight[:, 0, history]
-        if history:
-            past = cached_state(cache, self.layer_idx, "conv")
-            store_state(cache, self.layer_idx, "conv", inputs[:, None])
-            cached = 0 if past is None else past.shape[-2]
-            before = inputs.new_zeros(batch, history, inputs.shape[-1])
-            if past is not None:
-                kept = min(history, cached)
-                before[:, history - kept :] = past[:, 0, cached - kept :].to(inputs.dtype)
-            sequence = torch.cat([before, inputs], dim=1)
-            for offset in range(1, history + 1):
-                earlier = sequence[:, history - offset : history - offset + length]  # token s - offset
-                if valid is not None:
-                    earlier = earlier * _diagonal(valid[:, 0], cached - offset)[..., None].to(inputs.dtype)
-                mixed = mixed + earlier * self.w_conv.weight[:, 0, history - offset]
+        mixed = short_convolution(inputs, self.w_conv.weight, cache, self.layer_idx, valid)
         w = F.silu(mixed).to(wide).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         w = w / w.norm(dim=-1, keepdim=True).clamp(min=NORM_EPS)
         return w, beta.transpose(1, 2)

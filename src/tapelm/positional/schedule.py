@@ -21,7 +21,8 @@ from .base import LayerPositional, PositionalEncoding, PositionContext, check_ch
 
 PRESETS = {"nope-every-4th": 4, "nope-every-2nd": 2}
 """Preset -> k: every k-th layer (the k-th, 2k-th, ...) is NoPE, the others use `pe_type`. "nope-every-4th" is
-SmolLM3's and Llama 4's placement (`no_rope_layer_interval` 4); "nope-every-2nd" interleaves NoPE and `pe_type`
+SmolLM3's and Llama 4's placement (`no_rope_layer_interval` 4; Llama 4's NoPE layers also scale their logits:
+`nope_temperature_tuning`); "nope-every-2nd" interleaves NoPE and `pe_type`
 layers one to one (RNoPE's interleaving, without its sliding window: docs/ENCODINGS.md)."""
 ROPE_LAYER_SCHEDULES = ("all", "nope-every-4th")
 
