@@ -174,3 +174,39 @@ def test_ssmax_scale_starts_at_its_init_and_each_option_adds_only_its_own_tensor
     assert model.model.layers[0].self_attn.output_gate.proj.weight.shape == (4, 32)
     nope = TapeForCausalLM(tiny_config("nope", nope_temperature_tuning=True))
     assert set(nope.state_dict()) == set(TapeForCausalLM(tiny_config("nope")).state_dict())
+
+
+def test_the_report_pairs_each_option_with_its_encoding_by_seed(tmp_path):
+    """The "Options of the attention" section: each option row minus the same encoding without it, paired by seed,
+    at the training length, beyond it and at the longest length, its verdict read beyond; TAPE minus RoPE with the
+    option beside TAPE minus RoPE without it; nothing for a comparison without option rows."""
+    import json
+
+    from tapelm.report.options_section import build
+    from tapelm.report.sections import ReportContext
+
+    folder = tmp_path / "compare" / "mqar" / "abc"
+    folder.mkdir(parents=True)
+    (folder / "comparison.json").write_text(json.dumps({"task": "mqar", "settings_hash": "abc"}))
+    plain = tmp_path / "compare" / "flipflop" / "old"
+    plain.mkdir(parents=True)
+    (plain / "comparison.json").write_text(json.dumps({"task": "flipflop", "settings_hash": "old"}))
+    beyond = {"rope": 0.10, "tape": 0.40, "rope-gated": 0.20, "tape-gated": 0.45, "rope-ssmax": 0.10}
+    for pe, value in beyond.items():
+        for seed, noise in enumerate((0.0, 0.01, 0.02)):
+            run = folder / pe / f"seed{seed}"
+            run.mkdir(parents=True)
+            longer = value + (noise if pe.endswith("gated") else 0.0)
+            summary = {"in_distribution": 1.0, "longer": longer, "by_length": {"17": 1.0, "257": longer / 2}}
+            (run / "result.json").write_text(
+                json.dumps({"pe": pe, "seed": seed, "metric": "accuracy", "summary": summary})
+            )
+            (run / "eval.json").write_text("{}")
+    text = build(ReportContext(tmp_path, tmp_path / "figures", "figures", tmp_path / "compare"))
+    assert "| mqar (`abc`) | in distribution | beyond (mean) | at the longest | seeds | verdict |" in text
+    assert "| rope-gated − rope | +0.0 ± 0.0 | +11.0 ± 2.5 | +5.5 ± 1.2 | 3 | better |" in text
+    assert "| rope-ssmax − rope | +0.0 ± 0.0 | +0.0 ± 0.0 | +0.0 ± 0.0 | 3 | no difference shown |" in text
+    assert "| tape-gated − rope-gated | +0.0 ± 0.0 | +25.0 ± 0.0 | +12.5 ± 0.0 | 3 | better |" in text
+    assert "| tape − rope (no option) | +0.0 ± 0.0 | +30.0 ± 0.0 | +15.0 ± 0.0 | 3 | better |" in text
+    assert "tape-ssmax" not in text and "flipflop" not in text
+    assert build(ReportContext(tmp_path, tmp_path / "f", "f", tmp_path / "nothing")) is None

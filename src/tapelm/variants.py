@@ -59,6 +59,17 @@ ROPE_FAMILY_NAMES = {
 }
 MECHANISMS = {**ROPE_FAMILY, **WITH_ATTENTION_OPTIONS}
 """Every row spelled as an encoding plus options that is reported as an encoding of its own."""
+ATTENTION_OPTION_FIELDS = ("ssmax", "attention_gate", "nope_temperature_tuning", "nope_floor_scale")
+
+
+def without_attention_options(name: str) -> str:
+    """The row a `WITH_ATTENTION_OPTIONS` row is paired with: the same encoding and options, the attention's left out
+    (e.g. "tape-gated" -> "tape", "rope-nope-every-4th-temp128" -> "rope-nope-every-4th")."""
+    pe, options = WITH_ATTENTION_OPTIONS[name]
+    rest = {key: value for key, value in options.items() if key not in ATTENTION_OPTION_FIELDS}
+    if not rest:
+        return pe
+    return next(row for row, spec in ROPE_FAMILY.items() if spec == (pe, rest))
 
 
 def check_row(name: str) -> None:
@@ -82,6 +93,7 @@ def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:
 
 __all__ = [
     "ABLATIONS",
+    "ATTENTION_OPTION_FIELDS",
     "MECHANISMS",
     "ROPE_FAMILY",
     "ROPE_FAMILY_NAMES",
@@ -90,4 +102,5 @@ __all__ = [
     "check_row",
     "display_name",
     "resolve_variant",
+    "without_attention_options",
 ]

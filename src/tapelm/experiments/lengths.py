@@ -1,7 +1,7 @@
 """How accuracy falls with length far beyond the training length (issue 65): per encoding, the accuracy at every
 evaluated multiple of the training length and its fall per doubling; per family, whether encodings that accumulate
-position along the sequence (TAPE, PaTH, GRAPE-M) fall faster than those that decay attention with distance (FoX,
-stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP).
+position along the sequence (TAPE, PaTH, GRAPE-M, Selective RoPE) fall faster than those that decay attention with
+distance (FoX, stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP).
 
 A run's accuracy at a length is the mean over the conditions drawn as in training but for their length (flip-flop:
 the training ignore rate; its sparse and dense splits differ in more than length). The fall of one run is the

@@ -214,8 +214,8 @@ class LayerPositional(CustomInit):
 
 FAMILIES = ("accumulating", "decaying")
 """The far-lengths question's families: encodings that accumulate position along the sequence (a running product of
-transforms carries positions along: TAPE, PaTH, GRAPE-M) against those whose attention decays with distance or
-gates (FoX, stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP)."""
+transforms carries positions along: TAPE, PaTH, GRAPE-M, Selective RoPE) against those whose attention decays with
+distance or gates (FoX, stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP)."""
 
 
 @dataclass(frozen=True)

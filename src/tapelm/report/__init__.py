@@ -39,6 +39,7 @@ def build_report(
         findings_section,
         ladder_section,
         lengths_section,
+        options_section,
         pretrained_section,
         scrolls_section,
         tasks_section,

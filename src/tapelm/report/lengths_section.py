@@ -14,9 +14,9 @@ from ..experiments.tasks import get_task
 from .sections import ReportContext, register_readme_section, register_section
 
 INTRO = (
-    "Does an encoding that accumulates position along the sequence (TAPE, PaTH, GRAPE-M) lose accuracy faster, far "
-    "beyond the training length, than one whose attention decays with distance (FoX, stick-breaking, Wall, ALiBi, "
-    "GRAPE-A, GRAPE-AP)? "
+    "Does an encoding that accumulates position along the sequence (TAPE, PaTH, GRAPE-M, Selective RoPE) lose "
+    "accuracy faster, far beyond the training length, than one whose attention decays with distance (FoX, "
+    "stick-breaking, Wall, ALiBi, GRAPE-A, GRAPE-AP)? "
     "Each comparison below was evaluated at 8x its training length or more. An encoding's fall is the least-squares "
     "slope of its accuracy against log2(length / training length), in points per doubling, where the accuracy at a "
     "length averages the conditions drawn as in training but for their length (flip-flop: the training ignore rate, "
