@@ -224,9 +224,9 @@ def test_the_rate_is_the_slowest_measured_by_the_newest_code_and_the_bench_befor
 
 def test_step_costs_are_the_encodings_facts_and_an_estimate_says_it_is_one() -> None:
     """Each encoding declares its step cost on its class; GRAPE's, PoPE's, Wall's, stick-breaking's and Selective
-    RoPE's, which no GPU measured, are their estimates with their provenance (not the largest measured cost), and the stage says an
-    estimate is one. A row without a declared cost (an encoding that declares none, a variant) is priced at the
-    largest."""
+    RoPE's, which no GPU measured, are their estimates with their provenance (not the largest measured cost), and the
+    stage says an estimate is one. A row without a declared cost (an encoding that declares none, a variant) is priced
+    at the largest."""
     declared = {pe: cls.step_cost for pe, cls in registered().items() if cls.step_cost is not None}
     estimated = {pe for pe, cost in declared.items() if not cost.measured}
     assert estimated == {
