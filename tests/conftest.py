@@ -206,6 +206,34 @@ def tiny_model(
     return randomize(new_model(tiny_config(pe_type, **overrides), seed), std, seed).to(dtype).eval()
 
 
+def first_layer_logits(model, x: torch.Tensor, layer_idx: int = 0) -> torch.Tensor:
+    """Decoder layer `layer_idx`'s pre-softmax logits (B, H, T, T) for its attention input x (B, T, C), through the
+    positional hooks the decoder calls (no cache, positions 0..T-1), -inf where the causal mask hides a key; each KV
+    head's keys serve its group of query heads."""
+    from tapelm.fast_paths import NONE
+    from tapelm.kernels.attention import materialized
+    from tapelm.positional import PositionContext
+
+    layer = model.model.layers[layer_idx]
+    attention, positional = layer.self_attn, layer.positional
+    batch, length, _ = x.shape
+    dim = model.config.head_dim
+    q, k, v = (
+        proj(x).view(batch, length, -1, dim).transpose(1, 2)
+        for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
+    )
+    positions = torch.arange(length, device=x.device).expand(batch, -1)
+    ctx = PositionContext(query_positions=positions, key_positions=positions, paths=NONE)
+    model.model.positional.prepare(ctx, x.dtype)
+    valid = torch.ones(1, 1, length, length, dtype=torch.bool, device=x.device).tril()
+    q, k = positional.transform_qk(q, k, None, ctx)
+    q, k, _, bias = positional.attention_inputs(x, q, k, v, dim, None, layer_idx, valid, ctx)
+    logits = q @ k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).transpose(-1, -2) * positional.logit_scale(dim)
+    if bias is not None:
+        logits = logits + materialized(bias)
+    return logits.masked_fill(~valid, float("-inf"))
+
+
 decode_in_chunks = testing.decode_in_chunks
 
 

@@ -13,12 +13,9 @@ import pytest
 import torch
 
 import grape_reference as ref
-from conftest import DEVICE, decode_in_chunks, tiny_config, tiny_model
-from tapelm.fast_paths import NONE
-from tapelm.kernels.attention import materialized
+from conftest import DEVICE, decode_in_chunks, first_layer_logits, tiny_config, tiny_model
 from tapelm.kernels.forgetting_attention.naive import forgetting_bias
 from tapelm.kernels.rotation import rotate_halves
-from tapelm.positional import PositionContext
 from tapelm.positional.grape_ap import last_seen, path_integral_bias
 
 HEADS, DIM, HIDDEN, LENGTH = 4, 8, 32, 12
@@ -33,28 +30,6 @@ def attention_input(seed: int = 1, length: int = LENGTH) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(2, length, HIDDEN, generator=generator, dtype=torch.float64, device="cpu")
     return x.to(DEVICE).requires_grad_()
-
-
-def tapelm_logits(model, x: torch.Tensor, layer_idx: int = 0) -> torch.Tensor:
-    """Decoder layer `layer_idx`'s pre-softmax logits (B, H, T, T) for its attention input x (B, T, C), through the
-    positional hooks the decoder calls, -inf where the causal mask hides a key."""
-    layer = model.model.layers[layer_idx]
-    attention, positional = layer.self_attn, layer.positional
-    batch, length, _ = x.shape
-    q, k, v = (
-        proj(x).view(batch, length, -1, DIM).transpose(1, 2)
-        for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
-    )
-    positions = torch.arange(length, device=x.device).expand(batch, -1)
-    ctx = PositionContext(query_positions=positions, key_positions=positions, paths=NONE)
-    model.model.positional.prepare(ctx, x.dtype)
-    valid = torch.ones(1, 1, length, length, dtype=torch.bool, device=x.device).tril()
-    q, k = positional.transform_qk(q, k, None, ctx)
-    q, k, _, bias = positional.attention_inputs(x, q, k, v, DIM, None, layer_idx, valid, ctx)
-    logits = q @ k.transpose(-1, -2) * positional.logit_scale(DIM)
-    if bias is not None:
-        logits = logits + materialized(bias)
-    return logits.masked_fill(~valid, float("-inf"))
 
 
 def flip(weight: torch.Tensor, width: int) -> torch.Tensor:
@@ -125,7 +100,7 @@ def test_the_attention_logits_and_every_gradient_equal_the_authors(pe_type, opti
     """Same weights (up to `flip`), float64: the logits and the gradients of every parameter and of the input."""
     model = grape_model(pe_type, **options)
     x = attention_input()
-    ours = tapelm_logits(model, x)
+    ours = first_layer_logits(model, x)
     theirs = authors_logits(
         model, pe_type, x, options.get("grape_ap_tie", "none"), options.get("grape_ap_head_dim", DIM)
     )
@@ -203,7 +178,7 @@ def test_grape_ap_with_a_constant_term_is_alibi():
     torch.nn.init.zeros_(model.model.layers[0].positional.projection.weight)
     nope = copied_into(model, "nope")
     x = attention_input()
-    bias = tapelm_logits(model, x) - tapelm_logits(nope, x)
+    bias = first_layer_logits(model, x) - first_layer_logits(nope, x)
     distance = torch.arange(LENGTH, device=DEVICE)[:, None] - torch.arange(LENGTH, device=DEVICE)[None]
     slopes = ref.alibi_slopes(HEADS)
     alibi = -torch.tensor(slopes, dtype=torch.float64, device=DEVICE)[:, None, None] * distance
@@ -249,7 +224,7 @@ def test_grape_a_qk_bias_is_the_query_gated_plus_the_key_gated_bias():
     """With the same rate and directions, GRAPE-A-QK's bias is GRAPE-A-Q's plus GRAPE-A-K's."""
     both = grape_model("grape-a-qk")
     x = attention_input()
-    nope = tapelm_logits(copied_into(both, "nope"), x)
+    nope = first_layer_logits(copied_into(both, "nope"), x)
     positional = both.model.layers[0].positional
     parts = []
     for pe_type, gate in (("grape-a-q", "query_gate"), ("grape-a-k", "key_gate")):
@@ -257,9 +232,11 @@ def test_grape_a_qk_bias_is_the_query_gated_plus_the_key_gated_bias():
         with torch.no_grad():
             model.model.layers[0].positional.omega.copy_(positional.omega)
             getattr(model.model.layers[0].positional, gate).copy_(getattr(positional, gate))
-        parts.append(tapelm_logits(model, x) - nope)
+        parts.append(first_layer_logits(model, x) - nope)
     seen = torch.isfinite(nope)
-    torch.testing.assert_close((tapelm_logits(both, x) - nope)[seen], (parts[0] + parts[1])[seen], atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        (first_layer_logits(both, x) - nope)[seen], (parts[0] + parts[1])[seen], atol=1e-12, rtol=0
+    )
     assert (parts[0][seen] < 0).any() and (parts[1][seen] < 0).any()
 
 
@@ -285,7 +262,7 @@ def test_the_logits_depend_only_on_the_phase_difference(pe_type):
     model = grape_model(pe_type)
     x = attention_input(length=LENGTH + 1)
     torch.testing.assert_close(
-        tapelm_logits(model, x)[:, :, 1:, 1:], tapelm_logits(model, x[:, 1:]), atol=1e-12, rtol=0
+        first_layer_logits(model, x)[:, :, 1:, 1:], first_layer_logits(model, x[:, 1:]), atol=1e-12, rtol=0
     )
 
 
@@ -305,7 +282,7 @@ def test_contextual_logits_are_the_keys_turned_by_the_phase_difference():
         k[:, None].expand(-1, LENGTH, -1, -1, -1), difference.cos()[:, :, :, None], difference.sin()[:, :, :, None]
     )
     expected = torch.einsum("bihd,bijhd->bhij", q, turned) / math.sqrt(DIM)
-    ours = tapelm_logits(model, x)
+    ours = first_layer_logits(model, x)
     seen = torch.isfinite(ours)
     torch.testing.assert_close(ours[seen], expected[seen], atol=1e-12, rtol=0)
 

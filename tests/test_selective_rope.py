@@ -10,10 +10,8 @@ import pytest
 import torch
 
 import selective_rope_reference as ref
-from conftest import DEVICE, tiny_config, tiny_model, tokens
+from conftest import DEVICE, first_layer_logits, tiny_config, tiny_model, tokens
 from tapelm import TapeForCausalLM
-from tapelm.fast_paths import NONE
-from tapelm.positional import PositionContext
 
 HEADS, DIM, HIDDEN, LENGTH = 4, 8, 32, 12
 
@@ -32,25 +30,6 @@ OPTIONS = [
     ({"selective_rope_conv_size": 2, "selective_rope_temperature": 3.0}, {"temp_max": 3.0}),
 ]
 IDS = ["default", "bias", "gate-standard", "gate-low-rank-silu", "gate-gla-bias-theta", "conv2-temperature"]
-
-
-def tapelm_logits(model, x: torch.Tensor) -> torch.Tensor:
-    """The first decoder layer's pre-softmax logits (B, H, T, T) for its attention input x, through the hooks the
-    decoder calls, -inf where the causal mask hides a key."""
-    layer = model.model.layers[0]
-    attention, positional = layer.self_attn, layer.positional
-    batch, length, _ = x.shape
-    q, k, v = (
-        proj(x).view(batch, length, -1, DIM).transpose(1, 2)
-        for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
-    )
-    positions = torch.arange(length, device=x.device).expand(batch, -1)
-    ctx = PositionContext(query_positions=positions, paths=NONE)
-    valid = torch.ones(1, 1, length, length, dtype=torch.bool, device=x.device).tril()
-    q, k, _, _ = positional.attention_inputs(x, q, k, v, DIM, None, 0, valid, ctx)
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    logits = q @ k.transpose(-1, -2) * positional.logit_scale(DIM)
-    return logits.masked_fill(~valid, float("-inf"))
 
 
 def authors_weights(model) -> dict:
@@ -78,7 +57,7 @@ def test_the_logits_and_every_gradient_equal_the_authors(options, theirs):
     model = tiny_model("selective-rope", dtype=torch.float64, num_key_value_heads=HEADS, **options)
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(2, LENGTH, HIDDEN, generator=generator, dtype=torch.float64).to(DEVICE).requires_grad_()
-    ours = tapelm_logits(model, x)
+    ours = first_layer_logits(model, x)
     reference = ref.selective_rope_logits(x, authors_weights(model), HEADS, DIM, theirs)
     visible = torch.isfinite(reference)
     assert torch.equal(visible, torch.isfinite(ours))
