@@ -22,8 +22,9 @@ from tapelm.experiments.compare import (
 )
 from tapelm.experiments.plan import OWED, default_settings_hash, superseded_by
 from tapelm.experiments.runs import RunSpec, settings_hash
-from tapelm.report import build_report, readme_sections, splice
+from tapelm.report import README_SECTIONS, build_report, readme_sections, splice
 from tapelm.report.findings_section import best_other, findings_row, findings_table
+from tapelm.report.glance_section import FIGURE, panel, table
 
 TINY = [
     "--steps",
@@ -166,7 +167,7 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     out = tmp_path / "docs" / "RESULTS.md"
     out.parent.mkdir()
     out.write_text("# Results\n\nIntro by a person.\n\n## Fine-tuning\n\nWritten by another tool.\n")
-    assert build_report(compared, out) == ["claims", "coverage", "task-comparison"]
+    assert sorted(build_report(compared, out)) == ["claims", "coverage", "findings", "task-comparison"]
     text = out.read_text()
     assert "tape did not learn addition in distribution" in text and "| **inconclusive** |" in text
     assert f"; not the preset's current recipe, `{default_settings_hash('addition')}`" in text  # TINY's settings
@@ -178,19 +179,14 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     assert all(f"figures/{name}" in text for name in figures if name.endswith(".png"))
     first = text
     # idempotent: each section is replaced, not added
-    assert build_report(compared, out) == ["claims", "coverage", "task-comparison"]
+    assert sorted(build_report(compared, out)) == ["claims", "coverage", "findings", "task-comparison"]
     assert out.read_text() == first
 
 
-README_MARKERS = (
-    "<!-- tapelm-report:begin findings -->\nold findings\n<!-- tapelm-report:end findings -->\n\nBetween.\n\n"
-    "<!-- tapelm-report:begin verdicts -->\nold verdicts\n<!-- tapelm-report:end verdicts -->\n"
-    "<!-- tapelm-report:begin far-lengths -->\n<!-- tapelm-report:end far-lengths -->\n"
-    "<!-- tapelm-report:begin compute-ladder -->\n<!-- tapelm-report:end compute-ladder -->\n"
-)
+README_MARKERS = "<!-- tapelm-report:begin at-a-glance -->\nold table\n<!-- tapelm-report:end at-a-glance -->\n"
 
 
-def test_report_writes_the_readme_tables_only_between_their_markers(compared, tmp_path) -> None:
+def test_report_writes_the_readme_first_screen_only_between_its_markers(compared, tmp_path) -> None:
     out = tmp_path / "docs" / "RESULTS.md"
     readme = tmp_path / "README.md"
     readme.write_text("# tool\n\nFront page.\n")
@@ -198,38 +194,35 @@ def test_report_writes_the_readme_tables_only_between_their_markers(compared, tm
     assert readme.read_text() == "# tool\n\nFront page.\n"  # no markers: the file is not touched
     readme.write_text(f"# tool\n\n{README_MARKERS}\nAfter.\n")
     written = build_report(compared, out, readme=readme)
-    assert f"{readme}:verdicts" in written and f"{readme}:findings" in written
+    assert f"{readme}:at-a-glance" in written
     text = readme.read_text()
-    assert "old" not in text and text.startswith("# tool\n\n<!-- tapelm-report:begin findings -->\n")
-    assert text.endswith("\nAfter.\n") and "\n<!-- tapelm-report:end findings -->\n\nBetween.\n\n" in text
-    assert "| Addition: TAPE's heatmap average over the 2x operand-length grid" in text
-    assert "| **inconclusive** |" in text
-    findings = text.split("<!-- tapelm-report:begin findings -->")[1].split("<!-- tapelm-report:end findings -->")[0]
+    assert "old" not in text and text.startswith("# tool\n\n<!-- tapelm-report:begin at-a-glance -->\n")
+    assert text.endswith("\n<!-- tapelm-report:end at-a-glance -->\n\nAfter.\n")
+    assert "](docs/figures/tape-against-each.png)" in text and (tmp_path / "docs" / "figures" / FIGURE).is_file()
     hash_ = comparison(compared).name
-    assert f"| addition (6 steps, `{hash_}`) |" in findings  # TINY's comparison, the only one archived
+    # TINY's comparison, the only one archived: TAPE did not learn it, so the claim cannot be judged
+    assert f"| addition (6 steps, `{hash_}`) | " in text and text.count("| **inconclusive** |") == 1
+    findings = out.read_text().split("<!-- tapelm-report:begin findings -->")[1]
     assert "| **inconclusive** on the average over every length: TAPE did not learn the task |" in findings
     assert build_report(compared, out, readme=readme) == written and readme.read_text() == text  # idempotent
 
 
-def test_report_refuses_a_readme_that_lost_one_tables_markers(compared, tmp_path, capsys) -> None:
-    """A README with some of the report's markers but not all, or a begin marker without its end, is refused in one
-    line before anything is written, so that no table silently stops being rewritten."""
+def test_report_refuses_a_readme_that_lost_one_tables_markers(compared, tmp_path, capsys, monkeypatch) -> None:
+    """A README with some of the report's markers but not all (here with a second section a user registered), or a
+    begin marker without its end, is refused in one line before anything is written, so that no table silently
+    stops being rewritten."""
+    monkeypatch.setitem(README_SECTIONS, "extra", lambda context: "extra")
     out = tmp_path / "docs" / "RESULTS.md"
     readme = tmp_path / "README.md"
-    only_verdicts = "# tool\n\n<!-- tapelm-report:begin verdicts -->\n<!-- tapelm-report:end verdicts -->\n"
-    for broken in (only_verdicts, README_MARKERS.replace("<!-- tapelm-report:end findings -->", "")):
+    with_extra = README_MARKERS + "<!-- tapelm-report:begin extra -->\n<!-- tapelm-report:end extra -->\n"
+    for broken, named in ((README_MARKERS, "extra"), (with_extra.replace("end at-a-glance", "end"), "at-a-glance")):
         readme.write_text(broken)
         capsys.readouterr()
         assert main(["report", "--root", str(compared), "--out", str(out), "--readme", str(readme)]) == 2
         error = capsys.readouterr().err
-        assert error.count("\n") == 1 and error.startswith(f"tapelm: error: {readme}") and "findings" in error
+        assert error.count("\n") == 1 and error.startswith(f"tapelm: error: {readme}") and named in error
         assert readme.read_text() == broken and not out.exists()
-    assert sorted(readme_sections(README_MARKERS, "README.md")) == [
-        "compute-ladder",
-        "far-lengths",
-        "findings",
-        "verdicts",
-    ]
+    assert sorted(readme_sections(with_extra, "README.md")) == ["at-a-glance", "extra"]
     assert readme_sections("# another tool\n", "README.md") == []
 
 
@@ -300,6 +293,45 @@ def test_findings_row_from_a_synthetic_comparison() -> None:
     assert "| no other that learned the task shares two seeds with TAPE |" in row
 
 
+def test_first_screen_panel_and_table_from_a_synthetic_comparison() -> None:
+    """The README's figure puts TAPE ahead to the right for every metric (for perplexity, the other's over TAPE's on
+    a log axis), orders the encodings best for TAPE first, leaves out those that did not learn (named in the
+    note), and the short table agrees with the findings' cells."""
+    mqar = synthetic(
+        "mqar",
+        "accuracy",
+        {
+            "tape": (1.0, {0: 0.90, 1: 0.92, 2: 0.94}),
+            "rope": (1.0, {0: 0.60, 1: 0.70, 2: 0.65}),
+            "fox": (1.0, {0: 0.99, 1: 0.98, 2: 0.99}),
+            "nope": (0.50, {0: 1.0, 1: 1.0, 2: 1.0}),
+        },
+    )
+    shown = panel(mqar)
+    assert [(row[0], row[4]) for row in shown["rows"]] == [("RoPE", "TAPE ahead"), ("FoX", "TAPE behind")]
+    name, mean, low, high, _ = shown["rows"][0]
+    assert mean == pytest.approx(27.0) and high - mean == pytest.approx(mean - low) and mean - low > 0
+    assert shown["note"] == "did not learn in distribution: NoPE"
+    text = synthetic(
+        "text",
+        "perplexity",
+        {"tape": (3.3, {0: math.log(20), 1: math.log(22)}), "rope": (3.4, {0: math.log(40), 1: math.log(33)})},
+    )
+    (row,) = panel(text)["rows"]  # RoPE's perplexity is x2 and x1.5 TAPE's: their geometric mean, around 1
+    assert row[1] == pytest.approx(math.sqrt(2 * 1.5)) and row[2] < 1 < row[1] < row[3] and panel(text)["ratio"]
+    assert row[4] == "no difference shown"
+    claim = next(c for c in CLAIMS if c.name == "retrieval-mqar")
+    line = table([(mqar, claim, judge(claim, mqar)[0]), (text, None, None)]).splitlines()
+    assert line[2] == (
+        "| MQAR (2,000 steps, `0123456789`) | +27.0 ± 10.8 pts (3 seeds): better | FoX -6.7 ± 5.2 pts (3 seeds): "
+        "worse | **inconclusive** |"
+    )
+    difference = "×0.577 [0.093, 3.591] (2 seeds): no difference shown"  # t(0.975, 1) = 12.706
+    assert line[3] == f"| text (2,000 steps, `0123456789`) | {difference} | RoPE {difference} | none made |"
+    unlearned = synthetic("mqar", "accuracy", {"tape": (0.5, {0: 0.1, 1: 0.2}), "rope": (1.0, {0: 0.5, 1: 0.6})})
+    assert panel(unlearned)["rows"] == [] and "TAPE did not learn" in panel(unlearned)["note"]
+
+
 def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     """The report archives each comparison's small files next to itself; without the cache it rebuilds the same
     text from the archive, and a later cache with other seeds is merged into it, not swapped for it."""
@@ -318,7 +350,7 @@ def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     assert not list(archived.rglob("*.safetensors"))
     elsewhere = tmp_path / "other-machine"
     (elsewhere / "compare").mkdir(parents=True)
-    assert build_report(elsewhere, out) == ["claims", "coverage", "task-comparison"]
+    assert sorted(build_report(elsewhere, out)) == ["claims", "coverage", "findings", "task-comparison"]
     assert out.read_text() == first
     partial = elsewhere / "compare" / "addition" / archived.name
     shutil.copytree(comparison(compared), partial)

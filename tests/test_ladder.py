@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +15,7 @@ from tapelm.experiments import ladder
 from tapelm.experiments.plan import default_settings_hash
 from tapelm.experiments.presets import get_preset
 from tapelm.experiments.runs import resolve
-from tapelm.report.ladder_section import build, build_readme
+from tapelm.report.ladder_section import build
 from tapelm.report.sections import ReportContext
 
 SIZES = ("hidden_size", "num_attention_heads", "intermediate_size")
@@ -136,5 +135,3 @@ def test_a_prediction_is_written_once_from_learned_rungs_and_reported(tmp_path):
     text = build(context)
     assert "| 3x | 3e+12 | 3.00 | +13.0 ± " in text and "The GPU rung has not run yet." in text
     assert (tmp_path / "figures" / "ladder-mqar.png").stat().st_size > 0
-    readme = build_readme(replace(context, readme_figures_link="docs/figures"))
-    assert readme.startswith("Predicted on ") and readme.endswith("(docs/figures/ladder-mqar.png)")

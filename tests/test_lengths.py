@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tapelm.experiments.lengths import by_length, encoding_rows, fall_per_doubling, family_difference, reaches_far
 from tapelm.experiments.tasks import get_task
-from tapelm.report.lengths_section import build, build_readme
+from tapelm.report.lengths_section import build
 from tapelm.report.sections import ReportContext
 
 TRAINING = 33
@@ -134,14 +134,9 @@ def test_the_report_writes_the_section_and_its_figure_from_an_archive(tmp_path):
     assert "| tape | accumulating | 100.0 ± 0.0 | 89.0 ± 2.5 |" in text
     assert "**accumulation falls faster**" in text and "-9.0 ± 0.0 points" in text
     assert (tmp_path / "figures" / "lengths-mqar-abc.png").stat().st_size > 0
-    short = build_readme(context)
-    assert "| mqar (`abc`) | family | at 33 tokens | at 528 (16x) | fall per doubling | seeds |" in short
-    assert "| tape | accumulating | 100.0 ± 0.0 | 56.0 ± 9.9 | -11.0 ± 2.5 | 3 |" in short
-    assert "**accumulation falls faster**.\n\nWithout an answer" in short and "| mqar (`far`)" not in short
-    assert short.endswith("tables in docs/RESULTS.md): mqar (`far`).")
     assert "### mqar (`far`, trained at 33 tokens)" in text and "no answer here" in text
     nothing = ReportContext(tmp_path, tmp_path / "f", "f", tmp_path / "nothing")
-    assert build(nothing) is None and build_readme(nothing) is None
+    assert build(nothing) is None
 
 
 def test_a_length_is_labelled_by_its_multiple_of_the_training_size(tmp_path):
@@ -157,5 +152,4 @@ def test_a_length_is_labelled_by_its_multiple_of_the_training_size(tmp_path):
     for pe in ("tape", "fox"):
         write_run(folder / pe / "seed0", pe, 0, dict.fromkeys(lengths, 1.0))
     context = ReportContext(tmp_path, tmp_path / "figures", "figures", tmp_path / "compare")
-    assert "| mqar (`p4`) | family | at 17 tokens | at 257 (16x) |" in build_readme(context)
     assert "| encoding | family | 1x (17) | 2x (33) | 4x (65) | 8x (129) | 16x (257) |" in build(context)

@@ -207,4 +207,82 @@ def learning_panels(
     return _finish_panels(fig, axes, path, title, width, label, legend_axis=fullest)
 
 
-__all__ = ["heatmap", "heatmaps", "heatmap_grid", "curves", "learning_panels", "state_norm_panels"]
+OUTCOME_COLOURS = {
+    "TAPE ahead": "tab:green",
+    "TAPE behind": "tab:red",
+    "no difference shown": "tab:grey",
+    "too few seeds": "lightgrey",
+}
+
+
+def forest_panels(panels: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """One panel per task, two across: a dot and its 95% interval per encoding, right of the reference line where
+    TAPE is ahead, coloured by the verdict. Each panel is {"title", "x_label", "note", "ratio", "rows": [(name, mean,
+    low, high, outcome in OUTCOME_COLOURS)]}: differences around 0, or with "ratio" true ratios around 1 on a log
+    axis; the note (e.g. who did not learn) is written under the axis, or across it when there are no rows."""
+    plt = _pyplot()
+    columns = 2 if len(panels) > 1 else 1
+    grid_rows = -(-len(panels) // columns)
+    heights = [
+        max(len(panel["rows"]) for panel in panels[r * columns : (r + 1) * columns]) * 0.22 + 1.6
+        for r in range(grid_rows)
+    ]
+    fig, axes = plt.subplots(
+        grid_rows,
+        columns,
+        figsize=(6.4 * columns, sum(heights) + 0.8),
+        squeeze=False,
+        layout="constrained",
+        gridspec_kw={"height_ratios": heights},
+    )
+    for axis in list(axes.flat)[len(panels) :]:
+        axis.axis("off")
+    for axis, panel in zip(axes.flat, panels):
+        rows = panel["rows"]
+        axis.set_title(panel["title"], fontsize=9)
+        if not rows:
+            axis.text(0.5, 0.5, panel["note"], ha="center", va="center", fontsize=8, transform=axis.transAxes)
+            axis.set_xticks([])
+            axis.set_yticks([])
+            continue
+        for position, (_, mean, low, high, outcome) in enumerate(rows):
+            axis.errorbar(
+                mean,
+                position,
+                xerr=[[mean - low], [high - mean]],
+                fmt="o",
+                color=OUTCOME_COLOURS[outcome],
+                markersize=4,
+                capsize=2,
+                label=outcome,
+            )
+        if panel.get("ratio"):
+            axis.set_xscale("log")
+        axis.axvline(1 if panel.get("ratio") else 0, color="black", linewidth=0.8)
+        axis.set_yticks(range(len(rows)), [textwrap.fill(row[0], 18) for row in rows], fontsize=8)
+        axis.set_ylim(len(rows) - 0.5, -0.5)
+        note = f"\n{wrapped(panel['note'], 5.5)}" if panel.get("note") else ""
+        axis.set_xlabel(panel["x_label"] + note, fontsize=8)
+        axis.grid(axis="x", alpha=0.3)
+    handles = {}
+    for axis in axes.flat:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    ordered = [label for label in OUTCOME_COLOURS if label in handles]
+    fig.legend([handles[label] for label in ordered], ordered, loc="outside lower center", ncols=4, fontsize=8)
+    fig.suptitle(wrapped(title, 6.4 * columns), fontsize=10)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+__all__ = [
+    "OUTCOME_COLOURS",
+    "curves",
+    "forest_panels",
+    "heatmap",
+    "heatmap_grid",
+    "heatmaps",
+    "learning_panels",
+    "state_norm_panels",
+]

@@ -8,9 +8,9 @@ and is rewritten from its results every time (comparisons are first archived nex
 and read from there, so that they outlive the `runs/` cache: see `tapelm.experiments.archive`); a section with no
 results yet keeps what it had; everything outside the markers (text other people or tools wrote) is kept as it is. A
 new kind of result adds a section with `register_section(name, title, build)`, where `build(context) -> markdown |
-None`. The README's generated tables (the findings, the verdicts) are sections of the same kind, registered with
-`register_readme_section(name, build)`: a README with none of their markers is not touched, one with only some of
-them is refused before anything is written.
+None`. The README's generated first screen (the figure and table of `glance_section`) is a section of the same
+kind, registered with `register_readme_section(name, build)`: a README with none of the markers is not touched, one
+with only some of them is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def build_report(
         coverage_section,
         extend_section,
         findings_section,
+        glance_section,
         ladder_section,
         lengths_section,
         options_section,

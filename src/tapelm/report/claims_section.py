@@ -12,7 +12,7 @@ from typing import Any
 from ..experiments import archive, claims, compare, plan
 from ..experiments.presets import DEFAULT_PRESET
 from .extend_section import results_dir as extend_results
-from .sections import ReportContext, register_readme_section, register_section
+from .sections import ReportContext, register_section
 
 SCALES = {"laptop": DEFAULT_PRESET, "GPU": plan.GPU}  # a scale's name and the preset its comparisons are run at
 
@@ -127,21 +127,6 @@ def _verdict(by_scale: dict[str, list], scale: str, index: int) -> str:
     return f"**{judged[index][2]}**" if judged and judged[index][2] != "not run" else "not run"
 
 
-def build_verdicts(context: ReportContext) -> str | None:
-    """The short table for the README: each claim and its verdict at each scale, linking to the evidence in
-    docs/RESULTS.md."""
-    by_scale, extension = _by_scale(context), extension_claims(context)
-    if by_scale is None and not extension:
-        return None
-    lines = ["| the paper's claim | " + " | ".join(SCALES) + " |", "|---|" + "---|" * len(SCALES)]
-    lines += [
-        f"| {claim.statement} | " + " | ".join(_verdict(by_scale or {}, scale, index) for scale in SCALES) + " |"
-        for index, claim in enumerate(claims.CLAIMS)
-    ]
-    lines += [f"| {claim['statement']} | **{claim['verdict']}** | not run |" for claim in extension]
-    return "\n".join(lines)
-
-
 def build(context: ReportContext) -> str | None:
     by_scale, extension = _by_scale(context), extension_claims(context)
     if by_scale is None and not extension:
@@ -186,7 +171,6 @@ def build(context: ReportContext) -> str | None:
 
 
 register_section("claims", "Claims: verdicts at laptop and GPU scale", build)
-register_readme_section("verdicts", build_verdicts)
 
 __all__ = [
     "PAIR_ONLY",
@@ -194,7 +178,6 @@ __all__ = [
     "archived_summaries",
     "best_comparison",
     "build",
-    "build_verdicts",
     "current_hash",
     "judge_all",
     "judge_at_scale",

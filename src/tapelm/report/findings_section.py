@@ -1,6 +1,7 @@
-"""The README's findings table: what the laptop comparisons found, one row per task (and per design the paper
-makes a claim on, e.g. addition with index hints) — TAPE against RoPE and against the best other encoding beyond
-the training length, how every other encoding stands against TAPE there, and the paper's claim on that comparison.
+"""The findings table of docs/RESULTS.md (the README shows its short form, `glance_section`): what the laptop
+comparisons found, one row per task (and per design the paper makes a claim on, e.g. addition with index hints) —
+TAPE against RoPE and against the best other encoding beyond the training length, how every other encoding stands
+against TAPE there, and the paper's claim on that comparison.
 
 Every number is read from the archived comparisons (docs/results/compare) with the statistics of the rest of the
 report: the paired-by-seed differences of `compare.aggregate`, `statistics.verdict` and `format_difference`, the
@@ -18,7 +19,7 @@ from ..experiments import claims
 from ..experiments.presets import DEFAULT_PRESET
 from ..variants import VARIANTS, display_name
 from .claims_section import archived_summaries, best_comparison, current_hash, judge_all
-from .sections import ReportContext, register_readme_section
+from .sections import ReportContext, register_section
 
 SUBJECT, REFERENCE = "tape", "rope"
 ORDER = ("mqar", "flipflop", "passkey", "text", "addition", "word_problem")  # MQAR first: the README's main job
@@ -43,16 +44,16 @@ def _names(pes: list[str]) -> str:
     return ", ".join(map(name, pes))
 
 
-def _learned(summary: dict[str, Any], pe: str) -> bool:
+def learned(summary: dict[str, Any], pe: str) -> bool:
     return claims.learned(summary["task"], summary["metric"], summary["rows"][pe]["in_distribution"]["mean"])
 
 
-def _encodings(summary: dict[str, Any]) -> list[str]:
+def encodings(summary: dict[str, Any]) -> list[str]:
     """The comparison's encodings other than TAPE (TAPE's ablation variants are not encodings of their own)."""
     return [pe for pe in summary["rows"] if pe != SUBJECT and pe not in VARIANTS]
 
 
-def _against(summary: dict[str, Any], pe: str) -> str:
+def against(summary: dict[str, Any], pe: str) -> str:
     """TAPE against `pe` beyond the training length: the paired difference (a ratio for perplexity) with its 95%
     interval, the number of seeds and the verdict; says who did not learn the task in distribution."""
     if pe not in summary["rows"]:
@@ -64,7 +65,7 @@ def _against(summary: dict[str, Any], pe: str) -> str:
         f"{format_difference(difference, perplexity)}{unit} ({_seeds(difference['n'])}): "
         f"{verdict(difference, higher_is_better(summary['metric']))}"
     )
-    unlearned = [p for p in (SUBJECT, pe) if not _learned(summary, p)]
+    unlearned = [p for p in (SUBJECT, pe) if not learned(summary, p)]
     if unlearned:
         text += f"; {' and '.join(map(name, unlearned))} did not learn it in distribution"
     return text
@@ -80,7 +81,7 @@ def best_other(summary: dict[str, Any]) -> str | None:
     comparison's order on a tie); None when there is no such encoding."""
     paired = summary["paired"]
     candidates = [
-        pe for pe in _encodings(summary) if _learned(summary, pe) and verdict(paired[pe]["longer"]) != "too few seeds"
+        pe for pe in encodings(summary) if learned(summary, pe) and verdict(paired[pe]["longer"]) != "too few seeds"
     ]
     if not candidates:
         return None
@@ -91,17 +92,17 @@ def best_other(summary: dict[str, Any]) -> str | None:
 def _others(summary: dict[str, Any]) -> str:
     """Every other encoding beyond the training length: ahead of TAPE, behind it, no difference shown, or not
     learned in distribution (then not compared)."""
-    if not _learned(summary, SUBJECT):
+    if not learned(summary, SUBJECT):
         threshold = claims.learned_threshold(summary["task"])
-        learned = [pe for pe in _encodings(summary) if _learned(summary, pe)]
+        others = [pe for pe in encodings(summary) if learned(summary, pe)]
         return (
             f"TAPE did not learn the task ({summary['rows'][SUBJECT]['in_distribution']['mean'] * 100:.1f}% < "
-            f"{threshold * 100:.0f}% in distribution); learned: {_names(learned) or 'none'}"
+            f"{threshold * 100:.0f}% in distribution); learned: {_names(others) or 'none'}"
         )
     groups: dict[str, list[str]] = {"ahead of TAPE": [], "behind": [], "no difference shown": [], "did not learn": []}
     labels = {"worse": "ahead of TAPE", "better": "behind"}
-    for pe in _encodings(summary):
-        if not _learned(summary, pe):
+    for pe in encodings(summary):
+        if not learned(summary, pe):
             groups["did not learn"].append(pe)
             continue
         outcome = verdict(summary["paired"][pe]["longer"], higher_is_better(summary["metric"]))
@@ -114,7 +115,7 @@ def _outcome(summary: dict[str, Any], claim: claims.Claim, pe: str) -> str:
     rows = summary["rows"]
     if pe not in rows:
         return "missing"
-    if not _learned(summary, pe):
+    if not learned(summary, pe):
         return "not testable"
     per_seed = rows[claim.subject]["per_seed"][claim.headline], rows[pe]["per_seed"][claim.headline]
     difference = paired_difference(*per_seed)
@@ -127,7 +128,7 @@ def _claim_cell(summary: dict[str, Any], claim: claims.Claim | None, result: str
     if claim is None or result is None:
         return "the paper makes none"
     where = f" {HEADLINES[claim.headline]}" if claim.headline in HEADLINES else ""
-    if not _learned(summary, claim.subject):
+    if not learned(summary, claim.subject):
         return f"**{result}**{where}: TAPE did not learn the task"
     outcomes: dict[str, list[str]] = {}
     for pe in claim.baselines:
@@ -145,7 +146,7 @@ def _claim_cell(summary: dict[str, Any], claim: claims.Claim | None, result: str
     return f"**{result}**{where}: {why} (against {_names(list(claim.baselines))})"
 
 
-def _label(summary: dict[str, Any]) -> str:
+def label(summary: dict[str, Any]) -> str:
     task = summary["task"]
     design = summary["record"].get("task_options", {}).get("format", "plain")
     shown = TASKS.get(task, task) + (f", {design.replace('_', ' ')}" if design != "plain" else "")
@@ -164,14 +165,14 @@ def findings_row(summary: dict[str, Any], claim: claims.Claim | None = None, res
     """One comparison's row of the findings table."""
     best = best_other(summary)
     versus = (
-        f"{name(best)} {_against(summary, best)}"
+        f"{name(best)} {against(summary, best)}"
         if best
         else "no other that learned the task shares two seeds with TAPE"
     )
     cells = [
-        _label(summary),
+        label(summary),
         _tape(summary),
-        _against(summary, REFERENCE),
+        against(summary, REFERENCE),
         versus,
         _others(summary),
         _claim_cell(summary, claim, result),
@@ -228,6 +229,17 @@ def build(context: ReportContext) -> str | None:
     return findings_table(found) if found else None
 
 
-register_readme_section("findings", build)
+register_section("findings", "What tapelm found, per task", build)
 
-__all__ = ["best_other", "build", "entries", "findings_row", "findings_table", "name"]
+__all__ = [
+    "against",
+    "best_other",
+    "build",
+    "encodings",
+    "entries",
+    "findings_row",
+    "findings_table",
+    "label",
+    "learned",
+    "name",
+]

@@ -13,7 +13,7 @@ from typing import Any
 from ..analysis.plots import _pyplot
 from ..analysis.statistics import interval
 from ..experiments import ladder
-from .sections import ReportContext, register_readme_section, register_section
+from .sections import ReportContext, register_section
 
 
 def predictions_dir(context: ReportContext) -> Path:
@@ -111,17 +111,6 @@ def _subsection(record: dict[str, Any], context: ReportContext) -> str:
     )
 
 
-def build_readme(context: ReportContext) -> str | None:
-    """The README's short form: MQAR's prediction (the README's main job) and its figure."""
-    path = predictions_dir(context) / "mqar.json"
-    if not path.is_file():
-        return None
-    record = json.loads(path.read_text())
-    observed = ladder.gpu_differences(context.comparisons, "mqar")
-    name = _drawn(record, observed, context)
-    return _prediction(record, observed) + f"\n\n![mqar compute ladder]({context.readme_figures_link}/{name})"
-
-
 def build(context: ReportContext) -> str | None:
     records = [json.loads(path.read_text()) for path in sorted(predictions_dir(context).glob("*.json"))]
     if not records:
@@ -136,6 +125,5 @@ def build(context: ReportContext) -> str | None:
 
 
 register_section("compute-ladder", "The compute ladder: a prediction, then its test", build)
-register_readme_section("compute-ladder", build_readme)
 
-__all__ = ["build", "build_readme"]
+__all__ = ["build"]

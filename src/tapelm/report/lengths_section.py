@@ -11,7 +11,7 @@ from typing import Any
 from ..analysis.plots import curves
 from ..experiments import archive, compare, lengths
 from ..experiments.tasks import get_task
-from .sections import ReportContext, register_readme_section, register_section
+from .sections import ReportContext, register_section
 
 INTRO = (
     "Does an encoding that accumulates position along the sequence (TAPE, PaTH, GRAPE-M, Selective RoPE) lose "
@@ -101,42 +101,11 @@ def _far(context: ReportContext) -> list[tuple[dict[str, Any], dict[str, dict[st
     return found
 
 
-def build_readme(context: ReportContext) -> str | None:
-    """The README's short form: per comparison that answers the families' question, each encoding's accuracy at the
-    training length and the longest, its fall per doubling, and the answer; the comparisons without an answer are
-    named in one line (docs/RESULTS.md has their tables)."""
-    parts, unanswered = [], []
-    for record, rows, _ in _far(context):
-        found = lengths.family_difference(rows)
-        if found["difference"]["n"] == 0:
-            unanswered.append(f"{record['task']} (`{record['settings_hash']}`)")
-            continue
-        first = rows[next(iter(rows))]["lengths"]
-        training, longest = first[0], first[-1]
-        lines = [
-            f"| {record['task']} (`{record['settings_hash']}`) | family | at {training} tokens | at {longest} "
-            f"({_multiples(record, first)[longest]}x) | fall per doubling | seeds |",
-            "|---|---|---|---|---|---|",
-        ]
-        for pe, row in sorted(rows.items(), key=lambda item: -item[1]["fall"]["mean"]):
-            name = pe if row["learned"] else f"{pe} (did not learn)"
-            cells = [_points(row["accuracy"][training]), _points(row["accuracy"][longest]), _points(row["fall"])]
-            lines.append(f"| {name} | {row['family'] or '–'} | " + " | ".join(cells) + f" | {row['fall']['n']} |")
-        parts.append("\n".join(lines) + "\n\n" + _answer(found))
-    if unanswered:
-        parts.append(
-            "Without an answer (no seed has a learned member of both families; tables in docs/RESULTS.md): "
-            f"{', '.join(unanswered)}."
-        )
-    return "\n\n".join(parts) if parts else None
-
-
 def build(context: ReportContext) -> str | None:
     parts = [_subsection(record, rows, context) for record, rows, _ in _far(context)]
     return "\n\n".join([INTRO, *parts]) if parts else None
 
 
 register_section("far-lengths", "Far beyond the training length", build)
-register_readme_section("far-lengths", build_readme)
 
-__all__ = ["build", "build_readme"]
+__all__ = ["build"]
