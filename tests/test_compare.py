@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tapelm.experiments.compare import (
     aggregate,
     compare,
     format_table,
+    load_results,
     merge_records,
     paired_differences,
     requested_runs,
@@ -23,6 +25,7 @@ from tapelm.experiments.compare import (
 from tapelm.experiments.plan import OWED, default_settings_hash, superseded_by
 from tapelm.experiments.runs import RunSpec, settings_hash
 from tapelm.report import README_SECTIONS, build_report, readme_sections, splice
+from tapelm.report.cost_section import medians, run_seconds
 from tapelm.report.findings_section import best_other, findings_row, findings_table
 from tapelm.report.glance_section import FIGURE, panel, table
 
@@ -167,7 +170,7 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     out = tmp_path / "docs" / "RESULTS.md"
     out.parent.mkdir()
     out.write_text("# Results\n\nIntro by a person.\n\n## Fine-tuning\n\nWritten by another tool.\n")
-    assert sorted(build_report(compared, out)) == ["claims", "coverage", "findings", "task-comparison"]
+    assert sorted(build_report(compared, out)) == ["claims", "coverage", "cpu-cost", "findings", "task-comparison"]
     text = out.read_text()
     assert "tape did not learn addition in distribution" in text and "| **inconclusive** |" in text
     assert f"; not the preset's current recipe, `{default_settings_hash('addition')}`" in text  # TINY's settings
@@ -179,7 +182,7 @@ def test_report_is_built_from_the_cache_and_keeps_foreign_text(compared, tmp_pat
     assert all(f"figures/{name}" in text for name in figures if name.endswith(".png"))
     first = text
     # idempotent: each section is replaced, not added
-    assert sorted(build_report(compared, out)) == ["claims", "coverage", "findings", "task-comparison"]
+    assert sorted(build_report(compared, out)) == ["claims", "coverage", "cpu-cost", "findings", "task-comparison"]
     assert out.read_text() == first
 
 
@@ -332,6 +335,21 @@ def test_first_screen_panel_and_table_from_a_synthetic_comparison() -> None:
     assert panel(unlearned)["rows"] == [] and "TAPE did not learn" in panel(unlearned)["note"]
 
 
+def test_cpu_cost_is_read_from_the_runs_own_seconds(compared, tmp_path) -> None:
+    """Runs per CPU-hour are 3,600 over the median of each row's runs (training over every session plus the
+    evaluation), and × RoPE is that median over RoPE's in the same comparison."""
+    out = tmp_path / "docs" / "RESULTS.md"
+    build_report(compared, out)
+    section = out.read_text().split("<!-- tapelm-report:begin cpu-cost -->")[1]
+    results = load_results(comparison(compared))
+    seconds = {row: statistics.median(map(run_seconds, by_seed.values())) for row, by_seed in results.items()}
+    assert medians(results) == seconds and all(value > 0 for value in seconds.values())
+    assert f"| RoPE | {3600 / seconds['rope']:.1f} (×1.00) |" in section
+    assert f"| TAPE | {3600 / seconds['tape']:.1f} (×{seconds['tape'] / seconds['rope']:.2f}) |" in section
+    resumed = {"train_seconds_this_session": 1.0, "train_seconds_before_this_session": 2.0, "eval_seconds": 0.5}
+    assert run_seconds(resumed) == 3.5
+
+
 def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     """The report archives each comparison's small files next to itself; without the cache it rebuilds the same
     text from the archive, and a later cache with other seeds is merged into it, not swapped for it."""
@@ -350,7 +368,7 @@ def test_report_outlives_the_runs_cache(compared, tmp_path) -> None:
     assert not list(archived.rglob("*.safetensors"))
     elsewhere = tmp_path / "other-machine"
     (elsewhere / "compare").mkdir(parents=True)
-    assert sorted(build_report(elsewhere, out)) == ["claims", "coverage", "findings", "task-comparison"]
+    assert sorted(build_report(elsewhere, out)) == ["claims", "coverage", "cpu-cost", "findings", "task-comparison"]
     assert out.read_text() == first
     partial = elsewhere / "compare" / "addition" / archived.name
     shutil.copytree(comparison(compared), partial)

@@ -34,6 +34,7 @@ def build_report(
     returns the names of the sections written."""
     from . import (  # noqa: F401  (each registers its section)
         claims_section,
+        cost_section,
         coverage_section,
         extend_section,
         findings_section,
