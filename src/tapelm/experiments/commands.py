@@ -25,6 +25,7 @@ from .sharing import measure_sharing, sharing_spec
 from .stage import run_stage
 from .sweep import sweep
 from .tasks import TASKS
+from .tune import TUNING_SEEDS, tune
 
 LAUNCHERS = ("local", "slurm")
 # The library's argument names -> the flags that set them, for error messages (`as_flags`).
@@ -476,6 +477,54 @@ def _sweep_command(args) -> None:
     )
 
 
+def _add_tune(commands) -> None:
+    parser = commands.add_parser(
+        "tune",
+        help="each encoding's own peak learning rate for a task's recipe, by the protocol of docs/RECIPES.md: the "
+        "shared rate x1/3, x1, x3 (one step further at an edge), on tuning seeds, scored on a validation set",
+    )
+    parser.add_argument("task", help=f"one of: {', '.join(TASKS)}")
+    parser.add_argument(
+        "--pe",
+        nargs="+",
+        required=True,
+        metavar="PE",
+        help=f"encodings or option rows to tune; any of: {', '.join(encoding_names())}, {', '.join(MECHANISMS)}",
+    )
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=list(TUNING_SEEDS),
+        help="tuning seeds, none of a comparison's (default: %(default)s)",
+    )
+    parser.add_argument("--root", default="runs", help="results cache folder (default: %(default)s)")
+    parser.add_argument(
+        "--out", default="docs/results/tune", help="folder of the tuning records TASK/HASH.json (default: %(default)s)"
+    )
+    add_launch_arguments(parser)
+    add_run_arguments(parser, exclude=("lr",))
+    parser.set_defaults(handler=_tune_command)
+
+
+def _tune_command(args) -> None:
+    launcher = launcher_from_args(args)
+    apply_threads(args)
+    tune(
+        spec_from_args(argparse.Namespace(**{**vars(args), "lr": None}), args.pe[0], args.seeds[0]),
+        args.pe,
+        args.seeds,
+        root=args.root,
+        out=args.out,
+        progress=not args.no_progress,
+        launcher=launcher,
+        compile_layers=args.compile,
+        data_workers=args.data_workers,
+        report_to=args.report_to,
+        log=say,
+    )
+
+
 def _add_stage(commands) -> None:
     parser = commands.add_parser(
         "stage",
@@ -627,12 +676,14 @@ def _ladder_command(args) -> None:
 
 
 def add_commands(commands) -> None:
-    """Register train, eval, compare, ablate, sweep, stage, sharing and ladder on the sub-command parser `commands`."""
+    """Register train, eval, compare, ablate, sweep, tune, stage, sharing and ladder on the sub-command parser
+    `commands`."""
     _add_train(commands)
     _add_eval(commands)
     _add_compare(commands)
     _add_ablate(commands)
     _add_sweep(commands)
+    _add_tune(commands)
     _add_stage(commands)
     _add_sharing(commands)
     _add_ladder(commands)

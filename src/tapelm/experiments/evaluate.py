@@ -22,6 +22,7 @@ from .tasks import (
 )
 
 EVAL_SEED = 1234  # one fixed test set for every training seed: the spread across seeds is the training's
+VALIDATION_SEED = 4321  # the validation set: the in-training evaluation's and the tuning's (`tune`), never the test's
 
 
 @contextmanager

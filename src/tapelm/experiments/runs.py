@@ -36,7 +36,7 @@ from ..training.saved_models import load_saved_model
 from ..training.settings import TrainSettings
 from ..training.trackers import check_report_to
 from ..variants import check_row, resolve_variant
-from .evaluate import EVAL_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
+from .evaluate import EVAL_SEED, VALIDATION_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task, has_saved_tokenizer, is_saved_in, save_tokenizer
 
@@ -551,12 +551,13 @@ def _quick_evaluation(run: ResolvedRun):
         def logits_fn(ids, mask):
             return model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
 
-        with seeded_torch_rng(4321, device):
+        with seeded_torch_rng(VALIDATION_SEED, device):
             values = [
-                run.task.evaluate_condition(logits_fn, c, 4321, n, run.preset.eval_batch_size)[0] for c in conditions
+                run.task.evaluate_condition(logits_fn, c, VALIDATION_SEED, n, run.preset.eval_batch_size)[0]
+                for c in conditions
             ]
         record = {f"in_distribution_{run.task.metric_name}": float(np.mean(values))}
-        batch = next(run.task.eval_batches(conditions[-1], 4321, n, run.preset.eval_batch_size))
+        batch = next(run.task.eval_batches(conditions[-1], VALIDATION_SEED, n, run.preset.eval_batch_size))
         norms = state_norms(model, batch.input_ids.to(device), batch.attention_mask.to(device))
         if norms:
             record["state_norm"] = norms
