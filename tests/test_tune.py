@@ -151,3 +151,91 @@ def test_bad_input_is_one_line_exit_2_before_any_run(tmp_path, capsys, argv, mes
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error
     assert not (tmp_path / "runs" / "tune").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def tuned_comparison(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """The shared-rate comparison of TAPE and RoPE, then the comparison at tuned rates from a tuning record that
+    chose the shared rate for RoPE and three times it for TAPE (written as `tapelm tune` writes it)."""
+    root, out = tmp_path_factory.mktemp("runs"), tmp_path_factory.mktemp("tune")
+    assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(root), *TINY]) == 0
+    (shared,) = list((root / "compare" / "addition").iterdir())
+    lr = json.loads((shared / "comparison.json").read_text())["train"]["lr"]
+    record = {
+        "task": "addition",
+        "settings_hash": shared.name,
+        "encodings": {"rope": {"lr": lr}, "tape": {"lr": 3 * lr}},
+    }
+    (out / "addition").mkdir()
+    (out / "addition" / f"{shared.name}.json").write_text(json.dumps(record))
+    tuned = [
+        "compare",
+        "addition",
+        "--pe",
+        "tape",
+        "rope",
+        "--seeds",
+        "0",
+        "1",
+        "--root",
+        str(root),
+        "--tuned",
+        str(out),
+    ]
+    assert main([*tuned, *TINY]) == 0
+    return root, out, {"shared": shared, "tuned": shared.with_name(shared.name + "-tuned"), "lr": lr, "argv": tuned}
+
+
+def test_the_tuned_comparison_trains_each_encoding_at_its_rate_and_reuses_the_shared_rates_runs(
+    tuned_comparison,
+) -> None:
+    root, _, found = tuned_comparison
+    shared, tuned, lr = found["shared"], found["tuned"], found["lr"]
+    record = json.loads((tuned / "comparison.json").read_text())
+    assert record["rates"] == {"tape": 3 * lr, "rope": lr} and record["train"]["lr"] == lr
+    assert record["settings_hash"] == tuned.name and "--tuned" in record["commands"][0]
+    for seed in (0, 1):
+        tape = json.loads((tuned / "tape" / f"seed{seed}" / RESULT_FILE).read_text())
+        assert tape["identity"]["train"]["lr"] == pytest.approx(3 * lr) and tape["identity"]["seed"] == seed
+        rope = tuned / "rope" / f"seed{seed}"
+        assert (rope / RESULT_FILE).read_bytes() == (shared / "rope" / f"seed{seed}" / RESULT_FILE).read_bytes()
+        assert not (rope / "model").exists()  # copied from the shared comparison, not trained again
+    shared_record = json.loads((shared / "comparison.json").read_text())
+    assert "rates" not in shared_record and shared_record["runs"] == {"tape": [0, 1], "rope": [0, 1]}
+
+
+def test_the_report_shows_both_verdicts_and_keeps_tuned_comparisons_out_of_the_claims(tuned_comparison, tmp_path):
+    root, _, found = tuned_comparison
+    from tapelm.report import build_report
+
+    out = tmp_path / "docs" / "RESULTS.md"
+    assert "tuned-rates" in build_report(root, out)
+    text = out.read_text()
+    section = text.split("<!-- tapelm-report:begin tuned-rates -->")[1].split("<!-- tapelm-report:end")[0]
+    assert f"at tuned rates (`{found['tuned'].name}`)" in section
+    assert f"TAPE's rate: {3 * found['lr']:.3g} (x3)." in section
+    assert f"| RoPE | {found['lr']:.3g} (x1) |" in section
+    claims = text.split("<!-- tapelm-report:begin claims -->")[1].split("<!-- tapelm-report:end claims -->")[0]
+    assert found["tuned"].name not in claims and found["shared"].name in claims
+
+
+def test_a_tuned_comparison_refuses_runs_trained_at_another_rate_and_encodings_not_tuned(
+    tuned_comparison, capsys
+) -> None:
+    root, out, found = tuned_comparison
+    path = out / "addition" / f"{found['shared'].name}.json"
+    record = json.loads(path.read_text())
+    try:
+        path.write_text(json.dumps({**record, "encodings": {**record["encodings"], "tape": {"lr": found["lr"] / 3}}}))
+        before = (found["tuned"] / "comparison.json").read_text()
+        capsys.readouterr()
+        assert main([*found["argv"], *TINY]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "was trained with other settings (different train)" in error
+        assert (found["tuned"] / "comparison.json").read_text() == before
+    finally:
+        path.write_text(json.dumps(record))
+    argv = [*found["argv"][:3], "fire", *found["argv"][5:]]
+    assert main([*argv, *TINY]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "encoding 'fire' is not tuned for addition" in error

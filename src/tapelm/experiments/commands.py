@@ -25,7 +25,7 @@ from .sharing import measure_sharing, sharing_spec
 from .stage import run_stage
 from .sweep import sweep
 from .tasks import TASKS
-from .tune import TUNING_SEEDS, tune
+from .tune import TUNING_SEEDS, tune, tuned_rates
 
 LAUNCHERS = ("local", "slurm")
 # The library's argument names -> the flags that set them, for error messages (`as_flags`).
@@ -354,6 +354,14 @@ def _add_compare(commands) -> None:
         help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(encoding_names())}, the options rows "
         f"{', '.join(MECHANISMS)}, TAPE's variants {', '.join(VARIANTS)}, or 'all' (the pe_types)",
     )
+    parser.add_argument(
+        "--tuned",
+        nargs="?",
+        const="docs/results/tune",
+        metavar="DIR",
+        help="train each encoding at the rate `tapelm tune` chose for it (its record in DIR, default "
+        "docs/results/tune), in the comparison HASH-tuned beside the shared rate's HASH",
+    )
     _add_comparison_arguments(parser, seeds=[0])
     parser.set_defaults(handler=_compare_command)
 
@@ -378,6 +386,9 @@ def _add_comparison_arguments(parser, seeds: list[int]) -> None:
 def _compare_command(args) -> None:
     pes = list(encoding_names()) if args.pe == ["all"] else args.pe
     base = spec_from_args(args, pes[0] if pes else "tape", 0)
+    if args.tuned is not None and args.lr is not None:
+        raise ValueError("--tuned trains each encoding at its tuned rate; leave out --lr")
+    rates = tuned_rates(args.tuned, base, pes) if args.tuned is not None else None
     launcher = launcher_from_args(args)
     apply_threads(args)
     compare(
@@ -392,6 +403,7 @@ def _compare_command(args) -> None:
         data_workers=args.data_workers,
         report_to=args.report_to,
         log=say,
+        rates=rates,
     )
 
 

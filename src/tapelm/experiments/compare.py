@@ -40,6 +40,7 @@ from .runs import (
     RunSpec,
     identity_differences,
     option_flags,
+    recipe_lr,
     resolve,
     settings_hash,
 )
@@ -50,6 +51,12 @@ logger = logging.getLogger(__name__)
 
 COMPARISON_FILE = "comparison.json"
 DEFAULT_PES = ("tape", "rope")
+TUNED_SUFFIX = "-tuned"  # the comparison at tuned rates: ROOT/compare/TASK/HASH-tuned, HASH the recipe's (shared rate)
+
+
+def is_tuned(record: dict[str, Any]) -> bool:
+    """Whether a comparison record is one at each encoding's tuned rate (`compare(..., rates=...)`)."""
+    return "rates" in record
 
 
 def comparison_dir(root: Path, task: str, settings_hash: str) -> Path:
@@ -81,10 +88,13 @@ def open_comparison(
     ablation: bool = False,
     compile_layers: bool = False,
     archive: str | Path | None = None,
+    rates: dict[str, float] | None = None,
 ) -> Comparison:
     """Validate and resolve every (encoding, seed) of `base`, copy in the finished runs archived in `archive` (see
     `restore_archived`) and record the comparison in its folder; nothing is trained. ValueError before any write
-    when an argument is wrong."""
+    when an argument is wrong. `rates` ({pe: peak learning rate}, `tune.tuned_rates`): the comparison at each
+    encoding's tuned rate, in the folder HASH-tuned beside the recipe's HASH; an encoding whose rate is the shared
+    one takes its finished runs from HASH (the cache, else `archive`) instead of training them again."""
     if not pes:
         raise ValueError("give at least one encoding with --pe")
     for pe in pes:
@@ -98,13 +108,24 @@ def open_comparison(
             "comparisons in (docs/results/compare)"
         )
     pes, seeds = list(dict.fromkeys(pes)), list(dict.fromkeys(seeds))
-    specs = {(pe, seed): RunSpec(**{**vars(base), "pe": pe, "seed": seed}) for seed in seeds for pe in pes}
-    directory = comparison_dir(Path(root), base.task, settings_hash(next(iter(specs.values()))))
-    tokenizer_dir = comparison_tokenizer(directory)
+    untuned = [pe for pe in pes if rates is not None and pe not in rates]
+    if untuned:
+        raise ValueError(f"no tuned rate for encoding '{untuned[0]}'; tuned: {', '.join(rates)}")
+    specs = {(pe, seed): _row_spec(base, pe, seed, rates) for seed in seeds for pe in pes}
+    recipe = settings_hash(RunSpec(**{**vars(base), "pe": pes[0]}))
+    shared = comparison_dir(Path(root), base.task, recipe)
+    directory = shared.with_name(recipe + TUNED_SUFFIX) if rates is not None else shared
+    tokenizer_dir = comparison_tokenizer(directory) or (comparison_tokenizer(shared) if rates is not None else None)
     runs = {key: resolve(spec, tokenizer_dir) for key, spec in specs.items()}
-    assert {run.settings_hash for run in runs.values()} == {directory.name}, "a comparison shares its settings hash"
+    if rates is None:
+        assert {run.settings_hash for run in runs.values()} == {recipe}, "a comparison shares its settings hash"
     if archive is not None:
-        restore_archived(Path(archive), directory, runs)
+        restore_archived(Path(archive) / base.task / directory.name, directory, runs)
+    if rates is not None:
+        _check_finished(directory, runs)
+        at_shared = {key: run for key, run in runs.items() if run.settings_hash == recipe}
+        for source in (shared, *([Path(archive) / base.task / recipe] if archive is not None else [])):
+            restore_archived(source, directory, at_shared)
     selection = ["ablate", base.task, "--variants", *pes] if ablation else ["compare", base.task, "--pe", *pes]
     # the recorded command names a relative --root only: a record holds no absolute path
     command = command or shlex.join(
@@ -114,11 +135,34 @@ def open_comparison(
             "--seeds",
             *map(str, seeds),
             *(["--root", str(root)] if str(root) != "runs" and not Path(root).is_absolute() else []),
+            *(["--tuned"] if rates is not None else []),
             *option_flags(base, compile_layers),
         ]
     )
-    _record(directory, base, pes, seeds, command, next(iter(runs.values())))
+    _record(directory, base, pes, seeds, command, runs[pes[0], seeds[0]], rates)
     return Comparison(directory, runs, command)
+
+
+def _check_finished(directory: Path, runs: dict[tuple[str, int], Any]) -> None:
+    """Refuse a comparison at tuned rates whose finished runs were trained otherwise (a tuning record that chose
+    another rate since), before anything is written: they would be counted at the new rate."""
+    for (pe, seed), run in runs.items():
+        path = directory / pe / f"seed{seed}" / RESULT_FILE
+        if path.is_file():
+            changed = identity_differences(json.loads(path.read_text())["identity"], run)
+            if changed:
+                raise ValueError(
+                    f"run '{path.parent}' was trained with other settings (different {', '.join(changed)}) than "
+                    f"its tuned rate now gives; remove it to train it at {run.settings.lr:.4g}"
+                )
+
+
+def _row_spec(base: RunSpec, pe: str, seed: int, rates: dict[str, float] | None) -> RunSpec:
+    """One run of a comparison: `base` with its encoding and seed, and at a tuned comparison its encoding's rate."""
+    spec = RunSpec(**{**vars(base), "pe": pe, "seed": seed})
+    if rates is None:
+        return spec
+    return RunSpec(**{**vars(spec), "train_options": {**base.train_options, "lr": rates[pe]}})
 
 
 def compare(
@@ -136,6 +180,7 @@ def compare(
     data_workers: int = 0,
     report_to: tuple[str, ...] = (),
     log: Log | None = None,
+    rates: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run (or reuse) every (encoding, seed) of `base` and aggregate; returns the summary (see `aggregate`). `log`
     receives the progress lines, the table, the verdicts and the figures' paths (default: this module's logger; the
@@ -143,12 +188,13 @@ def compare(
     `launcher` (`launchers`; default: local, `jobs` runs at once per device, each worker with torch's current thread
     count) trains the runs still to do. `ablation` records the command as `tapelm ablate` (the encodings are TAPE's
     variants). `compile_layers`, `data_workers` (split between concurrent runs), `report_to`: see `RunOptions`.
-    `archive`: reuse the finished runs archived there (see `restore_archived`)."""
+    `archive`: reuse the finished runs archived there (see `restore_archived`). `rates`: the comparison at each
+    encoding's tuned rate (see `open_comparison`)."""
     options = RunOptions(progress, compile_layers, data_workers, report_to)
     if launcher is not None and jobs != 1:
         raise ValueError(f"jobs={jobs!r} is an option of the local launcher; give LocalLauncher(jobs) as the launcher")
     launcher = launcher or LocalLauncher(jobs)
-    comparison = open_comparison(base, pes, seeds, root, command, ablation, compile_layers, archive)
+    comparison = open_comparison(base, pes, seeds, root, command, ablation, compile_layers, archive, rates)
     directory, runs, command = comparison.directory, comparison.runs, comparison.command
     say = log or logger.info
     pending = []
@@ -170,13 +216,14 @@ def compare(
     return summary
 
 
-def restore_archived(archive: Path, directory: Path, runs: dict[tuple[str, int], Any]) -> list[tuple[str, int]]:
+def restore_archived(source: Path, directory: Path, runs: dict[tuple[str, int], Any]) -> list[tuple[str, int]]:
     """Copy into the comparison folder `directory` every run of `runs` ({(pe, seed): ResolvedRun}) that the cache
-    lacks and `archive`/TASK/HASH holds finished, so that the comparison continues where it stopped on another
-    machine; returns the (pe, seed) restored. Refused, before anything is copied, when an archived run was trained
+    lacks and the comparison folder `source` (its archive, docs/results/compare/TASK/HASH, or the same recipe's
+    comparison at the shared rate) holds finished, so that the comparison continues where it stopped on another
+    machine; returns the (pe, seed) restored. Refused, before anything is copied, when a run there was trained
     with other settings or on other data (`Task.data_record`), or when runs remain to train on a tokenizer that the
     archive does not keep."""
-    source = Path(archive) / directory.parent.name / directory.name
+    source = Path(source)
     found = {}
     for (pe, seed), run in runs.items():
         archived, cached = source / pe / f"seed{seed}", directory / pe / f"seed{seed}"
@@ -249,17 +296,23 @@ def merge_records(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     runs = requested_runs(old) if old else {}
     for pe, seeds in requested_runs(new).items():
         runs[pe] = sorted(set(runs.get(pe, [])) | set(seeds))
-    return {
+    merged = {
         **new,
         "runs": runs,
         "pes": list(runs),
         "seeds": sorted({s for seeds in runs.values() for s in seeds}),
         "commands": list(dict.fromkeys([*old.get("commands", []), *new["commands"]])),
     }
+    if is_tuned(old) or is_tuned(new):
+        merged["rates"] = {**old.get("rates", {}), **new.get("rates", {})}
+    return merged
 
 
-def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], command: str, run) -> None:
-    """comparison.json: the shared settings, every command that added to this comparison and the runs it asked for."""
+def _record(
+    directory: Path, base: RunSpec, pes: list[str], seeds: list[int], command: str, run, rates: dict[str, float] | None
+) -> None:
+    """comparison.json: the shared settings, every command that added to this comparison and the runs it asked for;
+    at tuned rates, each encoding's rate ("rates") beside the recipe's ("train", with its shared "lr")."""
     path = directory / COMPARISON_FILE
     new = {
         "commands": [command],
@@ -273,6 +326,10 @@ def _record(directory: Path, base: RunSpec, pes: list[str], seeds: list[int], co
         "match_params": base.match_params,
         "model_options": base.model_options,
     }
+    if rates is not None:
+        new["settings_hash"] = directory.name
+        new["train"]["lr"] = recipe_lr(base)
+        new["rates"] = {pe: rates[pe] for pe in pes}
     record = merge_records(json.loads(path.read_text()) if path.exists() else {}, new)
     directory.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")

@@ -182,6 +182,11 @@ def _settings_hash(spec: RunSpec, preset: Preset, task_options: dict[str, Any], 
     )
 
 
+def recipe_lr(spec: RunSpec) -> float:
+    """The peak learning rate `spec` trains at (its override, else its preset's), without building the task."""
+    return _recipe(spec)[2].lr
+
+
 def settings_hash(spec: RunSpec) -> str:
     """`resolve(spec).settings_hash`, without building the task (nor training its tokenizer)."""
     return _settings_hash(spec, *_recipe(spec))
@@ -674,6 +679,7 @@ __all__ = [
     "matched_intermediate",
     "count_parameters",
     "option_flags",
+    "recipe_lr",
     "identity_differences",
     "RESULT_FILE",
     "RESULT_FILES",

@@ -264,4 +264,24 @@ def _record(tuning: Tuning, grids: dict[str, list[float]], metric: str, out: Pat
     return record
 
 
-__all__ = ["FACTOR", "TUNING_SEEDS", "choose", "extended", "grid", "tune", "validate"]
+def tuned_rates(out: str | Path, base: RunSpec, pes: list[str]) -> dict[str, float]:
+    """{pe: the rate OUT/TASK/HASH.json chose} for `base`'s recipe; ValueError naming what to run when the record or
+    an encoding's choice is missing."""
+    recipe = settings_hash(base)
+    path = Path(out) / base.task / f"{recipe}.json"
+    if not path.is_file():
+        raise ValueError(
+            f"no tuning of {base.task} `{recipe}` in '{out}' (no {path.name}); run `tapelm tune {base.task} --pe "
+            f"{' '.join(pes)}` with the comparison's options first"
+        )
+    chosen = json.loads(path.read_text())["encodings"]
+    missing = [pe for pe in pes if pe not in chosen]
+    if missing:
+        raise ValueError(
+            f"encoding '{missing[0]}' is not tuned for {base.task} `{recipe}`; tuned: {', '.join(chosen)} (run "
+            f"`tapelm tune {base.task} --pe {' '.join(missing)}` with the comparison's options)"
+        )
+    return {pe: chosen[pe]["lr"] for pe in pes}
+
+
+__all__ = ["FACTOR", "TUNING_SEEDS", "choose", "extended", "grid", "tune", "tuned_rates", "validate"]

@@ -45,6 +45,7 @@ def build_report(
         pretrained_section,
         scrolls_section,
         tasks_section,
+        tuned_section,
     )
 
     root, out = Path(root), Path(out)

@@ -5,6 +5,7 @@ that one lacks the claim's subject, on the comparison of the task at that scale 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -80,12 +81,14 @@ def judge_at_scale(claim: claims.Claim, summary: dict[str, Any] | None, preset: 
 
 
 def archived_summaries(folder: Path, task: str) -> list[dict[str, Any]]:
-    """The archived comparisons of `task`, aggregated, oldest first."""
+    """The archived comparisons of `task` at its shared rate (those at tuned rates have their own section),
+    aggregated, oldest first."""
     return [
         compare.aggregate(directory, write=False)
         for directory in sorted(
             archive.archived_comparisons(folder, task), key=lambda p: (p / compare.COMPARISON_FILE).stat().st_mtime
         )
+        if not compare.is_tuned(json.loads((directory / compare.COMPARISON_FILE).read_text()))
     ]
 
 
