@@ -675,7 +675,7 @@ def test_the_rope_familys_options_are_encodings_of_their_own() -> None:
     assert layer_encodings(llama4) == ["rope", "rope", "rope", "nope"] and llama4.nope_temperature_tuning
     assert llama4.nope_floor_scale == 128 and llama4.nope_attn_scale == 0.1
     assert name("tape-ssmax") == "TAPE + SSMax"
-    with pytest.raises(ValueError, match="rope-nope-every-2nd-temp16, or a variant"):
+    with pytest.raises(ValueError, match="rope-nope-every-2nd-temp16, a row evaluated from another.s models: rope-ntk"):
         resolve(RunSpec(task="flipflop", pe="rope-sideways"))
 
 

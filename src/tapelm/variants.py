@@ -57,6 +57,19 @@ ROPE_FAMILY_NAMES = {
     "rope-nope-every-4th-temp128": "RoPE (NoPE every 4th layer, Llama 4's temperature from 128 keys)",
     "rope-nope-every-2nd-temp16": "RoPE (NoPE every 2nd layer, Llama 4's temperature from 16 keys)",
 }
+AT_EVALUATION: dict[str, tuple[str, str]] = {
+    f"{pe}-{method}": (pe, method) for pe in ("rope", "tape") for method in ("ntk", "dynamic", "yarn")
+}
+"""Rows evaluated, not trained: the trained model of the row named first under a RoPE scaling applied at evaluation
+(`experiments.scaling`: NTK-aware, dynamic NTK, YaRN), as users run RoPE beyond its training length; paired by seed
+with the same models. TAPE's rows scale its initial rotation E0."""
+ROPE_FAMILY_NAMES.update(
+    {
+        f"{pe}-{method}": f"{'RoPE' if pe == 'rope' else 'TAPE'} + {label} at evaluation"
+        for pe in ("rope", "tape")
+        for method, label in (("ntk", "NTK-aware"), ("dynamic", "dynamic NTK"), ("yarn", "YaRN"))
+    }
+)
 MECHANISMS = {**ROPE_FAMILY, **WITH_ATTENTION_OPTIONS}
 """Every row spelled as an encoding plus options that is reported as an encoding of its own."""
 ATTENTION_OPTION_FIELDS = ("ssmax", "attention_gate", "nope_temperature_tuning", "nope_floor_scale")
@@ -74,16 +87,21 @@ def without_attention_options(name: str) -> str:
 
 def check_row(name: str) -> None:
     """Refuse a name that is neither an encoding nor a variant, listing both."""
-    if not is_registered(name) and name not in VARIANTS and name not in MECHANISMS:
+    if not is_registered(name) and name not in VARIANTS and name not in MECHANISMS and name not in AT_EVALUATION:
         raise ValueError(
-            f"unknown encoding '{name}'; choose from: {', '.join([*encoding_names(), *MECHANISMS])}, or a variant: "
-            f"{', '.join(VARIANTS)}"
+            f"unknown encoding '{name}'; choose from: {', '.join([*encoding_names(), *MECHANISMS])}, a row evaluated "
+            f"from another's models: {', '.join(AT_EVALUATION)}, or a variant: {', '.join(VARIANTS)}"
         )
 
 
 def display_name(name: str) -> str:
     """The name reports give an encoding (its own `display_name`), a RoPE-family row, or any other row (itself)."""
     return ROPE_FAMILY_NAMES.get(name) or registered_display_name(name)
+
+
+def trained_row(name: str) -> str:
+    """The row whose trained models `name` uses: its own, or for an `AT_EVALUATION` row the row it evaluates."""
+    return AT_EVALUATION[name][0] if name in AT_EVALUATION else name
 
 
 def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:
@@ -93,6 +111,7 @@ def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:
 
 __all__ = [
     "ABLATIONS",
+    "AT_EVALUATION",
     "ATTENTION_OPTION_FIELDS",
     "MECHANISMS",
     "ROPE_FAMILY",
@@ -102,5 +121,6 @@ __all__ = [
     "check_row",
     "display_name",
     "resolve_variant",
+    "trained_row",
     "without_attention_options",
 ]

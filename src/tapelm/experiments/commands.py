@@ -15,7 +15,7 @@ from ..training.devices import process_device
 from ..training.flags import TRAIN_FLAGS, add_train_flags
 from ..training.launchers import Launcher, LocalLauncher, SlurmLauncher
 from ..training.trackers import TRACKERS
-from ..variants import ABLATIONS, MECHANISMS, VARIANTS
+from ..variants import ABLATIONS, AT_EVALUATION, MECHANISMS, VARIANTS, trained_row
 from .compare import DEFAULT_PES, compare
 from .evaluate import EVAL_SEED, evaluate_model
 from .ladder import LADDER_TASKS, climb, rungs, write_prediction
@@ -352,7 +352,8 @@ def _add_compare(commands) -> None:
         default=list(DEFAULT_PES),
         metavar="PE",
         help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(encoding_names())}, the options rows "
-        f"{', '.join(MECHANISMS)}, TAPE's variants {', '.join(VARIANTS)}, or 'all' (the pe_types)",
+        f"{', '.join(MECHANISMS)}, the rows evaluated from another's models under a RoPE scaling "
+        f"{', '.join(AT_EVALUATION)}, TAPE's variants {', '.join(VARIANTS)}, or 'all' (the pe_types)",
     )
     parser.add_argument(
         "--tuned",
@@ -385,10 +386,11 @@ def _add_comparison_arguments(parser, seeds: list[int]) -> None:
 
 def _compare_command(args) -> None:
     pes = list(encoding_names()) if args.pe == ["all"] else args.pe
-    base = spec_from_args(args, pes[0] if pes else "tape", 0)
+    trained = list(dict.fromkeys(map(trained_row, pes)))
+    base = spec_from_args(args, trained[0] if pes else "tape", 0)
     if args.tuned is not None and args.lr is not None:
         raise ValueError("--tuned trains each encoding at its tuned rate; leave out --lr")
-    rates = tuned_rates(args.tuned, base, pes) if args.tuned is not None else None
+    rates = tuned_rates(args.tuned, base, trained) if args.tuned is not None else None
     launcher = launcher_from_args(args)
     apply_threads(args)
     compare(

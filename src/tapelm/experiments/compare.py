@@ -30,7 +30,7 @@ from ..analysis.statistics import (
     verdict,
 )
 from ..training.launchers import LocalLauncher, Log
-from ..variants import check_row
+from ..variants import AT_EVALUATION, check_row, trained_row
 from .claims import learned_threshold, verdict_lines
 from .launchers import Job
 from .runs import (
@@ -44,6 +44,7 @@ from .runs import (
     resolve,
     settings_hash,
 )
+from .scaling import check_scaled, evaluate_scaled
 from .sweep import learning_curve
 from .tasks import TOKENIZER_FILE
 
@@ -107,8 +108,9 @@ def open_comparison(
             f"--archive folder '{archive}' does not exist; give the folder `tapelm report` archives "
             "comparisons in (docs/results/compare)"
         )
-    pes, seeds = list(dict.fromkeys(pes)), list(dict.fromkeys(seeds))
-    untuned = [pe for pe in pes if rates is not None and pe not in rates]
+    pes = list(dict.fromkeys(row for pe in pes for row in ((trained_row(pe), pe) if pe in AT_EVALUATION else (pe,))))
+    seeds = list(dict.fromkeys(seeds))
+    untuned = [pe for pe in pes if rates is not None and trained_row(pe) not in rates]
     if untuned:
         raise ValueError(f"no tuned rate for encoding '{untuned[0]}'; tuned: {', '.join(rates)}")
     specs = {(pe, seed): _row_spec(base, pe, seed, rates) for seed in seeds for pe in pes}
@@ -117,6 +119,9 @@ def open_comparison(
     directory = shared.with_name(recipe + TUNED_SUFFIX) if rates is not None else shared
     tokenizer_dir = comparison_tokenizer(directory) or (comparison_tokenizer(shared) if rates is not None else None)
     runs = {key: resolve(spec, tokenizer_dir) for key, spec in specs.items()}
+    for (pe, _), run in runs.items():
+        if pe in AT_EVALUATION:
+            check_scaled(run, pe)
     if rates is None:
         assert {run.settings_hash for run in runs.values()} == {recipe}, "a comparison shares its settings hash"
     if archive is not None:
@@ -158,11 +163,12 @@ def _check_finished(directory: Path, runs: dict[tuple[str, int], Any]) -> None:
 
 
 def _row_spec(base: RunSpec, pe: str, seed: int, rates: dict[str, float] | None) -> RunSpec:
-    """One run of a comparison: `base` with its encoding and seed, and at a tuned comparison its encoding's rate."""
-    spec = RunSpec(**{**vars(base), "pe": pe, "seed": seed})
+    """One run of a comparison: `base` with its encoding (for a row evaluated from another's models, that row's) and
+    seed, and at a tuned comparison its encoding's rate."""
+    spec = RunSpec(**{**vars(base), "pe": trained_row(pe), "seed": seed})
     if rates is None:
         return spec
-    return RunSpec(**{**vars(spec), "train_options": {**base.train_options, "lr": rates[pe]}})
+    return RunSpec(**{**vars(spec), "train_options": {**base.train_options, "lr": rates[trained_row(pe)]}})
 
 
 def compare(
@@ -197,16 +203,21 @@ def compare(
     comparison = open_comparison(base, pes, seeds, root, command, ablation, compile_layers, archive, rates)
     directory, runs, command = comparison.directory, comparison.runs, comparison.command
     say = log or logger.info
-    pending = []
-    for index, ((pe, seed), run) in enumerate(runs.items(), 1):
+    pending, to_evaluate = [], []
+    for index, (pe, seed) in enumerate(runs, 1):
         run_dir = comparison.run_dir(pe, seed)
         cached = comparison.finished(pe, seed)
         say(f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: {'cached' if cached else 'to run'} ({run_dir})")
         if not cached:
-            pending.append(Job(run, run_dir, command))
-    for outcome in launcher.launch(pending, options):
+            (to_evaluate if pe in AT_EVALUATION else pending).append((pe, seed))
+    jobs = [Job(runs[key], comparison.run_dir(*key), command) for key in pending]
+    for outcome in launcher.launch(jobs, options):
         if outcome.error is not None:
             raise outcome.error
+    for pe, seed in to_evaluate:  # after the training: each evaluates a model trained above or before
+        trained = comparison.run_dir(trained_row(pe), seed)
+        result = evaluate_scaled(trained, runs[pe, seed], pe, comparison.run_dir(pe, seed))
+        say(f"    {pe} / seed {seed} evaluated from {trained.name}: {Job.summary(result)}")
     summary = aggregate(directory)
     say(summary["table"])
     for line in verdict_lines(summary):

@@ -29,8 +29,9 @@ class Job:
     def __str__(self) -> str:
         return f"{self.run.spec.pe} / seed {self.run.spec.seed}"
 
-    def summary(self, result: dict[str, Any]) -> str:
-        """The run's metric in a few words."""
+    @staticmethod
+    def summary(result: dict[str, Any]) -> str:
+        """A run's metric in a few words."""
         summary = result["summary"]
         return f"{result['metric']} in-distribution {summary['in_distribution']:.4f}, all {summary['all']:.4f}"
 

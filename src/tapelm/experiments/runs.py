@@ -35,7 +35,7 @@ from ..training.loop import LoopOptions, TrainResult, check_minutes, train
 from ..training.saved_models import load_saved_model
 from ..training.settings import TrainSettings
 from ..training.trackers import check_report_to
-from ..variants import check_row, resolve_variant
+from ..variants import AT_EVALUATION, check_row, resolve_variant, trained_row
 from .evaluate import EVAL_SEED, VALIDATION_SEED, evaluate_model, plot_evaluation, seeded_torch_rng
 from .presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from .tasks import TASKS, Task, get_task, has_saved_tokenizer, is_saved_in, save_tokenizer
@@ -146,6 +146,11 @@ def _recipe(spec: RunSpec) -> tuple[Preset, dict[str, Any], TrainSettings]:
     if spec.task not in TASKS:
         raise ValueError(f"unknown task '{spec.task}'; choose one of: {', '.join(TASKS)}")
     check_row(spec.pe)
+    if spec.pe in AT_EVALUATION:
+        raise ValueError(
+            f"row '{spec.pe}' is not trained: it evaluates {trained_row(spec.pe)}'s trained models under a RoPE "
+            f"scaling; name it in `tapelm compare`, beside {trained_row(spec.pe)}"
+        )
     if spec.preset not in PRESETS:
         raise ValueError(f"unknown preset '{spec.preset}'; choose one of: {', '.join(PRESETS)}")
     if not isinstance(spec.seed, int) or spec.seed < 0:
