@@ -122,6 +122,24 @@ def climbed(learned: bool = True) -> list[dict]:
     ]
 
 
+def test_the_backtest_predicts_the_highest_rung_from_the_others_and_scores_it():
+    """Rungs on one line in log compute: the held-out rung is predicted exactly (inside, error 0); otherwise the
+    prediction is the trend of the lower rungs alone, read at the highest rung's compute."""
+    on_a_line = [
+        {"nominal": n, "compute": 1e12 * n, "differences": {s: 0.1 + 0.05 * math.log10(n) + d for s, d in noise}}
+        for n, noise in ((1, ((0, 0.01), (1, -0.01))), (3, ((0, 0.01), (1, -0.01))), (10, ((0, 0.0), (1, 0.0))))
+    ]
+    tested = ladder.backtest(on_a_line)
+    assert tested["held_out"] == 10 and tested["observed"] == pytest.approx(0.15)
+    assert tested["prediction"]["mean"] == pytest.approx(0.15) and tested["error"] == pytest.approx(0.0, abs=1e-12)
+    assert tested["scored"] == "inside"
+    rungs = climbed()
+    tested = ladder.backtest(list(reversed(rungs)))  # the order given does not matter: compute decides
+    expected = ladder.trend([(r["compute"], r["differences"]) for r in rungs[:2]], rungs[2]["compute"])
+    assert tested["prediction"] == expected and tested["observed"] == pytest.approx(0.15)
+    assert ladder.backtest(rungs[:2]) is None
+
+
 def test_a_prediction_is_written_once_from_learned_rungs_and_reported(tmp_path):
     folder = tmp_path / "results" / "ladder"
     with pytest.raises(ValueError, match="did not learn in distribution cannot be compared: 1x rope, 3x rope"):
@@ -134,4 +152,10 @@ def test_a_prediction_is_written_once_from_learned_rungs_and_reported(tmp_path):
     context = ReportContext(tmp_path, tmp_path / "figures", "figures", tmp_path / "compare")
     text = build(context)
     assert "| 3x | 3e+12 | 3.00 | +13.0 ± " in text and "The GPU rung has not run yet." in text
+    tested = ladder.backtest(record["rungs"])
+    assert (
+        f"Backtest: the line through the rungs below 10x predicts it at {tested['prediction']['mean'] * 100:+.1f}"
+        in text
+    )
+    assert f"(error {tested['error'] * 100:+.1f} points): **{tested['scored']} the interval**." in text
     assert (tmp_path / "figures" / "ladder-mqar.png").stat().st_size > 0

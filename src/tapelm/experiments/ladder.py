@@ -266,6 +266,26 @@ def gpu_differences(comparisons: str | Path, task: str) -> dict[int, float]:
     return found
 
 
+def backtest(climbed: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The evidence that the trend predicts anything: the line fitted on every CPU rung but the highest, read at the
+    highest's compute and scored against what that rung measured (the mean over its seeds): {"held_out": its nominal
+    factor, "prediction": `trend`'s, "observed", "error": observed - predicted, "scored"}; None with fewer than two
+    lower rungs of differences."""
+    ordered = sorted(climbed, key=lambda rung: rung["compute"])
+    lower, highest = ordered[:-1], ordered[-1] if ordered else None
+    if len([r for r in lower if r["differences"]]) < 2 or not highest["differences"]:
+        return None
+    prediction = trend([(r["compute"], r["differences"]) for r in lower], highest["compute"])
+    observed = float(np.mean(list(highest["differences"].values())))
+    return {
+        "held_out": highest["nominal"],
+        "prediction": prediction,
+        "observed": observed,
+        "error": observed - prediction["mean"],
+        "scored": scored(prediction, observed),
+    }
+
+
 def scored(prediction: Mapping[str, Any], observed: float) -> str:
     """'inside' or 'outside' the predicted interval."""
     return "inside" if prediction["low"] <= observed <= prediction["high"] else "outside"
@@ -274,6 +294,7 @@ def scored(prediction: Mapping[str, Any], observed: float) -> str:
 __all__ = [
     "LADDER_TASKS",
     "Rung",
+    "backtest",
     "climb",
     "compute",
     "gpu_compute",

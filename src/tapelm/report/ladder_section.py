@@ -1,7 +1,7 @@
 """The report section of the compute ladder (`tapelm ladder TASK --predict docs/results/ladder`): per task, its rungs'
 TAPE - RoPE differences beyond the training length against compute, the trend's prediction for the GPU recipe as it
-was written (dated, with its commit), and, once `tapelm stage` has archived the GPU comparison, whether the GPU result
-fell inside the predicted interval."""
+was written (dated, with its commit), the backtest (the highest CPU rung predicted from the others, and scored), and,
+once `tapelm stage` has archived the GPU comparison, whether the GPU result fell inside the predicted interval."""
 
 from __future__ import annotations
 
@@ -38,6 +38,19 @@ def _figure(record: dict[str, Any], observed: dict[int, float], path: Path) -> P
         color="C1",
         label="predicted GPU rung (95%)",
     )
+    tested = ladder.backtest(record["rungs"])
+    if tested is not None:
+        held_out = tested["prediction"]
+        axis.errorbar(
+            held_out["at"],
+            held_out["mean"] * 100,
+            yerr=held_out["half_width"] * 100,
+            fmt="^",
+            color="C3",
+            mfc="none",
+            capsize=3,
+            label=f"backtest: the {tested['held_out']:g}x rung predicted from the others (95%)",
+        )
     if observed:
         stats = interval(list(observed.values()))
         axis.errorbar(
@@ -79,6 +92,20 @@ def _prediction(record: dict[str, Any], observed: dict[int, float]) -> str:
     )
 
 
+def _backtest(record: dict[str, Any]) -> str:
+    """The backtest (`ladder.backtest`) in one sentence."""
+    tested = ladder.backtest(record["rungs"])
+    if tested is None:
+        return "Backtest: fewer than three CPU rungs, nothing to hold out yet."
+    held_out = tested["prediction"]
+    return (
+        f"Backtest: the line through the rungs below {tested['held_out']:g}x predicts it at "
+        f"{held_out['mean'] * 100:+.1f} points, 95% interval [{held_out['low'] * 100:+.1f}, "
+        f"{held_out['high'] * 100:+.1f}]; it measured {tested['observed'] * 100:+.1f} (error "
+        f"{tested['error'] * 100:+.1f} points): **{tested['scored']} the interval**."
+    )
+
+
 def _drawn(record: dict[str, Any], observed: dict[int, float], context: ReportContext) -> str:
     """Draw the task's figure into the figures folder; its file name."""
     context.figures.mkdir(parents=True, exist_ok=True)
@@ -107,6 +134,8 @@ def _subsection(record: dict[str, Any], context: ReportContext) -> str:
         "\n".join(lines)
         + "\n\n"
         + _prediction(record, observed)
+        + "\n\n"
+        + _backtest(record)
         + f"\n\n![{task} compute ladder]({context.figures_link}/{name})"
     )
 
