@@ -208,8 +208,10 @@ def test_the_report_shows_both_verdicts_and_keeps_tuned_comparisons_out_of_the_c
     root, _, found = tuned_comparison
     from tapelm.report import build_report
 
-    out = tmp_path / "docs" / "RESULTS.md"
-    assert "tuned-rates" in build_report(root, out)
+    out, readme = tmp_path / "docs" / "RESULTS.md", tmp_path / "README.md"
+    readme.write_text("<!-- tapelm-report:begin at-a-glance -->\n<!-- tapelm-report:end at-a-glance -->\n")
+    assert "tuned-rates" in build_report(root, out, readme=readme)
+    assert f"| addition (4 steps, `{found['tuned'].name}`) |" in readme.read_text()  # the first screen: tuned rates
     text = out.read_text()
     section = text.split("<!-- tapelm-report:begin tuned-rates -->")[1].split("<!-- tapelm-report:end")[0]
     assert f"at tuned rates (`{found['tuned'].name}`)" in section

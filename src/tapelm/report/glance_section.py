@@ -1,7 +1,8 @@
 """The README's first screen: one figure with, for each task, TAPE minus every other encoding beyond the training
 length with its 95% interval, marked TAPE ahead, behind or no difference shown; under it one line per task, TAPE
 against RoPE, against the best other encoding, and the paper's claim. The rows and statistics are the findings'
-(`findings_section.entries`); the long per-encoding lists stay in docs/RESULTS.md."""
+(`findings_section.entries`), at each encoding's tuned rate where the task's comparison at tuned rates has run (its
+label says so: `HASH-tuned`); the long per-encoding lists stay in docs/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 
 from ..analysis import plots
 from ..analysis.statistics import higher_is_better, verdict
+from ..experiments import claims
 from . import findings_section as findings
 from .sections import ReportContext, register_readme_section
+from .tuned_section import tuned_summary
 
 FIGURE = "tape-against-each.png"
 OUTCOMES = {"better": "TAPE ahead", "worse": "TAPE behind"}
@@ -74,15 +77,29 @@ def table(entries) -> str:
     return "\n".join(lines)
 
 
+def at_best_rates(context: ReportContext, entries) -> list:
+    """The findings' entries, each at tuned rates where its comparison at tuned rates has run (its claim judged
+    there), else at the shared rate."""
+    chosen = []
+    for summary, claim, result in entries:
+        tuned = tuned_summary(context, summary)
+        if tuned is None:
+            chosen.append((summary, claim, result))
+        else:
+            chosen.append((tuned, claim, claims.judge(claim, tuned)[0] if claim is not None else None))
+    return chosen
+
+
 def build(context: ReportContext) -> str | None:
-    found = findings.entries(context)
+    found = at_best_rates(context, findings.entries(context))
     if not found:
         return None
     context.figures.mkdir(parents=True, exist_ok=True)
     plots.forest_panels(
         [panel(summary) for summary, _, _ in found],
         context.figures / FIGURE,
-        "TAPE against each encoding beyond the training length (laptop scale, paired by seed, 95% intervals)",
+        "TAPE against each encoding beyond the training length (laptop scale, paired by seed, 95% intervals; "
+        "at tuned rates where the recipe's hash ends in -tuned)",
     )
     return f"![TAPE against each encoding, per task]({context.readme_figures_link}/{FIGURE})\n\n{table(found)}"
 

@@ -68,15 +68,22 @@ def subsection(summary: dict[str, Any], tuned: dict[str, Any], claim: claims.Cla
     return "\n".join(lines)
 
 
+def tuned_summary(context: ReportContext, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The archived comparison at tuned rates beside the shared-rate comparison `summary`, aggregated; None when it
+    has not run."""
+    directory = context.comparisons / summary["task"] / (summary["settings_hash"] + compare.TUNED_SUFFIX)
+    return compare.aggregate(directory, write=False) if (directory / compare.COMPARISON_FILE).is_file() else None
+
+
 def build(context: ReportContext) -> str | None:
     parts = []
     for summary, claim, result in findings.entries(context):
-        directory = context.comparisons / summary["task"] / (summary["settings_hash"] + compare.TUNED_SUFFIX)
-        if (directory / compare.COMPARISON_FILE).is_file():
-            parts.append(subsection(summary, compare.aggregate(directory, write=False), claim, result))
+        tuned = tuned_summary(context, summary)
+        if tuned is not None:
+            parts.append(subsection(summary, tuned, claim, result))
     return "\n\n".join([INTRO, *parts]) if parts else None
 
 
 register_section("tuned-rates", "At tuned learning rates", build)
 
-__all__ = ["build", "subsection"]
+__all__ = ["build", "subsection", "tuned_summary"]
