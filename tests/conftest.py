@@ -23,6 +23,35 @@ from device_checks import OwnCodeElsewhere
 from tapelm import TapeConfig, TapeForCausalLM, testing
 from tapelm.positional import encoding_names
 
+# `tapelm` flags of a run small enough for a test: addition to 2 digits (evaluated to 3), one layer of width 32, 6 steps
+TINY_ADDITION = [
+    "--steps",
+    "6",
+    "--batch-size",
+    "8",
+    "--warmup",
+    "1",
+    "--eval-n",
+    "2",
+    "--eval-every",
+    "3",
+    "--no-progress",
+    "--task-option",
+    "max_train_digits=2",
+    "--task-option",
+    "eval_max_digits=3",
+    "--model-option",
+    "hidden_size=32",
+    "--model-option",
+    "intermediate_size=48",
+    "--model-option",
+    "num_hidden_layers=1",
+    "--model-option",
+    "num_attention_heads=4",
+    "--model-option",
+    "num_key_value_heads=4",
+]
+
 VOCAB = 61
 DEVICE = torch.device("cpu")
 """The device of the law tests (`--device`); set before the test modules are imported."""

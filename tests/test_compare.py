@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY_ADDITION as TINY
 from tapelm.cli import main
 from tapelm.experiments.claims import CLAIMS, judge
 from tapelm.experiments.compare import (
@@ -28,34 +29,6 @@ from tapelm.report import README_SECTIONS, build_report, readme_sections, splice
 from tapelm.report.cost_section import medians, run_seconds
 from tapelm.report.findings_section import best_other, findings_row, findings_table
 from tapelm.report.glance_section import FIGURE, panel, table
-
-TINY = [
-    "--steps",
-    "6",
-    "--batch-size",
-    "8",
-    "--warmup",
-    "1",
-    "--eval-n",
-    "2",
-    "--eval-every",
-    "3",
-    "--no-progress",
-    "--task-option",
-    "max_train_digits=2",
-    "--task-option",
-    "eval_max_digits=3",
-    "--model-option",
-    "hidden_size=32",
-    "--model-option",
-    "intermediate_size=48",
-    "--model-option",
-    "num_hidden_layers=1",
-    "--model-option",
-    "num_attention_heads=4",
-    "--model-option",
-    "num_key_value_heads=4",
-]
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +202,16 @@ def test_report_refuses_a_readme_that_lost_one_tables_markers(compared, tmp_path
     assert readme_sections("# another tool\n", "README.md") == []
 
 
+MQAR = {  # {pe: (in-distribution mean, {seed: beyond the training length})}
+    "tape": (1.0, {0: 0.90, 1: 0.92, 2: 0.94}),
+    "rope": (1.0, {0: 0.60, 1: 0.70, 2: 0.65}),
+    "fox": (1.0, {0: 0.99, 1: 0.98, 2: 0.99}),
+    "fire": (0.99, {0: 0.95, 1: 0.96, 2: 0.97}),
+    "nope": (0.50, {0: 1.0, 1: 1.0, 2: 1.0}),  # best beyond, but never learned the task: not the best
+    "wall": (1.0, {0: 1.0}),  # best beyond and learned, but one seed: no interval, so not the best
+}
+
+
 def synthetic(task: str, metric: str, per_seed: dict[str, tuple[float, dict[int, float]]]) -> dict:
     """A comparison summary as `aggregate` makes it, from {pe: (in-distribution mean, {seed: longer})}."""
     rows = {}
@@ -250,18 +233,7 @@ def synthetic(task: str, metric: str, per_seed: dict[str, tuple[float, dict[int,
 def test_findings_row_from_a_synthetic_comparison() -> None:
     """TAPE − RoPE and TAPE − the best encoding that learned the task, paired by seed with 95% intervals (checked by
     hand: t(0.975, 2) = 4.303), who is ahead of TAPE, and the claim's verdict with the baselines that decide it."""
-    mqar = synthetic(
-        "mqar",
-        "accuracy",
-        {
-            "tape": (1.0, {0: 0.90, 1: 0.92, 2: 0.94}),
-            "rope": (1.0, {0: 0.60, 1: 0.70, 2: 0.65}),
-            "fox": (1.0, {0: 0.99, 1: 0.98, 2: 0.99}),
-            "fire": (0.99, {0: 0.95, 1: 0.96, 2: 0.97}),
-            "nope": (0.50, {0: 1.0, 1: 1.0, 2: 1.0}),  # best beyond, but never learned the task: not the best
-            "wall": (1.0, {0: 1.0}),  # best beyond and learned, but one seed: no interval, so not the best
-        },
-    )
+    mqar = synthetic("mqar", "accuracy", MQAR)
     claim = next(c for c in CLAIMS if c.name == "retrieval-mqar")
     result, _ = judge(claim, mqar)
     assert best_other(mqar) == "fox" and result == "refuted"
@@ -300,18 +272,14 @@ def test_first_screen_panel_and_table_from_a_synthetic_comparison() -> None:
     """The README's figure puts TAPE ahead to the right for every metric (for perplexity, the other's over TAPE's on
     a log axis), orders the encodings best for TAPE first, leaves out those that did not learn (named in the
     note), and the short table agrees with the findings' cells."""
-    mqar = synthetic(
-        "mqar",
-        "accuracy",
-        {
-            "tape": (1.0, {0: 0.90, 1: 0.92, 2: 0.94}),
-            "rope": (1.0, {0: 0.60, 1: 0.70, 2: 0.65}),
-            "fox": (1.0, {0: 0.99, 1: 0.98, 2: 0.99}),
-            "nope": (0.50, {0: 1.0, 1: 1.0, 2: 1.0}),
-        },
-    )
+    mqar = synthetic("mqar", "accuracy", MQAR)
     shown = panel(mqar)
-    assert [(row[0], row[4]) for row in shown["rows"]] == [("RoPE", "TAPE ahead"), ("FoX", "TAPE behind")]
+    assert [(row[0], row[4]) for row in shown["rows"]] == [
+        ("RoPE", "TAPE ahead"),
+        ("FIRE", "TAPE behind"),
+        ("FoX", "TAPE behind"),
+        ("Wall", "too few seeds"),
+    ]
     name, mean, low, high, _ = shown["rows"][0]
     assert mean == pytest.approx(27.0) and high - mean == pytest.approx(mean - low) and mean - low > 0
     assert shown["note"] == "did not learn in distribution: NoPE"
@@ -327,7 +295,7 @@ def test_first_screen_panel_and_table_from_a_synthetic_comparison() -> None:
     line = table([(mqar, claim, judge(claim, mqar)[0]), (text, None, None)]).splitlines()
     assert line[2] == (
         "| MQAR (2,000 steps, `0123456789`) | +27.0 ± 10.8 pts (3 seeds): better | FoX -6.7 ± 5.2 pts (3 seeds): "
-        "worse | **inconclusive** |"
+        "worse | **refuted** |"
     )
     difference = "×0.577 [0.093, 3.591] (2 seeds): no difference shown"  # t(0.975, 1) = 12.706
     assert line[3] == f"| text (2,000 steps, `0123456789`) | {difference} | RoPE {difference} | none made |"

@@ -13,6 +13,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from conftest import TINY_ADDITION as TINY
 from tapelm.cli import main
 from tapelm.config import TapeConfig
 from tapelm.experiments.runs import RESULT_FILE, load_run
@@ -20,33 +21,6 @@ from tapelm.experiments.scaling import scaled_config, scaling
 from tapelm.modeling import TapeForCausalLM
 from tapelm.training.saved_models import load_saved_model
 
-TINY = [
-    "--steps",
-    "4",
-    "--batch-size",
-    "8",
-    "--warmup",
-    "1",
-    "--eval-n",
-    "4",
-    "--eval-every",
-    "2",
-    "--no-progress",
-    "--task-option",
-    "max_train_digits=2",
-    "--task-option",
-    "eval_max_digits=4",
-    "--model-option",
-    "hidden_size=32",
-    "--model-option",
-    "intermediate_size=48",
-    "--model-option",
-    "num_hidden_layers=1",
-    "--model-option",
-    "num_attention_heads=4",
-    "--model-option",
-    "num_key_value_heads=4",
-]
 ROWS = ["rope-ntk", "rope-dynamic", "rope-yarn", "tape-yarn"]
 
 
@@ -123,7 +97,7 @@ def test_the_rows_are_evaluated_from_the_trained_rows_models_without_training(co
 
 def test_a_row_is_refused_before_any_work_when_its_scaling_has_nothing_to_extend_to(tmp_path, capsys) -> None:
     argv = ["compare", "addition", "--pe", "rope-yarn", "--seeds", "0", "--root", str(tmp_path), *TINY]
-    argv[argv.index("eval_max_digits=4")] = "eval_max_digits=2"
+    argv[argv.index("eval_max_digits=3")] = "eval_max_digits=2"
     assert main(argv) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "evaluates no longer than it trains" in error

@@ -10,38 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TINY_ADDITION as TINY
 from tapelm.cli import main
 from tapelm.experiments.evaluate import EVAL_SEED, VALIDATION_SEED
 from tapelm.experiments.runs import RESULT_FILE, load_run
 from tapelm.experiments.tune import FACTOR, choose, extended, grid, validate
-
-TINY = [
-    "--steps",
-    "4",
-    "--batch-size",
-    "8",
-    "--warmup",
-    "1",
-    "--eval-n",
-    "4",
-    "--eval-every",
-    "2",
-    "--no-progress",
-    "--task-option",
-    "max_train_digits=2",
-    "--task-option",
-    "eval_max_digits=3",
-    "--model-option",
-    "hidden_size=32",
-    "--model-option",
-    "intermediate_size=48",
-    "--model-option",
-    "num_hidden_layers=1",
-    "--model-option",
-    "num_attention_heads=4",
-    "--model-option",
-    "num_key_value_heads=4",
-]
 
 
 def test_the_grid_is_the_shared_rate_times_powers_of_the_factor_and_widens_only_at_an_edge() -> None:
@@ -211,7 +184,7 @@ def test_the_report_shows_both_verdicts_and_keeps_tuned_comparisons_out_of_the_c
     out, readme = tmp_path / "docs" / "RESULTS.md", tmp_path / "README.md"
     readme.write_text("<!-- tapelm-report:begin at-a-glance -->\n<!-- tapelm-report:end at-a-glance -->\n")
     assert "tuned-rates" in build_report(root, out, readme=readme)
-    assert f"| addition (4 steps, `{found['tuned'].name}`) |" in readme.read_text()  # the first screen: tuned rates
+    assert f"| addition (6 steps, `{found['tuned'].name}`) |" in readme.read_text()  # the first screen: tuned rates
     text = out.read_text()
     section = text.split("<!-- tapelm-report:begin tuned-rates -->")[1].split("<!-- tapelm-report:end")[0]
     assert f"at tuned rates (`{found['tuned'].name}`)" in section

@@ -20,46 +20,29 @@ def predictions_dir(context: ReportContext) -> Path:
     return Path(context.figures).parent / "results" / "ladder"
 
 
+def _point(axis, x: float, stats: dict[str, float], **style) -> None:
+    """A difference (`mean` and `half_width` as fractions) drawn in points with its interval."""
+    axis.errorbar(x, stats["mean"] * 100, yerr=stats["half_width"] * 100, **style)
+
+
 def _figure(record: dict[str, Any], observed: dict[int, float], path: Path) -> Path:
     plt = _pyplot()
     prediction = record["prediction"]
     fig, axis = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
     for rung in record["rungs"]:
-        stats = interval(list(rung["differences"].values()))
-        axis.errorbar(rung["compute"], stats["mean"] * 100, yerr=stats["half_width"] * 100, fmt="o", color="C0")
+        _point(axis, rung["compute"], interval(list(rung["differences"].values())), fmt="o", color="C0")
     xs = [min(r["compute"] for r in record["rungs"]), prediction["at"]]
     line = [(prediction["slope_per_decade"] * math.log10(x) + prediction["intercept"]) * 100 for x in xs]
     axis.plot(xs, line, color="C0", linestyle="--", label="trend of the CPU rungs")
-    axis.errorbar(
-        prediction["at"],
-        prediction["mean"] * 100,
-        yerr=prediction["half_width"] * 100,
-        fmt="s",
-        color="C1",
-        label="predicted GPU rung (95%)",
-    )
+    _point(axis, prediction["at"], prediction, fmt="s", color="C1", label="predicted GPU rung (95%)")
     tested = ladder.backtest(record["rungs"])
     if tested is not None:
+        label = f"backtest: the {tested['held_out']:g}x rung predicted from the others (95%)"
         held_out = tested["prediction"]
-        axis.errorbar(
-            held_out["at"],
-            held_out["mean"] * 100,
-            yerr=held_out["half_width"] * 100,
-            fmt="^",
-            color="C3",
-            mfc="none",
-            capsize=3,
-            label=f"backtest: the {tested['held_out']:g}x rung predicted from the others (95%)",
-        )
+        _point(axis, held_out["at"], held_out, fmt="^", color="C3", mfc="none", capsize=3, label=label)
     if observed:
-        stats = interval(list(observed.values()))
-        axis.errorbar(
-            prediction["at"],
-            stats["mean"] * 100,
-            yerr=stats["half_width"] * 100,
-            fmt="D",
-            color="C2",
-            label="GPU rung measured",
+        _point(
+            axis, prediction["at"], interval(list(observed.values())), fmt="D", color="C2", label="GPU rung measured"
         )
     axis.axhline(0, color="grey", linewidth=0.8)
     axis.set_xscale("log")
