@@ -216,14 +216,16 @@ def tune(
     metric = tuning.recipe.task.metric_name
     grids = {pe: grid(tuning.shared) for pe in tuning.pes}
     _launch(tuning.jobs(grids), launcher, options, say)
+    scores = {pe: tuning.scores(pe, rates) for pe, rates in grids.items()}
     wider = {}
     for pe, rates in grids.items():
-        rates = extended(tuning.shared, rates, choose(tuning.scores(pe, rates), metric))
+        rates = extended(tuning.shared, rates, choose(scores[pe], metric))
         if rates is not None:
             wider[pe] = rates
     _launch(tuning.jobs(wider), launcher, options, say)
-    grids.update(wider)
-    record = _record(tuning, grids, metric, Path(out))
+    for pe, rates in wider.items():
+        scores[pe].update(tuning.scores(pe, [rate for rate in rates if rate not in scores[pe]]))
+    record = _record(tuning, grids | wider, scores, metric, Path(out))
     for pe in tuning.pes:
         chosen = record["encodings"][pe]
         edge = " (at the grid's edge)" if chosen["at_edge"] else ""
@@ -231,18 +233,24 @@ def tune(
     return record
 
 
-def _record(tuning: Tuning, grids: dict[str, list[float]], metric: str, out: Path) -> dict[str, Any]:
-    """Merge this tuning's encodings into OUT/TASK/HASH.json (written atomically) and return the record."""
+def _record(
+    tuning: Tuning,
+    grids: dict[str, list[float]],
+    scores: dict[str, dict[float, list[dict[str, Any]]]],
+    metric: str,
+    out: Path,
+) -> dict[str, Any]:
+    """Merge this tuning's encodings (their `grids` and every run's `scores`) into OUT/TASK/HASH.json (written
+    atomically) and return the record."""
     path = out / tuning.base.task / f"{tuning.hash}.json"
     previous = json.loads(path.read_text()) if path.is_file() else {}
     encodings = dict(previous.get("encodings", {}))
     for pe, rates in grids.items():
-        scores = tuning.scores(pe, rates)
-        best = choose(scores, metric)
+        best = choose(scores[pe], metric)
         encodings[pe] = {
             "lr": best,
             "at_edge": best in (rates[0], rates[-1]) and len(rates) > 3,
-            "runs": {_rate_label(rate): runs for rate, runs in scores.items()},
+            "runs": {_rate_label(rate): scores[pe][rate] for rate in rates},
         }
     seconds = sum(
         run["train_seconds"] for entry in encodings.values() for runs in entry["runs"].values() for run in runs
