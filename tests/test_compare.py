@@ -25,6 +25,7 @@ from tapelm.experiments.compare import (
 )
 from tapelm.experiments.plan import OWED, default_settings_hash, superseded_by
 from tapelm.experiments.runs import RunSpec, settings_hash
+from tapelm.positional import encoding_names
 from tapelm.report import README_SECTIONS, build_report, readme_sections, splice
 from tapelm.report.cost_section import medians, run_seconds
 from tapelm.report.findings_section import best_other, findings_row, findings_table
@@ -643,8 +644,24 @@ def test_the_rope_familys_options_are_encodings_of_their_own() -> None:
     assert layer_encodings(llama4) == ["rope", "rope", "rope", "nope"] and llama4.nope_temperature_tuning
     assert llama4.nope_floor_scale == 128 and llama4.nope_attn_scale == 0.1
     assert name("tape-ssmax") == "TAPE + SSMax"
-    with pytest.raises(ValueError, match="rope-nope-every-2nd-temp16, a row evaluated from another.s models: rope-ntk"):
+    with pytest.raises(ValueError, match="temp16, any encoding gated .its name . '-gated'., a row evaluated from an"):
         resolve(RunSpec(task="flipflop", pe="rope-sideways"))
+
+
+@pytest.mark.parametrize("pe", encoding_names())
+def test_every_encoding_gated_is_a_row_of_its_own(pe) -> None:
+    """Any registered encoding plus '-gated' is that encoding with the output gate on, named for it and paired with
+    it; a gated name whose stem is no encoding is refused."""
+    from tapelm.experiments.runs import resolve
+    from tapelm.variants import display_name, with_attention_options, without_attention_options
+
+    config = resolve(RunSpec(task="flipflop", pe=f"{pe}-gated")).config
+    assert config.pe_type == pe and config.attention_gate == "elementwise" and not config.ssmax
+    assert with_attention_options(f"{pe}-gated") and not with_attention_options(pe)
+    assert without_attention_options(f"{pe}-gated") == pe
+    assert display_name(f"{pe}-gated").endswith(", gated attention")
+    with pytest.raises(ValueError, match=f"unknown encoding '{pe}-sideways-gated'"):
+        resolve(RunSpec(task="flipflop", pe=f"{pe}-sideways-gated"))
 
 
 def test_ablation_rows_get_their_own_report_table(compared, tmp_path) -> None:

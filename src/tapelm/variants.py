@@ -33,8 +33,6 @@ LLAMA4_NOPE = {"layer_pe_types": "nope-every-4th", "nope_temperature_tuning": Tr
 WITH_ATTENTION_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "rope-ssmax": ("rope", {"ssmax": True}),
     "tape-ssmax": ("tape", {"ssmax": True}),
-    "rope-gated": ("rope", {"attention_gate": "elementwise"}),
-    "tape-gated": ("tape", {"attention_gate": "elementwise"}),
     # Llama 4's NoPE layers, their temperature starting to grow at 128 keys (Llama 4's at 8192): flip-flop's training
     # length in its far-lengths recipe; MQAR's 2-layer model has no 4th layer, so its row makes every 2nd layer NoPE
     # and starts at 16 keys
@@ -45,15 +43,25 @@ WITH_ATTENTION_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 """Encodings with options of the attention on (`tapelm.attention_options`, Llama 4's NoPE temperature): rows of their
-own, paired by seed with the same encodings without them."""
+own, paired by seed with the same encodings without them. Any encoding also takes the output gate as a row of its own,
+its name plus GATED_SUFFIX (`gated_row`)."""
+GATED_SUFFIX = "-gated"
+GATE = {"attention_gate": "elementwise"}  # gated attention's best variant: an elementwise sigmoid gate
+
+
+def gated_row(name: str) -> tuple[str, dict[str, Any]] | None:
+    """(encoding, GATE) for a registered encoding's name plus GATED_SUFFIX ("path-gated"); None for any other name,
+    a registered encoding's own included."""
+    stem = name.removesuffix(GATED_SUFFIX)
+    return (stem, dict(GATE)) if stem != name and is_registered(stem) and not is_registered(name) else None
+
+
 ROPE_FAMILY_NAMES = {
     "p-rope-0.75": "p-RoPE (0.75)",
     "rope-nope-every-4th": "RoPE (NoPE every 4th layer)",
     "rope-nope-every-2nd": "RoPE (NoPE every 2nd layer)",
     "rope-ssmax": "RoPE + SSMax",
     "tape-ssmax": "TAPE + SSMax",
-    "rope-gated": "RoPE, gated attention",
-    "tape-gated": "TAPE, gated attention",
     "rope-nope-every-4th-temp128": "RoPE (NoPE every 4th layer, Llama 4's temperature from 128 keys)",
     "rope-nope-every-2nd-temp16": "RoPE (NoPE every 2nd layer, Llama 4's temperature from 16 keys)",
 }
@@ -75,10 +83,15 @@ MECHANISMS = {**ROPE_FAMILY, **WITH_ATTENTION_OPTIONS}
 ATTENTION_OPTION_FIELDS = ("ssmax", "attention_gate", "nope_temperature_tuning", "nope_floor_scale")
 
 
+def with_attention_options(name: str) -> bool:
+    """Whether `name` is a row with an option of the attention on: a `WITH_ATTENTION_OPTIONS` row or a gated one."""
+    return name in WITH_ATTENTION_OPTIONS or gated_row(name) is not None
+
+
 def without_attention_options(name: str) -> str:
-    """The row a `WITH_ATTENTION_OPTIONS` row is paired with: the same encoding and options, the attention's left out
-    (e.g. "tape-gated" -> "tape", "rope-nope-every-4th-temp128" -> "rope-nope-every-4th")."""
-    pe, options = WITH_ATTENTION_OPTIONS[name]
+    """The row a row with options of the attention on is paired with: the same encoding and options, the attention's
+    left out (e.g. "path-gated" -> "path", "rope-nope-every-4th-temp128" -> "rope-nope-every-4th")."""
+    pe, options = WITH_ATTENTION_OPTIONS.get(name) or gated_row(name) or (name, {})
     rest = {key: value for key, value in options.items() if key not in ATTENTION_OPTION_FIELDS}
     if not rest:
         return pe
@@ -87,15 +100,20 @@ def without_attention_options(name: str) -> str:
 
 def check_row(name: str) -> None:
     """Refuse a name that is neither an encoding nor a variant, listing both."""
-    if not is_registered(name) and name not in VARIANTS and name not in MECHANISMS and name not in AT_EVALUATION:
+    known = is_registered(name) or name in VARIANTS or name in MECHANISMS or name in AT_EVALUATION
+    if not known and gated_row(name) is None:
         raise ValueError(
-            f"unknown encoding '{name}'; choose from: {', '.join([*encoding_names(), *MECHANISMS])}, a row evaluated "
-            f"from another's models: {', '.join(AT_EVALUATION)}, or a variant: {', '.join(VARIANTS)}"
+            f"unknown encoding '{name}'; choose from: {', '.join([*encoding_names(), *MECHANISMS])}, any encoding "
+            f"gated (its name + '{GATED_SUFFIX}'), a row evaluated from another's models: {', '.join(AT_EVALUATION)}, "
+            f"or a variant: {', '.join(VARIANTS)}"
         )
 
 
 def display_name(name: str) -> str:
-    """The name reports give an encoding (its own `display_name`), a RoPE-family row, or any other row (itself)."""
+    """The name reports give an encoding (its own `display_name`), a RoPE-family row, a gated row, or any other row
+    (itself)."""
+    if gated := gated_row(name):
+        return f"{registered_display_name(gated[0])}, gated attention"
     return ROPE_FAMILY_NAMES.get(name) or registered_display_name(name)
 
 
@@ -106,13 +124,15 @@ def trained_row(name: str) -> str:
 
 def resolve_variant(name: str) -> tuple[str, dict[str, Any]]:
     """(pe_type, TapeConfig options) of an encoding or variant name (an encoding is itself with no options)."""
-    return VARIANTS.get(name) or MECHANISMS.get(name) or (name, {})
+    return VARIANTS.get(name) or MECHANISMS.get(name) or gated_row(name) or (name, {})
 
 
 __all__ = [
     "ABLATIONS",
     "AT_EVALUATION",
     "ATTENTION_OPTION_FIELDS",
+    "GATE",
+    "GATED_SUFFIX",
     "MECHANISMS",
     "ROPE_FAMILY",
     "ROPE_FAMILY_NAMES",
@@ -120,7 +140,9 @@ __all__ = [
     "VARIANTS",
     "check_row",
     "display_name",
+    "gated_row",
     "resolve_variant",
     "trained_row",
+    "with_attention_options",
     "without_attention_options",
 ]

@@ -48,7 +48,7 @@ from ..kernels import fla_runs_on
 from ..modeling import TapeForCausalLM
 from ..positional import encoding_names
 from ..training.provenance import environment, installed_version
-from ..variants import MECHANISMS, VARIANTS, resolve_variant
+from ..variants import GATED_SUFFIX, MECHANISMS, VARIANTS, gated_row, resolve_variant
 
 PEERS = ("llama", "fla-fox", "fla-path")
 """Rows that are not tapelm encodings: `llama` is transformers' LlamaForCausalLM at the same size (RoPE);
@@ -706,11 +706,11 @@ def plot(report: dict, path: Path) -> None:
 def check_rows(rows: list[str], device: torch.device) -> list[str]:
     """The rows to measure, RoPE first; ValueError naming an unknown one, or an fla row where fla cannot run."""
     encodings = [*encoding_names(), *MECHANISMS]
-    unknown = [row for row in rows if row not in (*encodings, *VARIANTS, *PEERS)]
+    unknown = [row for row in rows if row not in (*encodings, *VARIANTS, *PEERS) and gated_row(row) is None]
     if unknown:
         raise ValueError(
-            f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(encodings)}, TAPE's "
-            f"variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}"
+            f"unknown row {unknown[0]!r}; choose from the encodings {', '.join(encodings)}, any encoding gated (its "
+            f"name + '{GATED_SUFFIX}'), TAPE's variants {', '.join(VARIANTS)} and the peers {', '.join(PEERS)}"
         )
     fla_rows = [row for row in rows if row in FLA_PEERS]
     if fla_rows and not fla_runs_on(device):

@@ -15,7 +15,7 @@ from ..training.devices import process_device
 from ..training.flags import TRAIN_FLAGS, add_train_flags
 from ..training.launchers import Launcher, LocalLauncher, SlurmLauncher
 from ..training.trackers import TRACKERS
-from ..variants import ABLATIONS, AT_EVALUATION, MECHANISMS, VARIANTS, trained_row
+from ..variants import ABLATIONS, AT_EVALUATION, GATED_SUFFIX, MECHANISMS, VARIANTS, trained_row
 from .compare import DEFAULT_PES, compare
 from .evaluate import EVAL_SEED, evaluate_model
 from .ladder import LADDER_TASKS, climb, rungs, write_prediction
@@ -352,7 +352,8 @@ def _add_compare(commands) -> None:
         default=list(DEFAULT_PES),
         metavar="PE",
         help=f"encodings (default: {' '.join(DEFAULT_PES)}); any of: {', '.join(encoding_names())}, the options rows "
-        f"{', '.join(MECHANISMS)}, the rows evaluated from another's models under a RoPE scaling "
+        f"{', '.join(MECHANISMS)}, any encoding gated (its name + '{GATED_SUFFIX}'), the rows evaluated from "
+        f"another's models under a RoPE scaling "
         f"{', '.join(AT_EVALUATION)}, TAPE's variants {', '.join(VARIANTS)}, or 'all' (the pe_types)",
     )
     parser.add_argument(
@@ -503,7 +504,8 @@ def _add_tune(commands) -> None:
         nargs="+",
         required=True,
         metavar="PE",
-        help=f"encodings or option rows to tune; any of: {', '.join(encoding_names())}, {', '.join(MECHANISMS)}",
+        help=f"encodings or option rows to tune; any of: {', '.join(encoding_names())}, {', '.join(MECHANISMS)}, "
+        f"any encoding gated (its name + '{GATED_SUFFIX}')",
     )
     parser.add_argument(
         "--seeds",

@@ -8,17 +8,19 @@ the training ignore rate; its sparse and dense splits differ in more than length
 least-squares slope of that accuracy against log2(length / training length), over the training length and every
 longer one, in accuracy per doubling (negative: it falls). Runs of one seed saw the same training stream and test
 sets, so families are compared paired by seed: for each seed, the mean fall of a family's learned members, and the
-interval of the difference across seeds."""
+interval of the difference across seeds. Gated rows ("path-gated") belong to their encoding's family and are compared
+only with gated rows: the same question asked with the output gate on."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
 
 from ..analysis.statistics import interval, paired_difference, verdict
 from ..positional import FAMILIES, encoding_class, is_registered
+from ..variants import GATED_SUFFIX, gated_row
 from .claims import learned_threshold
 from .evaluate import summarize
 from .tasks import Task
@@ -27,9 +29,10 @@ LONG_MULTIPLIER = 8  # a comparison is "far beyond" when it evaluates at least t
 
 
 def family_of(pe: str) -> str | None:
-    """The family a registered encoding declares (`PositionalEncoding.family`); None for it or for a row that is no
-    encoding (a variant)."""
-    return encoding_class(pe).family if is_registered(pe) else None
+    """The family a registered encoding declares (`PositionalEncoding.family`), gated or not; None for it or for a
+    row that is no encoding (a variant)."""
+    encoding = gated_row(pe)[0] if gated_row(pe) else pe
+    return encoding_class(encoding).family if is_registered(encoding) else None
 
 
 def reaches_far(record: Mapping[str, Any]) -> bool:
@@ -67,6 +70,7 @@ def encoding_rows(task: Task, results: Mapping[str, Mapping[int, Mapping[str, An
         at_training = interval([curve[lengths[0]] for curve in curves.values()])
         rows[pe] = {
             "family": family_of(pe),
+            "gated": gated_row(pe) is not None,
             "learned": at_training["mean"] >= floor,
             "lengths": lengths,
             "accuracy": {length: interval([curve[length] for curve in curves.values()]) for length in lengths},
@@ -76,11 +80,22 @@ def encoding_rows(task: Task, results: Mapping[str, Mapping[int, Mapping[str, An
     return rows
 
 
-def family_difference(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Accumulating minus decaying mean fall per doubling, paired by seed over the families' learned members, with
-    its interval and verdict: 'better' means accumulation falls more slowly, 'worse' faster."""
+def family_difference(
+    rows: Mapping[str, Mapping[str, Any]], gated: bool = False, among: Collection[str] | None = None
+) -> dict[str, Any]:
+    """Accumulating minus decaying mean fall per doubling, paired by seed over the families' learned members (gated
+    rows or ungated ones; only the encodings `among`, when given), with its interval and verdict: 'better' means
+    accumulation falls more slowly, 'worse' faster."""
     members = {
-        family: [pe for pe, row in rows.items() if row["family"] == family and row["learned"]] for family in FAMILIES
+        family: [
+            pe
+            for pe, row in rows.items()
+            if row["family"] == family
+            and row["learned"]
+            and row["gated"] == gated
+            and (among is None or pe.removesuffix(GATED_SUFFIX) in among)
+        ]
+        for family in FAMILIES
     }
     per_seed = {}
     for family, names in members.items():

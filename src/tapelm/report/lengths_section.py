@@ -11,6 +11,7 @@ from typing import Any
 from ..analysis.plots import curves
 from ..experiments import archive, compare, lengths
 from ..experiments.tasks import get_task
+from ..variants import GATED_SUFFIX
 from .sections import ReportContext, register_section
 
 INTRO = (
@@ -22,7 +23,9 @@ INTRO = (
     "length averages the conditions drawn as in training but for their length (flip-flop: the training ignore rate, "
     "without the sparse and dense splits); intervals are 95% t "
     "intervals across seeds. The families are compared paired by seed, over the members that learned the task in "
-    "distribution; 'no difference shown' is a null result at this scale, not evidence of equal falls."
+    "distribution; 'no difference shown' is a null result at this scale, not evidence of equal falls. Where a "
+    "comparison has gated rows (the sigmoid output gate on, `ENCODING-gated`), the question is asked again among them "
+    "and, beside it, among the same encodings without the gate."
 )
 
 
@@ -49,18 +52,28 @@ def _table(rows: dict[str, dict[str, Any]], multiples: dict[int, int]) -> str:
     return "\n".join(lines)
 
 
-def _answer(found: dict[str, Any]) -> str:
+def _answer(found: dict[str, Any], asked: str = "Accumulating minus decaying fall per doubling") -> str:
     members, difference = found["members"], found["difference"]
     named = "; ".join(f"{family}: {', '.join(names) or 'none learned'}" for family, names in members.items())
     if difference["n"] == 0:
-        return f"Families ({named}): no seed has a learned member of both, so the question has no answer here."
+        return f"{asked} ({named}): no seed has a learned member of both, so the question has no answer here."
     shown = {"better": "accumulation falls more slowly", "worse": "accumulation falls faster"}
     outcome = shown.get(found["verdict"], found["verdict"])
     half = "" if difference["n"] < 2 else f" ± {difference['half_width'] * 100:.1f}"
-    return (
-        f"Accumulating minus decaying fall per doubling: {difference['mean'] * 100:+.1f}{half} points "
-        f"({difference['n']} seeds; {named}): **{outcome}**."
-    )
+    return f"{asked}: {difference['mean'] * 100:+.1f}{half} points ({difference['n']} seeds; {named}): **{outcome}**."
+
+
+def _answers(rows: dict[str, dict[str, Any]]) -> str:
+    """The families' answer; where the comparison has gated members, the answer with the gate on and, beside it, the
+    answer over the same encodings without the gate."""
+    answers = [_answer(lengths.family_difference(rows))]
+    gated = {pe.removesuffix(GATED_SUFFIX) for pe, row in rows.items() if row["gated"] and row["family"]}
+    if gated:
+        asked = "With the output gate on, accumulating minus decaying fall per doubling"
+        answers.append(_answer(lengths.family_difference(rows, gated=True), asked))
+        asked = "The same encodings without the gate"
+        answers.append(_answer(lengths.family_difference(rows, among=gated), asked))
+    return "\n\n".join(answers)
 
 
 def _subsection(record: dict[str, Any], rows: dict[str, dict[str, Any]], context: ReportContext) -> str:
@@ -83,7 +96,7 @@ def _subsection(record: dict[str, Any], rows: dict[str, dict[str, Any]], context
     title = f"### {record['task']} (`{record['settings_hash']}`, trained at {training} tokens)"
     figure = f"![{record['task']} accuracy against length]({context.figures_link}/{name})"
     table = _table(rows, _multiples(record, rows[next(iter(rows))]["lengths"]))
-    return "\n\n".join([title, table, _answer(lengths.family_difference(rows)), figure])
+    return "\n\n".join([title, table, _answers(rows), figure])
 
 
 def _far(context: ReportContext) -> list[tuple[dict[str, Any], dict[str, dict[str, Any]], Path]]:

@@ -1,5 +1,5 @@
 """The report section "Options of the attention": in every archived comparison that holds an encoding with an option
-of the attention on (`tapelm.variants.WITH_ATTENTION_OPTIONS`: SSMax, the output gate, Llama 4's NoPE temperature)
+of the attention on (`tapelm.variants.WITH_ATTENTION_OPTIONS`: SSMax, Llama 4's NoPE temperature; any encoding gated)
 and the same encoding without it, the option's effect paired by seed: at the training length, beyond it (the mean
 over the longer lengths) and at the longest length evaluated; and TAPE minus RoPE with each option beside TAPE minus
 RoPE without it, so that a verdict about TAPE can be read with the option on."""
@@ -12,7 +12,7 @@ from typing import Any
 
 from ..analysis.statistics import format_difference, higher_is_better, paired_difference, verdict
 from ..experiments import archive, compare
-from ..variants import WITH_ATTENTION_OPTIONS, without_attention_options
+from ..variants import resolve_variant, with_attention_options, without_attention_options
 from .sections import ReportContext, register_section
 
 INTRO = (
@@ -48,16 +48,18 @@ def _row(label: str, first: dict, second: dict, metric: str) -> str:
 def _table(record: dict[str, Any], results: dict[str, dict[int, dict[str, Any]]]) -> str | None:
     metric = next(iter(next(iter(results.values())).values()))["metric"]
     values = {pe: _values(by_seed, metric) for pe, by_seed in results.items()}
-    lines = []
-    for row in WITH_ATTENTION_OPTIONS:
-        base = without_attention_options(row)
-        if row in values and base in values:
-            lines.append(_row(f"{row} − {base}", values[row], values[base], metric))
+    with_options = sorted(row for row in values if with_attention_options(row))
+    lines = [
+        _row(f"{row} − {base}", values[row], values[base], metric)
+        for row in with_options
+        if (base := without_attention_options(row)) in values
+    ]
+    specs = {row: resolve_variant(row) for row in with_options}
     with_tape = [
         (row, partner)
-        for row, (pe, options) in WITH_ATTENTION_OPTIONS.items()
-        for partner, spec in WITH_ATTENTION_OPTIONS.items()
-        if pe == "tape" and spec == ("rope", options) and row in values and partner in values
+        for row, (pe, options) in specs.items()
+        for partner, spec in specs.items()
+        if pe == "tape" and spec == ("rope", options)
     ]
     lines += [_row(f"{row} − {partner}", values[row], values[partner], metric) for row, partner in with_tape]
     if with_tape and "tape" in values and "rope" in values:
