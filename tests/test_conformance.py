@@ -110,6 +110,29 @@ class WrongBackward(RoPE):
         return DoubledGradient.apply(hidden)
 
 
+class ReadsTheLimit(RoPE):
+    """Broken: declares that it does not read the position limit, but scales its embeddings by it."""
+
+    reads_position_limit = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.limit = config.max_position_embeddings
+
+    def embed(self, hidden, ctx):
+        return hidden * (1 + 1 / self.limit)
+
+
+class SizedByTheLimit(RoPE):
+    """Broken: declares that it does not read the position limit, but sizes a weight it never uses by it."""
+
+    reads_position_limit = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.table = nn.Parameter(torch.zeros(config.max_position_embeddings))
+
+
 BROKEN = [
     ("causal", Peeking, "outputs before token"),
     ("cache_step", CountingFromZero, "one token at a time and the full pass differ"),
@@ -124,6 +147,8 @@ BROKEN = [
     ("save_load", Unsaved, "the loaded model's logits and the saved one's differ"),
     ("compiles", Branching, "torch.compile cannot capture it"),
     ("gradcheck", WrongBackward, "analytical and numerical gradients differ"),
+    ("position_limit", ReadsTheLimit, "logits at two position limits differ"),
+    ("position_limit", SizedByTheLimit, "names or shapes depend on max_position_embeddings"),
 ]
 
 

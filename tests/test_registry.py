@@ -131,6 +131,10 @@ class BadCost(RoPE):
     step_cost = 1.5
 
 
+class BadLimit(RoPE):
+    reads_position_limit = "no"
+
+
 @pytest.mark.parametrize(
     ("name", "cls", "message"),
     [
@@ -139,6 +143,7 @@ class BadCost(RoPE):
         ("mine", NotAnEncoding, "is not a subclass of tapelm.positional.PositionalEncoding"),
         ("mine", BadFamily, "mine: family='oscillating' is not allowed; choose one of: None, accumulating, decaying"),
         ("mine", BadCost, "mine: step_cost=1.5 is not allowed; give a StepCost or None"),
+        ("mine", BadLimit, "mine: reads_position_limit='no' is not allowed"),
         ("rope", Shifted, "encoding 'rope' is already registered as tapelm.positional.rotary.RoPE"),
     ],
 )
@@ -163,3 +168,13 @@ def test_every_built_in_declares_its_facts():
         cost = cls.step_cost
         assert (cost is None) == (name in ("sinusoidal", "learned")), name
         assert cost is None or (isinstance(cost, StepCost) and cost.ratio > 0 and cost.source), name
+
+
+def test_an_encoding_reads_the_position_limit_unless_it_says_otherwise():
+    """The safe default: a run of an encoding that declares nothing is keyed on the position limits its evaluation
+    sizes (`runs.training_identity`); tapelm's own say which they read, and the kit holds them to it."""
+    from tapelm.positional.base import PositionalEncoding
+
+    assert PositionalEncoding.reads_position_limit
+    reading = {name for name in encoding_names() if encoding_class(name).reads_position_limit}
+    assert reading == {"learned", "randpe", "xpos"}

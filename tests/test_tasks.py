@@ -653,3 +653,32 @@ def test_uniform_model_has_perplexity_vocab_size(corpus: str) -> None:
     assert math.isclose(result["mean"], vocab, rel_tol=1e-4)
     sharp = evaluate_task(task, oracle(vocab), seed=1, n_per_condition=12, batch_size=5)
     assert all(math.isclose(row["value"], (math.e + vocab - 1) / math.e, rel_tol=1e-4) for row in sharp["conditions"])
+
+
+EVALUATION_ALTERNATIVES = {"eval_multipliers": (1, 3), "eval_max_digits": 12, "depths": (0.25, 0.75), "stride": 8}
+"""A value for each task's evaluation-only option other than its default in `make_task`."""
+
+
+def _training_draws(task) -> list[tuple]:
+    """What a training run reads from its task: a few batches of two seeds, the tokenizer, the data record."""
+    batches = [task.train_batch(np.random.default_rng([seed, index]), 3) for seed in (0, 1) for index in range(3)]
+    tokens = [(b.input_ids.tolist(), b.labels.tolist(), b.attention_mask.tolist()) for b in batches]
+    return [*tokens, task.tokenizer.to_transformers().backend_tokenizer.to_str(), task.data_record()]
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_evaluation_options_leave_the_training_unchanged(name, corpus):
+    """A task's `evaluation_options` change its evaluation, never its training stream, tokenizer or data record:
+    runs that differ only in them share one training (`runs.training_identity`)."""
+    task = make_task(name, corpus)
+    assert set(task.evaluation_options) <= set(EVALUATION_ALTERNATIVES), "give a new evaluation option a test value"
+    base = {"corpus": corpus, "train_length": 32} if name == "text" else {}
+    for option in task.evaluation_options:
+        other = get_task(name, **base, **{option: EVALUATION_ALTERNATIVES[option]})
+        assert other.eval_conditions() != task.eval_conditions() or option == "stride"
+        assert _training_draws(other) == _training_draws(task), option
+
+
+def test_a_training_option_declared_for_evaluation_would_be_caught():
+    """The law above can fail: MQAR's number of pairs shapes its training stream."""
+    assert _training_draws(get_task("mqar", num_pairs=4)) != _training_draws(get_task("mqar"))

@@ -400,6 +400,30 @@ def law_gradcheck(subject: Subject) -> float:
     return 0.0
 
 
+def law_position_limit(subject: Subject) -> float:
+    """An encoding that declares `reads_position_limit` False starts from the same weights (the seed's
+    initialisation, buffers included) and computes the same logits whatever `max_position_embeddings` and
+    `randpe_max_position` say, so that runs differing only in their evaluation lengths can share one training;
+    nothing to hold for one that declares True."""
+    if encoding_class(subject.pe_type).reads_position_limit:
+        return 0.0
+    limit = TINY["max_position_embeddings"]
+    limits = [{"max_position_embeddings": n, "randpe_max_position": n} for n in (limit, 4 * limit)]
+    initial = []
+    for sizes in limits:
+        torch.manual_seed(0)
+        with torch.device(subject.device):
+            initial.append(TapeForCausalLM(subject.config(**sizes)).state_dict())
+    if {name: value.shape for name, value in initial[0].items()} != {k: v.shape for k, v in initial[1].items()}:
+        raise LawFailure("position_limit: the weights' names or shapes depend on max_position_embeddings")
+    for name, value in initial[0].items():
+        difference("position_limit", f"the initial {name}", initial[1][name].double(), value.double(), 0.0)
+    ids = subject.tokens(2, min(limit, 12))
+    with torch.no_grad():
+        small, large = (subject.model(**sizes)(ids).logits for sizes in limits)
+    return difference("position_limit", "logits at two position limits", large, small, 0.0)
+
+
 LAWS: dict[str, Callable[[Subject], float]] = {
     "causal": law_causal,
     "cache_step": law_cache_step,
@@ -413,6 +437,7 @@ LAWS: dict[str, Callable[[Subject], float]] = {
     "save_load": law_save_load,
     "compiles": law_compiles,
     "gradcheck": law_gradcheck,
+    "position_limit": law_position_limit,
 }
 """Every law by name, in the order `check_encoding` runs them."""
 
@@ -478,6 +503,7 @@ __all__ = [
     "law_gradcheck",
     "law_left_padding",
     "law_packed_documents",
+    "law_position_limit",
     "law_positions",
     "law_relative",
     "law_save_load",

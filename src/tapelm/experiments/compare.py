@@ -33,6 +33,7 @@ from ..training.launchers import LocalLauncher, Log
 from ..variants import AT_EVALUATION, check_row, trained_row
 from .claims import learned_threshold, verdict_lines
 from .launchers import Job
+from .reuse import evaluate_trained_elsewhere, trained_elsewhere
 from .runs import (
     RESULT_FILE,
     RESULT_FILES,
@@ -43,6 +44,7 @@ from .runs import (
     recipe_lr,
     resolve,
     settings_hash,
+    training_fingerprint,
 )
 from .scaling import check_scaled, evaluate_scaled
 from .sweep import learning_curve
@@ -203,13 +205,19 @@ def compare(
     comparison = open_comparison(base, pes, seeds, root, command, ablation, compile_layers, archive, rates)
     directory, runs, command = comparison.directory, comparison.runs, comparison.command
     say = log or logger.info
-    pending, to_evaluate = [], []
+    pending, to_evaluate, elsewhere = [], [], {}
     for index, (pe, seed) in enumerate(runs, 1):
         run_dir = comparison.run_dir(pe, seed)
-        cached = comparison.finished(pe, seed)
-        say(f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: {'cached' if cached else 'to run'} ({run_dir})")
-        if not cached:
+        state = _state(comparison, pe, seed)
+        if state == "to run" and pe not in AT_EVALUATION and (source := trained_elsewhere(runs[pe, seed], run_dir)):
+            elsewhere[pe, seed] = source
+            state = f"trained in {source.parents[1].name}, to evaluate"
+        say(f"[{index}/{len(runs)}] {base.task} / {pe} / seed {seed}: {state} ({run_dir})")
+        if state != "cached" and (pe, seed) not in elsewhere:
             (to_evaluate if pe in AT_EVALUATION else pending).append((pe, seed))
+    for (pe, seed), source in elsewhere.items():
+        result = evaluate_trained_elsewhere(source, runs[pe, seed], comparison.run_dir(pe, seed), command)
+        say(f"    {pe} / seed {seed} evaluated from the model of {source.parents[1].name}: {Job.summary(result)}")
     jobs = [Job(runs[key], comparison.run_dir(*key), command) for key in pending]
     for outcome in launcher.launch(jobs, options):
         if outcome.error is not None:
@@ -225,6 +233,21 @@ def compare(
     for figure in summary["figures"]:
         say(f"figure: {directory / figure}")
     return summary
+
+
+def _state(comparison: Comparison, pe: str, seed: int) -> str:
+    """ "cached" for a finished run, "to run" for one to train or evaluate; for a row evaluated from another's model,
+    "stale: ..." when that model was trained again since (its recorded `training_fingerprint` is not the trained
+    run's: it is evaluated again; a row recorded before rows kept one counts as cached)."""
+    if not comparison.finished(pe, seed):
+        return "to run"
+    if pe not in AT_EVALUATION:
+        return "cached"
+    trained = comparison.run_dir(trained_row(pe), seed) / RESULT_FILE
+    recorded = json.loads((comparison.run_dir(pe, seed) / RESULT_FILE).read_text()).get("trained_fingerprint")
+    if recorded and trained.is_file() and recorded != training_fingerprint(json.loads(trained.read_text())):
+        return f"stale: {trained_row(pe)}'s model was trained again, to evaluate"
+    return "cached"
 
 
 def restore_archived(source: Path, directory: Path, runs: dict[tuple[str, int], Any]) -> list[tuple[str, int]]:

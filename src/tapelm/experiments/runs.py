@@ -25,6 +25,7 @@ import torch
 from ..config import TapeConfig
 from ..layout import HostLayout
 from ..modeling import TapeForCausalLM
+from ..positional import encoding_class, encodings_in
 from ..training import trackers
 from ..training.accelerator import make_accelerator
 from ..training.atomic import write_json_atomically
@@ -255,6 +256,37 @@ def identity_differences(saved: dict[str, Any], run: ResolvedRun) -> list[str]:
     return sorted(k for k in set(saved) | set(run.identity) if saved.get(k) != run.identity.get(k))
 
 
+POSITION_LIMITS = ("max_position_embeddings", "randpe_max_position")
+"""The config fields a run sizes to its task's longest evaluation length."""
+
+
+def reads_position_limit(config: TapeConfig) -> bool:
+    """Whether `config`'s model depends on its `POSITION_LIMITS`: an encoding of its layers says so
+    (`reads_position_limit`), or its RoPE scaling may read them (any `rope_type` but the default)."""
+    scaled = config.rope_parameters.get("rope_type", "default") != "default"
+    return scaled or any(encoding_class(pe).reads_position_limit for pe in encodings_in(config))
+
+
+def training_identity(identity: dict[str, Any]) -> dict[str, Any]:
+    """What shapes a run's training, from its recorded identity (run.json's, result.json's): all of it but its
+    evaluation (test-set size, the task's `evaluation_options`) and, where the model does not read them
+    (`reads_position_limit`), the `POSITION_LIMITS` the longest evaluation length sizes. Runs with equal training
+    identities, on one tokenizer, train the same model (tests/test_reuse.py)."""
+    model = {**_new_config_defaults(identity["model"]), **identity["model"]}
+    if not reads_position_limit(TapeConfig.from_dict(model)):
+        model = {key: value for key, value in model.items() if key not in POSITION_LIMITS}
+    evaluation_only = TASKS[identity["task"]].evaluation_options
+    options = {key: value for key, value in identity["task_options"].items() if key not in evaluation_only}
+    kept = {key: value for key, value in identity.items() if key != "eval"}
+    return {**kept, "task_options": options, "model": model}
+
+
+def training_fingerprint(result: dict[str, Any]) -> str:
+    """A finished run's training, as its result records it (identity, first and last losses and evaluation
+    summary), hashed: what a row evaluated from its model records, so that a model trained again since is noticed."""
+    return _hash({key: result.get(key) for key in ("identity", "first_loss", "final_loss", "summary")})
+
+
 def _check_identity(run: ResolvedRun, run_dir: Path) -> None:
     path = run_dir / RUN_FILE
     if not path.exists():
@@ -390,7 +422,7 @@ def run_task(
     return result
 
 
-def _run_record(run: ResolvedRun) -> dict[str, Any]:
+def run_record(run: ResolvedRun) -> dict[str, Any]:
     """What run.json and result.json open with: the run's identity, settings hash and parameter count."""
     return {"identity": run.identity, "settings_hash": run.settings_hash, "parameters": run.parameters}
 
@@ -418,7 +450,7 @@ def _prepare_run_dir(run: ResolvedRun, run_dir: Path, state, command: str) -> No
     if state.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / RUN_FILE).exists():
-            write_json_atomically(run_dir / RUN_FILE, {**_run_record(run), "command": command})
+            write_json_atomically(run_dir / RUN_FILE, {**run_record(run), "command": command})
         if not has_saved_tokenizer(run_dir):
             save_tokenizer(run.task.tokenizer, run_dir)
     state.wait_for_everyone()
@@ -480,7 +512,7 @@ def _result_record(
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     losses = [m["loss"] for m in metrics if "loss" in m]
     return {
-        **_run_record(run),
+        **run_record(run),
         "task": run.spec.task,
         "pe": run.spec.pe,
         "seed": run.spec.seed,
@@ -686,6 +718,11 @@ __all__ = [
     "option_flags",
     "recipe_lr",
     "identity_differences",
+    "reads_position_limit",
+    "run_record",
+    "training_fingerprint",
+    "training_identity",
+    "POSITION_LIMITS",
     "RESULT_FILE",
     "RESULT_FILES",
 ]

@@ -10,7 +10,8 @@ inference-time scalings transformers ships, to the longest length its task evalu
 s is the task's longest evaluation length over its training length. The rows that use them are
 `variants.AT_EVALUATION` ("rope-yarn": RoPE's trained model with YaRN); `compare` evaluates them from their trained
 row's models, paired by seed with the same models, and writes them as runs of their own (result.json with the
-trained run's identity and `evaluated_with`, eval.json, the training's metrics.jsonl)."""
+trained run's identity, `evaluated_with` and `trained_fingerprint`, eval.json, the training's metrics.jsonl): a row
+whose trained model was trained again since is evaluated again."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..training.atomic import write_json_atomically
 from ..training.saved_models import load_saved_model
 from ..variants import AT_EVALUATION
 from .evaluate import evaluate_model
-from .runs import EVALUATION_FIELDS, RESULT_FILE, ResolvedRun, write_evaluation
+from .runs import EVALUATION_FIELDS, RESULT_FILE, ResolvedRun, training_fingerprint, write_evaluation
 
 METHODS = ("ntk", "dynamic", "yarn")
 
@@ -87,6 +88,7 @@ def evaluate_scaled(trained_dir: Path, run: ResolvedRun, row: str, run_dir: Path
         **{key: evaluation.get(key) for key in EVALUATION_FIELDS},
         "pe": row,
         "evaluated_with": applied,
+        "trained_fingerprint": training_fingerprint(trained),
         "eval_seconds": time.time() - started,
         "train_seconds_this_session": 0.0,
         "train_seconds_before_this_session": 0.0,

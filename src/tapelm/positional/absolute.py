@@ -45,6 +45,7 @@ class NoPE(PositionalEncoding):
     """No positional encoding: the causal mask is the only source of order (Kazemnejad et al. 2023). With
     `nope_temperature_tuning` its layers scale the logits as Llama 4's NoPE layers do (`Llama4Temperature`)."""
 
+    reads_position_limit = False
     display_name = "NoPE"
     step_cost = measured(0.77)
 
@@ -102,6 +103,7 @@ class LearnedAbsolute(PositionalEncoding):
 class SinusoidalAbsolute(PositionalEncoding):
     """The fixed sin/cos embedding of Vaswani et al. (2017), computed in float32 for any position."""
 
+    reads_position_limit = False
     relative = False
 
     def __init__(self, config):

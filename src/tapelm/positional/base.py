@@ -254,6 +254,10 @@ class PositionalEncoding(CustomInit):
     logits (SSMax) apply; False for one whose layers compute their attention themselves (`LayerPositional.attend`).
     `rope_scaling`: it rotates by transformers' RoPE spectrum under the scaling `rope_parameters` names (linear,
     YaRN, dynamic, ...); a config whose layers hold no such encoding refuses a scaling, which would change nothing.
+    `reads_position_limit`: its model depends on `max_position_embeddings` or `randpe_max_position`, which the
+    experiments size to the longest evaluation length (a learned table, RandPE's range, xPos's centre). True, the
+    safe default, keys a run's training on them; False lets runs that differ only in their evaluation share one
+    training (`tapelm.experiments.runs.training_identity`), and the kit holds the encoding to it.
     """
 
     needs_key_positions = False
@@ -269,6 +273,7 @@ class PositionalEncoding(CustomInit):
     test_options: dict = {}
     softmax_of_logits: bool = True
     rope_scaling: bool = False
+    reads_position_limit: bool = True
 
     @classmethod
     def validate_fields(cls, config) -> None:

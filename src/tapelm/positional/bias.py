@@ -56,6 +56,7 @@ def alibi_slopes(heads: int, device: torch.device, dtype: torch.dtype) -> torch.
 class RelativeBias(PositionalEncoding):
     """Encodings whose shared bias (B, H, N, T) is a function of query and key positions, set in `prepare`."""
 
+    reads_position_limit = False
     needs_key_positions = True
     adds_logit_bias = True
 
@@ -300,6 +301,7 @@ class CoPELayer(LayerPositional):
 class CoPE(PerLayerEncoding):
     """Contextual position encoding (Golovneva et al. 2024): positions are counts of gated keys."""
 
+    reads_position_limit = False
     display_name = "CoPE"
     step_cost = measured(5.81)
     test_options = {"cope_max_positions": 16}

@@ -69,6 +69,7 @@ class FoXLayer(LayerPositional):
 class FoX(PerLayerEncoding):
     """Model level: nothing but the per-layer gates; the bias needs an explicit float mask."""
 
+    reads_position_limit = False
     display_name = "FoX"
     family = "decaying"
     step_cost = measured(1.65)

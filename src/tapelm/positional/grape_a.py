@@ -85,6 +85,7 @@ class GrapeA(PerLayerEncoding):
     """Model level: nothing but the per-layer gates; the bias reads every key's position and needs an explicit float
     mask. A subclass names its gates ("query", "key")."""
 
+    reads_position_limit = False
     family = "decaying"
     step_cost = estimated(
         2.36,

@@ -100,6 +100,7 @@ class GrapeAPLayer(LayerPositional):
 class GrapeAP(PerLayerEncoding):
     """Model level: nothing but the per-layer projections; the bias needs an explicit float mask."""
 
+    reads_position_limit = False
     display_name = "GRAPE-AP"
     relative = False
     family = "decaying"

@@ -130,6 +130,8 @@ class GrapeContextualLayer(LayerPositional):
 class GrapeM(PerLayerEncoding):
     """Both GRAPE-M encodings: q and k rotated on RoPE's planes by learnable per-plane frequencies (`Spectrum`)."""
 
+    reads_position_limit = False
+
     @classmethod
     def validate_fields(cls, config) -> None:
         check_bool("grape_learnable_freq", config.grape_learnable_freq)

@@ -98,6 +98,7 @@ class PaTH(PerLayerEncoding):
     are read as a sequence (each is transformed by every later token's Householder), so a static cache hands it only
     the written rows."""
 
+    reads_position_limit = False
     display_name = "PaTH"
     family = "accumulating"
     step_cost = measured(7.05)

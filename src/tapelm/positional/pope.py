@@ -77,6 +77,7 @@ class PoPELayer(LayerPositional):
 class PoPE(PositionalEncoding):
     """Model level: the phases t theta of this pass's positions, shared by every layer."""
 
+    reads_position_limit = False
     display_name = "PoPE"
     step_cost = estimated(
         1.62,

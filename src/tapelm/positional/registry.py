@@ -98,6 +98,7 @@ def display_name(name: str) -> str:
 
 def _check_facts(name: str, cls: type[PositionalEncoding]) -> None:
     check_bool(f"{name}: relative", cls.relative)
+    check_bool(f"{name}: reads_position_limit", cls.reads_position_limit)
     check_choice(f"{name}: family", cls.family, (None, *FAMILIES))
     if cls.step_cost is not None and not isinstance(cls.step_cost, StepCost):
         raise ValueError(f"{name}: step_cost={cls.step_cost!r} is not allowed; give a StepCost or None")

@@ -98,6 +98,7 @@ class RotaryLayer(LayerPositional):
 class RoPE(PositionalEncoding):
     """Rotary position embedding (Su et al. 2021) with any scaling transformers supports."""
 
+    reads_position_limit = False
     display_name = "RoPE"
     step_cost = measured(1.0)
     rope_scaling = True
@@ -137,6 +138,7 @@ class RandPE(RoPE):
     given positions. See `TapeConfig` for the sources and for the one difference to both reference codes (one draw
     per forward pass, shared by all layers)."""
 
+    reads_position_limit = True  # positions drawn from [0, randpe_max_position)
     display_name = "RandPE"
     step_cost = measured(1.0)  # it rotates like RoPE
     test_options = {"randpe_eval_positions": "given"}  # the given positions: deterministic
@@ -196,6 +198,7 @@ class XPos(RoPE):
     (b / (d/2) + 0.4) / 1.4 and the default `xpos_scale_base` 2048 are the paper's official code's
     (VITA-Group/TAPE, models/llama/xpos.py, `XposRotaryEmbedding(scale_base=2048)`)."""
 
+    reads_position_limit = True  # its decay's centre: max_position_embeddings // 2
     display_name = "xPos"
     step_cost = measured(0.99)
 

@@ -130,6 +130,7 @@ class SelectiveRoPE(PerLayerEncoding):
     """Model level: nothing but the per-layer phases. The convolution reads the cached inputs as a sequence (a static
     cache hands over only what is written)."""
 
+    reads_position_limit = False
     display_name = "Selective RoPE"
     family = "accumulating"
     step_cost = estimated(

@@ -36,6 +36,7 @@ class StickBreakingLayer(LayerPositional):
 class StickBreaking(PerLayerEncoding):
     """Model level: nothing but the layers; causal only (the stick breaks from the nearest earlier key)."""
 
+    reads_position_limit = False
     display_name = "Stick-breaking"
     family = "decaying"
     step_cost = estimated(

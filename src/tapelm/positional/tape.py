@@ -67,6 +67,7 @@ def initial_blocks(angles: torch.Tensor, block_l: int, block_r: int, scale: floa
 class TapeEncoding(PositionalEncoding):
     """Model-level TAPE: the initial state E0 from RoPE (angles in float32, transformers' scalings applied)."""
 
+    reads_position_limit = False
     display_name = "TAPE"
     rope_scaling = True  # E0 is RoPE's rotation under the scaling (tape_block (2, 2), or linear)
     family = "accumulating"

@@ -89,6 +89,7 @@ class Wall(PerLayerEncoding):
     """Model level: nothing but the per-layer gates. The layers read the cached keys as a sequence (a static cache
     hands over only what is written)."""
 
+    reads_position_limit = False
     display_name = "Wall"
     family = "decaying"
     step_cost = estimated(

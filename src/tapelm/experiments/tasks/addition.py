@@ -63,6 +63,7 @@ def sequence_length(len_a: int, len_b: int, hints: bool = False) -> int:
 
 class AdditionTask(SyntheticTask):
     name = "addition"
+    evaluation_options = ("eval_max_digits",)
 
     @classmethod
     def reading_notes(cls, options: dict[str, Any], token_accuracy: bool) -> list[str]:

@@ -78,6 +78,9 @@ class Task(ABC):
     metric_name: ClassVar[str]
     # True for tagging tasks, whose labels are not the next input tokens (Example.labels); False: labels == ids.
     tagging: ClassVar[bool] = False
+    # the options that shape only the evaluation, never the training stream nor the tokenizer: runs that differ in
+    # nothing else share one training (`experiments.runs.training_identity`)
+    evaluation_options: ClassVar[tuple[str, ...]] = ("eval_multipliers",)
     tokenizer: Tokenizer
     train_length: int  # longest training sequence, in tokens
 

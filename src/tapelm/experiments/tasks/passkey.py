@@ -26,6 +26,7 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 class PasskeyTask(SyntheticTask):
     name = "passkey"
+    evaluation_options = ("eval_multipliers", "depths")
 
     @classmethod
     def reading_notes(cls, options: dict[str, Any], token_accuracy: bool) -> list[str]:

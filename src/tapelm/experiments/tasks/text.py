@@ -118,6 +118,7 @@ def sliding_windows(total: int, length: int, stride: int) -> list[tuple[int, int
 class TextTask(Task):
     name = "text"
     metric_name = "perplexity"
+    evaluation_options = ("eval_multipliers", "stride")
 
     def __init__(
         self,
