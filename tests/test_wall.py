@@ -227,7 +227,7 @@ def test_blocks_of_queries_compute_the_whole_function(monkeypatch):
     runs = []
     for block in (3, 64):
         monkeypatch.setattr(naive, "BLOCK", block)
-        model = tiny_model("wall", dtype=torch.float64)
+        model = tiny_model("wall", dtype=torch.float64, fast_paths="off")
         logits = model(ids, attention_mask=mask).logits[mask.bool()]
         packed = model(ids, position_ids=positions).logits
         (logits.square().sum() + packed.square().sum()).backward()
@@ -237,7 +237,7 @@ def test_blocks_of_queries_compute_the_whole_function(monkeypatch):
 
 
 def test_cached_decoding_over_many_blocks(short_blocks):
-    model = tiny_model("wall", dtype=torch.float64)
+    model = tiny_model("wall", dtype=torch.float64, fast_paths="off")
     ids = tokens(2, 33)
     full = model(ids).logits
     torch.testing.assert_close(decode_in_chunks(model, ids, [12, 1, 1, 7, 12]), full, atol=1e-12, rtol=0)
@@ -257,6 +257,67 @@ def test_gates_start_near_one():
     assert layer.gate.weight.shape == (32, 32) and layer.scalar_gate.weight.shape == (4, 32)
     for gate in (layer.gate, layer.scalar_gate):
         assert torch.equal(gate.bias, torch.full_like(gate.bias, 8.0))
+
+
+# --- one anchor per row (fast path "wall-attention-anchored") ----------------------------------------------------
+
+ANCHORED = ["wall-attention-anchored"]
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_anchored_computes_the_reference_function(batch, kv_heads, scalar):
+    """Logits and every parameter's gradient with one anchor per row against the reference, plain, left-padded and
+    packed, with GQA and the scalar gate: in float64 to 1e-12, in bfloat16 (the gates and the attention in float32) by
+    the rounding rule; every attention call took the anchored path."""
+    ids = tokens(2, 40)
+    inputs = batch_inputs(batch, ids)
+
+    def run(setting, dtype):
+        paths = ANCHORED if setting == "on" else "off"
+        overrides = {"num_key_value_heads": kv_heads, "wall_scalar_gate": scalar}
+        net = tiny_model("wall", dtype=dtype, fast_paths=paths, **overrides).train()
+        logits = net(ids, **inputs).logits
+        generator = torch.Generator().manual_seed(3)
+        weights = torch.randn(logits.shape, generator=generator, dtype=torch.float64, device="cpu")
+        (logits * weights.to(DEVICE, dtype)).sum().backward()
+        return outputs(net, logits=logits)
+
+    with fast_paths.recording() as ran:
+        compare_paths(run, torch.bfloat16)
+    assert ran == {"wall-attention-anchored"}
+
+
+def test_anchored_decodes_what_the_reference_computes(short_blocks):
+    """Chunks and single tokens over the cache (queries against more keys than themselves) with one anchor per row,
+    against the reference's full pass."""
+    ids = tokens(2, 33)
+    with torch.no_grad():
+        expected = tiny_model("wall", dtype=torch.float64, fast_paths="off")(ids).logits
+        with fast_paths.recording() as ran:
+            got = decode_in_chunks(tiny_model("wall", dtype=torch.float64, fast_paths=ANCHORED), ids, [12, 1, 1, 7, 12])
+    assert ran == {"wall-attention-anchored"}
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+
+
+def test_anchored_leaves_gates_that_span_too_much_to_the_reference():
+    """Gates of e^-8 a token over 10 tokens span 80 > 60 in float32: the reference runs (the anchored factors could
+    reach exp(80)); within the span the anchored path runs."""
+    from tapelm.kernels.wall_attention.anchored import SPAN
+    from tapelm.kernels.wall_attention.anchored import wall_attention as anchored
+
+    q, k, v = (randn(1, 2, 10, 8, seed=seed).detach().float() for seed in (1, 2, 3))
+    for per_token, taken in ((-8.0, False), (-5.0, True)):
+        log_g = torch.full((1, 2, 10, 8), per_token, device=DEVICE)
+        gates = Gates(log_g, log_g.cumsum(-2))
+        assert (-9 * per_token <= SPAN[torch.float32]) == taken
+        got = anchored(q, k, v, gates, AttentionMask(None, True), 8**-0.5)
+        assert (got is not None) == taken
+        if taken:
+            wide = Gates(log_g.double(), log_g.double().cumsum(-2))
+            expected = wall_attention(q.double(), k.double(), v.double(), wide, AttentionMask(None, True), 8**-0.5)
+            close(got, expected[0], 1e-5)
 
 
 # --- fla's kernels (fast path "wall-attention-fla") --------------------------------------------------------------

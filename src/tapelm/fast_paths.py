@@ -120,6 +120,13 @@ PATHS: tuple[FastPath, ...] = (
         "(kernels/wall_attention/fla.py)",
     ),
     FastPath(
+        "wall-attention",
+        "anchored",
+        "Wall attention as one product of queries and keys scaled from one anchor per row, where the cumulative gates "
+        "span at most 60 (float32) per channel (kernels/wall_attention/anchored.py)",
+        {"cpu": EVERY_ENCODING},
+    ),
+    FastPath(
         "stickbreaking-attention",
         "fla",
         "stick-breaking attention through fla's kernel (kernels/stickbreaking_attention/fla.py)",

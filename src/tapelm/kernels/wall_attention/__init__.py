@@ -1,6 +1,7 @@
 """Wall attention, softmax over s_ij = scale sum_n q_in k_jn exp(G_in - G_jn) with G the cumulative per-channel log
-gates (and a FoX-style scalar gate per head where it is on): the reference (`naive`) and fla's kernels
-("wall-attention-fla": its parallel kernel for a pass without cached keys, its decode kernel for cached ones)."""
+gates (and a FoX-style scalar gate per head where it is on): the reference (`naive`), fla's kernels
+("wall-attention-fla": its parallel kernel for a pass without cached keys, its decode kernel for cached ones) and one
+product of anchored queries and keys where the gates span little enough ("wall-attention-anchored")."""
 
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ def _fla(q, k, v, gates, mask, scale):
     return wall_attention(q, k, v, gates, mask, scale)
 
 
-CANDIDATES = candidates("wall-attention", ("fla", _fla))
+def _anchored(q, k, v, gates, mask, scale):
+    from .anchored import wall_attention
+
+    return wall_attention(q, k, v, gates, mask, scale)
+
+
+CANDIDATES = candidates("wall-attention", ("fla", _fla), ("anchored", _anchored))
 
 
 def wall_attention(

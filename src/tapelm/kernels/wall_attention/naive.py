@@ -58,9 +58,7 @@ def wall_attention(
     one_block = past // BLOCK * BLOCK + BLOCK >= keys  # a decoding step: no anchors worth sharing
     whole = 0 if one_block else keys // BLOCK * BLOCK  # the keys read through their chunks' anchors
     ends = cumulative[..., BLOCK - 1 : whole : BLOCK, :].to(dtype)  # each chunk's last G
-    anchored = _times_keys(
-        (ends.repeat_interleave(BLOCK, dim=-2) - cumulative[..., :whole, :]).exp(), k[..., :whole, :]
-    )
+    anchored = times_keys((ends.repeat_interleave(BLOCK, dim=-2) - cumulative[..., :whole, :]).exp(), k[..., :whole, :])
     blocks, start = [], past
     while start < keys:
         end = min(start // BLOCK * BLOCK + BLOCK, keys)
@@ -76,7 +74,7 @@ def wall_attention(
             return logits.masked_fill(~valid, float("-inf")).softmax(-1)
 
         def output(*args, weights=block, values=v[..., :end, :]):
-            return _mix(weights(*args), values)
+            return mix(weights(*args), values)
 
         rows = slice(None, end)
         args = (q[..., start - past : end - past, :], k[..., rows, :], cumulative[..., rows, :], _part(scalar, rows))
@@ -90,7 +88,7 @@ def wall_attention(
     if not probabilities:
         return torch.cat(blocks, dim=-2), None
     weights = torch.cat(blocks, dim=-2)
-    return _mix(weights, v), weights
+    return mix(weights, v), weights
 
 
 def _per_query_head(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -98,13 +96,13 @@ def _per_query_head(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
-def _times_keys(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def times_keys(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """x (B, H, t, d), one per query head, times the keys (B, Hkv, t, d) of each query head's KV head, without
     repeating the keys."""
     return (x.unflatten(1, (k.shape[1], -1)) * k[:, :, None]).flatten(1, 2)
 
 
-def _mix(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def mix(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The weights (B, H, n, t) applied to the values (B, Hkv, t, dv), in v's dtype: each KV head's query heads in
     one product, without repeating the values."""
     batch, heads, length, keys = probs.shape
@@ -124,7 +122,7 @@ def _logits(q, k, cumulative, anchored, start: int, end: int) -> torch.Tensor:
     anchor = cumulative[..., start : start + 1, :]
     mine = cumulative[..., start:end, :]
     near = q * (mine - anchor).exp()
-    before = _times_keys((anchor - cumulative[..., chunk:start, :]).exp(), k[..., chunk:start, :])
+    before = times_keys((anchor - cumulative[..., chunk:start, :]).exp(), k[..., chunk:start, :])
     if chunk:
         ends = cumulative[..., BLOCK - 1 : chunk : BLOCK, :]
         chunks = anchored[..., :chunk, :] * (anchor - ends).exp().repeat_interleave(BLOCK, dim=-2)
@@ -137,4 +135,4 @@ def _logits(q, k, cumulative, anchored, start: int, end: int) -> torch.Tensor:
     return torch.cat([earlier, inside], dim=-1)
 
 
-__all__ = ["BLOCK", "Gates", "wall_attention"]
+__all__ = ["BLOCK", "Gates", "mix", "times_keys", "wall_attention"]
