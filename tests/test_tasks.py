@@ -9,7 +9,7 @@ import string
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tapelm.data.corpora import VAL_EVERY, corpus_files
@@ -17,6 +17,7 @@ from tapelm.data.passkey_text import FILLER, TASK_LINE
 from tapelm.experiments.tasks import (
     IGNORE_INDEX,
     TASKS,
+    TEST_SEED,
     Batch,
     ByteTokenizer,
     Example,
@@ -682,3 +683,32 @@ def test_evaluation_options_leave_the_training_unchanged(name, corpus):
 def test_a_training_option_declared_for_evaluation_would_be_caught():
     """The law above can fail: MQAR's number of pairs shapes its training stream."""
     assert _training_draws(get_task("mqar", num_pairs=4)) != _training_draws(get_task("mqar"))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 80))
+@example(seed=1, n=80)  # the whole held-out stream: no room apart
+@example(seed=1, n=2)
+def test_text_spans_of_other_seeds_share_no_token_with_the_test_span(text_task, seed, n):
+    """Any seed but the test set's scores held-out tokens apart from the test set's span of the same n wherever the
+    stream has room (the validation set tuning reads; `validation_apart` says whether it has); the test set's seed
+    gives the span it always gave."""
+    stream = text_task.validation_stream
+    size = min(n * text_task.train_length, len(stream))
+    test = int(np.random.default_rng(TEST_SEED).integers(0, len(stream) - size + 1))
+    assert np.array_equal(text_task._eval_span(TEST_SEED, n), stream[test : test + size])
+    if seed == TEST_SEED:
+        return
+    apart = [o for o in range(len(stream) - size + 1) if o + size <= test or o >= test + size]
+    assert text_task.validation_apart(n) == bool(apart)
+    if apart:
+        span = text_task._eval_span(seed, n)
+        assert any(np.array_equal(stream[o : o + size], span) for o in apart)
+
+
+@pytest.fixture(scope="module")
+def text_task(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text-corpus")
+    for i in range(41):
+        (root / f"f{i:03d}.txt").write_text(_corpus_text(i))
+    return get_task("text", corpus=str(root), train_length=8)

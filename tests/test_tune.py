@@ -114,7 +114,6 @@ def test_a_second_tuning_trains_nothing_again_and_merges_another_encoding(tuned,
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["tune", "text", "--pe", "rope"], "task 'text' evaluates on windows of one held-out stream"),
         (["tune", "addition", "--pe", "nonsense"], "unknown encoding 'nonsense'"),
         (["tune", "addition", "--pe", "rope", "--seeds", "-1"], "seeds=[-1] is not allowed"),
     ],
@@ -214,3 +213,18 @@ def test_a_tuned_comparison_refuses_runs_trained_at_another_rate_and_encodings_n
     assert main([*argv, *TINY]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "encoding 'fire' is not tuned for addition" in error
+
+
+def test_text_without_room_for_a_validation_set_apart_from_its_test_set_is_refused(tmp_path, capsys) -> None:
+    """Text tunes on a span of its held-out stream apart from the test set's; a stream too short for one is refused
+    in one line before any run."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(41):
+        (corpus / f"f{i:03d}.txt").write_text(f"file{i:03d}marker\n" + " ".join(f"w{j % 13}" for j in range(60)))
+    text = ["--task-option", f"corpus={corpus}", "--task-option", "train_length=32", "--task-option", "tokenizer=byte"]
+    argv = ["tune", "text", "--pe", "rope", "--root", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+    assert main([*argv, *text, "--steps", "2", "--eval-n", "1000"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "no room for a validation set of 1000 examples apart from its test set" in error
+    assert not (tmp_path / "runs").exists()

@@ -15,14 +15,15 @@ import torch
 from tqdm.auto import tqdm
 
 from .tasks import (
+    TEST_SEED,
+    VALIDATION_SEED,
     SyntheticTask,
     Task,
     exact_match_per_example,
     target_accuracy_per_example,
 )
 
-EVAL_SEED = 1234  # one fixed test set for every training seed: the spread across seeds is the training's
-VALIDATION_SEED = 4321  # the validation set: the in-training evaluation's and the tuning's (`tune`), never the test's
+EVAL_SEED = TEST_SEED  # the test set's seed (`tasks.base`); VALIDATION_SEED the validation set's
 
 
 @contextmanager
@@ -159,4 +160,4 @@ def plot_evaluation(evaluation: dict[str, Any], path: Path, title: str) -> Path:
     return path
 
 
-__all__ = ["evaluate_model", "summarize", "EVAL_SEED", "plot_evaluation"]
+__all__ = ["evaluate_model", "summarize", "EVAL_SEED", "VALIDATION_SEED", "plot_evaluation"]

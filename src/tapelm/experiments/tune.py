@@ -12,8 +12,9 @@ for another.
   holds every run's score, loss and seconds, each encoding's choice and the CPU seconds in all; encodings tuned
   before are kept.
 
-Runs are cached in ROOT/tune/TASK/HASH/PE/lrLR-seedS and resume as a comparison's do. Only synthetic tasks draw a
-validation set apart from the test set; text evaluates on windows of one held-out stream and is refused.
+Runs are cached in ROOT/tune/TASK/HASH/PE/lrLR-seedS and resume as a comparison's do. A synthetic task draws its
+validation examples afresh with their own seed; text scores a span of its held-out stream that shares no token with
+the test set's (`TextTask`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from ..variants import check_row
 from .evaluate import VALIDATION_SEED, seeded_torch_rng, summarize
 from .launchers import Job
 from .runs import RESULT_FILE, ResolvedRun, RunOptions, RunSpec, load_run, option_flags, resolve, settings_hash
-from .tasks import TASKS, SyntheticTask
 
 logger = logging.getLogger(__name__)
 
@@ -205,12 +205,12 @@ def tune(
         check_row(pe)
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise ValueError(f"seeds={seeds!r} is not allowed; give non-negative integers")
-    if not issubclass(TASKS.get(base.task, SyntheticTask), SyntheticTask):
-        raise ValueError(
-            f"task '{base.task}' evaluates on windows of one held-out stream, so it has no validation set apart from "
-            "its test set; tune a synthetic task (mqar, passkey, flipflop, addition, ...)"
-        )
     tuning = Tuning(base, list(dict.fromkeys(pes)), seeds, Path(root), compile_layers)
+    if not tuning.recipe.task.validation_apart(tuning.recipe.preset.eval_n):
+        raise ValueError(
+            f"task '{base.task}' has no room for a validation set of {tuning.recipe.preset.eval_n} examples apart from "
+            "its test set (its held-out stream is too short); give a larger corpus or a smaller --eval-n"
+        )
     launcher = launcher or LocalLauncher(1)
     options = RunOptions(progress, compile_layers, data_workers, report_to)
     metric = tuning.recipe.task.metric_name

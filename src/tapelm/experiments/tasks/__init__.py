@@ -23,6 +23,8 @@ from ...data.tokenization import (
 from .addition import AdditionTask
 from .base import (
     IGNORE_INDEX,
+    TEST_SEED,
+    VALIDATION_SEED,
     Batch,
     Condition,
     Example,
@@ -75,6 +77,8 @@ def get_task(name: str, saved_tokenizer: str | Path | None = None, /, **options:
 
 __all__ = [
     "IGNORE_INDEX",
+    "TEST_SEED",
+    "VALIDATION_SEED",
     "TASKS",
     "TOKENIZER_FILE",
     "AdditionTask",

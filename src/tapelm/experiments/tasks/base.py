@@ -18,6 +18,8 @@ from .options import check_int
 
 # Addition problems and pass keys whose hash is divisible by this are reserved for evaluation.
 HOLDOUT_EVERY = 10
+TEST_SEED = 1234  # one fixed test set for every training seed: the spread across seeds is the training's
+VALIDATION_SEED = 4321  # the validation set: the in-training evaluation's and the tuning's, never the test's
 
 Condition = dict[str, Any]
 LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -87,6 +89,11 @@ class Task(ABC):
     @abstractmethod
     def train_batch(self, rng: np.random.Generator, batch_size: int) -> Batch:
         """A training batch drawn from `rng`."""
+
+    def validation_apart(self, n: int) -> bool:
+        """Whether a draw of n examples per condition with a seed other than `TEST_SEED` shares nothing with the
+        test set by construction (a synthetic task draws afresh; text needs room in its held-out stream)."""
+        return True
 
     @abstractmethod
     def eval_conditions(self) -> list[Condition]:

@@ -8,11 +8,13 @@ only, or the one a run saved, `saved_tokenizer`, which is never retrained) and t
 per corpus.
 
 Training batches are uniform random windows of train_length tokens of the training stream, every token
-labelled. A condition's perplexity scores n * train_length held-out tokens (from an offset fixed by the
-seed, the same for every length) with windows of the condition's length moved by `stride` (default half
-the length): each window labels only the tokens the previous one did not, so every token but the first
-of the span is scored exactly once, always with at least length - stride tokens of context once past
-the start.
+labelled. A condition's perplexity scores n * train_length held-out tokens (from an offset fixed by the seed, the
+same for every length; for any seed but the test set's, `TEST_SEED`, a span that shares no token with the test set's
+span of the same n where the stream has room, `validation_apart`, so that a validation set is apart from it) with
+windows of the condition's length moved by
+`stride` (default half the length): each window labels only the tokens the previous one did not, so every token but
+the first of the span is scored exactly once, always with at least length - stride tokens of context once past the
+start.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ...data.corpora import VAL_EVERY, corpus_sources
 from ...data.tokenization import BackendTokenizer, ByteTokenizer, Tokenizer, load_tokenizer
 from .base import (
     IGNORE_INDEX,
+    TEST_SEED,
     Batch,
     Condition,
     Example,
@@ -183,10 +186,31 @@ class TextTask(Task):
         for start in range(0, len(examples), batch_size):
             yield collate(examples[start : start + batch_size], self.tokenizer.pad_id)
 
+    def validation_apart(self, n: int) -> bool:
+        """Whether the held-out stream has room for a span of n * train_length tokens apart from the test set's."""
+        before, after, _, _ = self._offsets_apart(n)
+        return before + after > 0
+
+    def _offsets_apart(self, n: int) -> tuple[int, int, int, int]:
+        """(offsets before the test set's span, offsets after it, the test span's offset, the span size) for n."""
+        total = len(self.validation_stream)
+        size = min(n * self.train_length, total)
+        test = int(np.random.default_rng(TEST_SEED).integers(0, total - size + 1))
+        return max(0, test - size + 1), max(0, total - size - (test + size) + 1), test, size
+
     def _eval_span(self, seed: int, n: int) -> np.ndarray:
-        """n * train_length held-out tokens (fewer if the held-out stream is shorter), placed by `seed`."""
-        size = min(n * self.train_length, len(self.validation_stream))
-        offset = int(np.random.default_rng(seed).integers(0, len(self.validation_stream) - size + 1))
+        """n * train_length held-out tokens (fewer if the held-out stream is shorter), placed by `seed`: for the test
+        set's seed anywhere; for any other among the offsets whose span shares no token with the test set's where
+        the stream has room (`validation_apart`), else anywhere."""
+        before, after, test, size = self._offsets_apart(n)
+        if seed == TEST_SEED:
+            return self.validation_stream[test : test + size]
+        rng = np.random.default_rng(seed)
+        if before + after == 0:
+            offset = int(rng.integers(0, len(self.validation_stream) - size + 1))
+        else:
+            drawn = int(rng.integers(0, before + after))
+            offset = drawn if drawn < before else test + size + drawn - before
         return self.validation_stream[offset : offset + size]
 
     @torch.no_grad()
