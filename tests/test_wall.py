@@ -312,7 +312,7 @@ def test_anchored_leaves_gates_that_span_too_much_to_the_reference():
         log_g = torch.full((1, 2, 10, 8), per_token, device=DEVICE)
         gates = Gates(log_g, log_g.cumsum(-2))
         assert (-9 * per_token <= SPAN[torch.float32]) == taken
-        got = anchored(q, k, v, gates, AttentionMask(None, True), 8**-0.5)
+        got = anchored(q, k, v, gates, AttentionMask(None, True), 8**-0.5, fast_paths.NONE)
         assert (got is not None) == taken
         if taken:
             wide = Gates(log_g.double(), log_g.double().cumsum(-2))

@@ -122,8 +122,9 @@ PATHS: tuple[FastPath, ...] = (
     FastPath(
         "wall-attention",
         "anchored",
-        "Wall attention as one product of queries and keys scaled from one anchor per row, where the cumulative gates "
-        "span at most 60 (float32) per channel (kernels/wall_attention/anchored.py)",
+        "Wall attention as plain attention between queries and keys scaled from one anchor per row (the decoder's "
+        "attention function and its fast paths), where the cumulative gates span at most 60 (float32) per channel "
+        "(kernels/wall_attention/anchored.py)",
         {"cpu": EVERY_ENCODING},
     ),
     FastPath(

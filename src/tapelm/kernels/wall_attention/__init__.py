@@ -14,16 +14,16 @@ from .naive import BLOCK, Gates
 from .naive import wall_attention as naive_wall_attention
 
 
-def _fla(q, k, v, gates, mask, scale):
+def _fla(q, k, v, gates, mask, scale, paths):
     from .fla import wall_attention
 
     return wall_attention(q, k, v, gates, mask, scale)
 
 
-def _anchored(q, k, v, gates, mask, scale):
+def _anchored(q, k, v, gates, mask, scale, paths):
     from .anchored import wall_attention
 
-    return wall_attention(q, k, v, gates, mask, scale)
+    return wall_attention(q, k, v, gates, mask, scale, paths)
 
 
 CANDIDATES = candidates("wall-attention", ("fla", _fla), ("anchored", _anchored))
@@ -42,7 +42,7 @@ def wall_attention(
     """Wall attention of the last N of T tokens (`naive.wall_attention`): the first candidate that is on and takes
     the call, else the reference. Weights (`probabilities`) come from the reference only."""
     if not probabilities:
-        out = first(CANDIDATES, paths, q, k, v, gates, mask, scale)
+        out = first(CANDIDATES, paths, q, k, v, gates, mask, scale, paths)
         if out is not None:
             return out, None
     return naive_wall_attention(q, k, v, gates, mask, scale, probabilities)

@@ -74,7 +74,7 @@ def wall_attention(
             return logits.masked_fill(~valid, float("-inf")).softmax(-1)
 
         def output(*args, weights=block, values=v[..., :end, :]):
-            return mix(weights(*args), values)
+            return _mix(weights(*args), values)
 
         rows = slice(None, end)
         args = (q[..., start - past : end - past, :], k[..., rows, :], cumulative[..., rows, :], _part(scalar, rows))
@@ -88,7 +88,7 @@ def wall_attention(
     if not probabilities:
         return torch.cat(blocks, dim=-2), None
     weights = torch.cat(blocks, dim=-2)
-    return mix(weights, v), weights
+    return _mix(weights, v), weights
 
 
 def _per_query_head(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -102,7 +102,7 @@ def times_keys(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return (x.unflatten(1, (k.shape[1], -1)) * k[:, :, None]).flatten(1, 2)
 
 
-def mix(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _mix(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The weights (B, H, n, t) applied to the values (B, Hkv, t, dv), in v's dtype: each KV head's query heads in
     one product, without repeating the values."""
     batch, heads, length, keys = probs.shape
@@ -135,4 +135,4 @@ def _logits(q, k, cumulative, anchored, start: int, end: int) -> torch.Tensor:
     return torch.cat([earlier, inside], dim=-1)
 
 
-__all__ = ["BLOCK", "Gates", "mix", "times_keys", "wall_attention"]
+__all__ = ["BLOCK", "Gates", "times_keys", "wall_attention"]
