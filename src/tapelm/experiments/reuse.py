@@ -1,6 +1,7 @@
 """One training for comparisons that differ only in their evaluation: a run of a comparison whose training identity
 (`runs.training_identity`) equals that of a finished run, with its model, in another comparison of its task under
-the same root, on the same tokenizer, takes that run's model and is evaluated, not trained (`tapelm compare`).
+the same root, on the same tokenizer and data (`Task.data_record`), takes that run's model and is evaluated, not
+trained (`tapelm compare`).
 
 The run then holds the model (under its own config: the position limits its evaluation sizes), the training's
 metrics.jsonl, its own evaluation and a result.json with the training's record (losses, seconds, as earlier
@@ -33,8 +34,8 @@ from .tasks import has_saved_tokenizer, is_saved_in, save_tokenizer
 
 def trained_elsewhere(run: ResolvedRun, run_dir: Path) -> Path | None:
     """The folder of a finished run with its model, in another comparison beside the one `run_dir`
-    (COMPARISON/PE/seedS) belongs to, that trained what `run` would train on `run`'s tokenizer; None when there is
-    none (the first in name order where there are several)."""
+    (COMPARISON/PE/seedS) belongs to, that trained what `run` would train on `run`'s tokenizer and data; None when
+    there is none (the first in name order where there are several)."""
     comparison = run_dir.parents[1]
     wanted = training_identity(run.identity)
     for other in sorted(path for path in comparison.parent.iterdir() if path.is_dir() and path != comparison):
@@ -42,15 +43,13 @@ def trained_elsewhere(run: ResolvedRun, run_dir: Path) -> Path | None:
         if not ((candidate / RESULT_FILE).is_file() and (candidate / "model" / "config.json").is_file()):
             continue
         try:
-            identity = json.loads((candidate / RESULT_FILE).read_text())["identity"]
+            saved = json.loads((candidate / RESULT_FILE).read_text())
+            same = training_identity(saved["identity"]) == wanted
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # an unreadable record trains nothing for another comparison
+        same = same and saved.get("data", {}) in ({}, run.task.data_record())  # the same corpus, where recorded
         model = candidate / "model"
-        if (
-            training_identity(identity) == wanted
-            and has_saved_tokenizer(model)
-            and is_saved_in(run.task.tokenizer, model)
-        ):
+        if same and has_saved_tokenizer(model) and is_saved_in(run.task.tokenizer, model):
             return candidate
     return None
 
