@@ -259,6 +259,16 @@ def test_gates_start_near_one():
         assert torch.equal(gate.bias, torch.full_like(gate.bias, 8.0))
 
 
+def trained_pass(net, ids: torch.Tensor, inputs: dict, dtype: torch.dtype):
+    """The logits of one training pass of `net` and every parameter's gradient of a fixed random projection of them."""
+    net.train()
+    logits = net(ids, **inputs).logits
+    generator = torch.Generator().manual_seed(3)
+    weights = torch.randn(logits.shape, generator=generator, dtype=torch.float64, device="cpu")
+    (logits * weights.to(DEVICE, dtype)).sum().backward()
+    return outputs(net, logits=logits)
+
+
 # --- one anchor per row (fast path "wall-attention-anchored") ----------------------------------------------------
 
 ANCHORED = ["wall-attention-anchored"]
@@ -277,12 +287,7 @@ def test_anchored_computes_the_reference_function(batch, kv_heads, scalar):
     def run(setting, dtype):
         paths = ANCHORED if setting == "on" else "off"
         overrides = {"num_key_value_heads": kv_heads, "wall_scalar_gate": scalar}
-        net = tiny_model("wall", dtype=dtype, fast_paths=paths, **overrides).train()
-        logits = net(ids, **inputs).logits
-        generator = torch.Generator().manual_seed(3)
-        weights = torch.randn(logits.shape, generator=generator, dtype=torch.float64, device="cpu")
-        (logits * weights.to(DEVICE, dtype)).sum().backward()
-        return outputs(net, logits=logits)
+        return trained_pass(tiny_model("wall", dtype=dtype, fast_paths=paths, **overrides), ids, inputs, dtype)
 
     with fast_paths.recording() as ran:
         compare_paths(run, torch.bfloat16)
@@ -393,12 +398,7 @@ def test_fla_computes_the_reference_function(routed, batch, scalar):
     inputs = batch_inputs(batch, ids)
 
     def run(setting, dtype):
-        net = fla_model(setting == "on", dtype, wall_scalar_gate=scalar).train()
-        logits = net(ids, **inputs).logits
-        generator = torch.Generator().manual_seed(3)
-        weights = torch.randn(logits.shape, generator=generator, dtype=torch.float64, device="cpu")
-        (logits * weights.to(DEVICE, dtype)).sum().backward()
-        return outputs(net, logits=logits)
+        return trained_pass(fla_model(setting == "on", dtype, wall_scalar_gate=scalar), ids, inputs, dtype)
 
     with fast_paths.recording() as ran:
         compare_paths(run, torch.bfloat16 if ON_GPU else torch.float64, exact=1e-4)
