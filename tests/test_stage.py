@@ -435,11 +435,12 @@ def test_the_report_judges_each_claim_per_scale_and_says_where_a_scale_has_not_r
     )
     build_report(tmp_path / "stage", tmp_path / "docs" / "RESULTS.md")
     table = (tmp_path / "docs" / "RESULTS.md").read_text()
-    assert "| claim | laptop comparison | laptop | GPU comparison | GPU |" in table
+    assert "| claim | laptop comparison | laptop | GPU comparison | GPU | laptop, tuned rates |" in table
     claim = r"\| Language modelling: TAPE's perplexity is the lowest at the training length\. \| "
     assert re.search(claim + r"`text` \w+ \| \*\*inconclusive\*\* \| `text` \w+ \| \*\*inconclusive\*\* \|", table)
     assert (
-        "| Associative recall (MQAR): TAPE is ahead beyond the training length. | – | not run | – | not run |" in table
+        "| Associative recall (MQAR): TAPE is ahead beyond the training length. | – | not run | – | not run | not run |"
+        in table
     )
     results = (tmp_path / "docs" / "RESULTS.md").read_text()
     assert "**lm-perplexity** at laptop scale (in-distribution, perplexity, seeds 0,1): **inconclusive**" in results

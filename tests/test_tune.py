@@ -191,6 +191,11 @@ def test_the_report_shows_both_verdicts_and_keeps_tuned_comparisons_out_of_the_c
     assert f"| RoPE | {found['lr']:.3g} (x1) |" in section
     claims = text.split("<!-- tapelm-report:begin claims -->")[1].split("<!-- tapelm-report:end claims -->")[0]
     assert found["tuned"].name not in claims and found["shared"].name in claims
+    from tapelm.experiments.claims import CLAIMS
+
+    (addition,) = [claim for claim in CLAIMS if claim.name == "arithmetic"]
+    row = next(line for line in claims.splitlines() if line.startswith(f"| {addition.statement} |"))
+    assert row.split(" | ")[-1].strip(" |").startswith("**")  # the claim judged at tuned rates, not "not run"
 
 
 def test_a_tuned_comparison_refuses_runs_trained_at_another_rate_and_encodings_not_tuned(

@@ -125,6 +125,24 @@ def _by_scale(context: ReportContext) -> dict[str, list] | None:
     return found or None
 
 
+def tuned_summary(context: ReportContext, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The archived comparison at tuned rates beside the shared-rate comparison `summary`, aggregated; None when it
+    has not run."""
+    directory = context.comparisons / summary["task"] / (summary["settings_hash"] + compare.TUNED_SUFFIX)
+    return compare.aggregate(directory, write=False) if (directory / compare.COMPARISON_FILE).is_file() else None
+
+
+def _at_tuned(context: ReportContext, judged: list | None, index: int) -> str:
+    """The laptop claim's verdict on its comparison at tuned rates, marked where it differs from the shared rate's;
+    "not run" where there is none."""
+    claim, summary, result, _ = judged[index] if judged else (None, None, None, None)
+    tuned = tuned_summary(context, summary) if summary is not None else None
+    if tuned is None:
+        return "not run"
+    at_tuned, _ = claims.judge(claim, tuned)
+    return f"**{at_tuned}**" + (" (*changed*)" if at_tuned != result else "")
+
+
 def _verdict(by_scale: dict[str, list], scale: str, index: int) -> str:
     judged = by_scale.get(scale)
     return f"**{judged[index][2]}**" if judged and judged[index][2] != "not run" else "not run"
@@ -140,8 +158,8 @@ def build(context: ReportContext) -> str | None:
         doc + " Each scale is judged on its own comparisons (laptop: the `cpu-small` preset; GPU: the `gpu` "
         "preset, run in pieces by `tapelm stage`; docs/RECIPES.md says what each recipe is).",
         "",
-        "| claim | " + " | ".join(f"{scale} comparison | {scale}" for scale in SCALES) + " |",
-        "|---|" + "---|---|" * len(SCALES),
+        "| claim | " + " | ".join(f"{scale} comparison | {scale}" for scale in SCALES) + " | laptop, tuned rates |",
+        "|---|" + "---|---|" * len(SCALES) + "---|",
     ]
     for index, claim in enumerate(claims.CLAIMS):
         cells = []
@@ -151,9 +169,10 @@ def build(context: ReportContext) -> str | None:
                 f"`{claim.task}` {summary['settings_hash']}" if summary else "–",
                 _verdict(by_scale, scale, index),
             ]
+        cells.append(_at_tuned(context, by_scale.get("laptop"), index))
         lines.append(f"| {claim.statement} | " + " | ".join(cells) + " |")
     lines += [
-        f"| {claim['statement']} | `tapelm extend` | **{claim['verdict']}** | – | not run |" for claim in extension
+        f"| {claim['statement']} | `tapelm extend` | **{claim['verdict']}** | – | not run | – |" for claim in extension
     ]
     for scale, judged in by_scale.items():
         for claim, summary, result, details in judged:

@@ -13,8 +13,8 @@ from ..analysis import plots
 from ..analysis.statistics import higher_is_better, verdict
 from ..experiments import claims
 from . import findings_section as findings
+from .claims_section import tuned_summary
 from .sections import ReportContext, register_readme_section
-from .tuned_section import tuned_summary
 
 FIGURE = "tape-against-each.png"
 OUTCOMES = {"better": "TAPE ahead", "worse": "TAPE behind"}

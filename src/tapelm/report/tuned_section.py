@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.statistics import format_difference, higher_is_better, verdict
-from ..experiments import claims, compare
+from ..experiments import claims
 from . import findings_section as findings
+from .claims_section import tuned_summary
 from .sections import ReportContext, register_section
 
 INTRO = (
@@ -66,13 +67,6 @@ def subsection(summary: dict[str, Any], tuned: dict[str, Any], claim: claims.Cla
             f"({change}).",
         ]
     return "\n".join(lines)
-
-
-def tuned_summary(context: ReportContext, summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The archived comparison at tuned rates beside the shared-rate comparison `summary`, aggregated; None when it
-    has not run."""
-    directory = context.comparisons / summary["task"] / (summary["settings_hash"] + compare.TUNED_SUFFIX)
-    return compare.aggregate(directory, write=False) if (directory / compare.COMPARISON_FILE).is_file() else None
 
 
 def build(context: ReportContext) -> str | None:
