@@ -5,6 +5,7 @@ encodings; bad input refused in one line before any run."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -130,13 +131,14 @@ def tuned_comparison(tmp_path_factory) -> tuple[Path, Path, dict]:
     """The shared-rate comparison of TAPE and RoPE, then the comparison at tuned rates from a tuning record that
     chose the shared rate for RoPE and three times it for TAPE (written as `tapelm tune` writes it)."""
     root, out = tmp_path_factory.mktemp("runs"), tmp_path_factory.mktemp("tune")
-    assert main(["compare", "addition", "--pe", "tape", "rope", "--seeds", "0", "1", "--root", str(root), *TINY]) == 0
+    pes = ["tape", "rope", "randpe", "nope", "fire"]  # the arithmetic claim's encodings
+    assert main(["compare", "addition", "--pe", *pes, "--seeds", "0", "1", "--root", str(root), *TINY]) == 0
     (shared,) = list((root / "compare" / "addition").iterdir())
     lr = json.loads((shared / "comparison.json").read_text())["train"]["lr"]
     record = {
         "task": "addition",
         "settings_hash": shared.name,
-        "encodings": {"rope": {"lr": lr}, "tape": {"lr": 3 * lr}},
+        "encodings": {**{pe: {"lr": lr} for pe in pes}, "tape": {"lr": 3 * lr}},
     }
     (out / "addition").mkdir()
     (out / "addition" / f"{shared.name}.json").write_text(json.dumps(record))
@@ -144,8 +146,7 @@ def tuned_comparison(tmp_path_factory) -> tuple[Path, Path, dict]:
         "compare",
         "addition",
         "--pe",
-        "tape",
-        "rope",
+        *pes,
         "--seeds",
         "0",
         "1",
@@ -164,7 +165,8 @@ def test_the_tuned_comparison_trains_each_encoding_at_its_rate_and_reuses_the_sh
     root, _, found = tuned_comparison
     shared, tuned, lr = found["shared"], found["tuned"], found["lr"]
     record = json.loads((tuned / "comparison.json").read_text())
-    assert record["rates"] == {"tape": 3 * lr, "rope": lr} and record["train"]["lr"] == lr
+    assert record["rates"] == {"tape": 3 * lr, "rope": lr, "randpe": lr, "nope": lr, "fire": lr}
+    assert record["train"]["lr"] == lr
     assert record["settings_hash"] == tuned.name and "--tuned" in record["commands"][0]
     for seed in (0, 1):
         tape = json.loads((tuned / "tape" / f"seed{seed}" / RESULT_FILE).read_text())
@@ -173,7 +175,9 @@ def test_the_tuned_comparison_trains_each_encoding_at_its_rate_and_reuses_the_sh
         assert (rope / RESULT_FILE).read_bytes() == (shared / "rope" / f"seed{seed}" / RESULT_FILE).read_bytes()
         assert not (rope / "model").exists()  # copied from the shared comparison, not trained again
     shared_record = json.loads((shared / "comparison.json").read_text())
-    assert "rates" not in shared_record and shared_record["runs"] == {"tape": [0, 1], "rope": [0, 1]}
+    assert "rates" not in shared_record and shared_record["runs"] == {
+        pe: [0, 1] for pe in ("tape", "rope", "randpe", "nope", "fire")
+    }
 
 
 def test_the_report_shows_both_verdicts_and_keeps_tuned_comparisons_out_of_the_claims(tuned_comparison, tmp_path):
@@ -195,7 +199,23 @@ def test_the_report_shows_both_verdicts_and_keeps_tuned_comparisons_out_of_the_c
 
     (addition,) = [claim for claim in CLAIMS if claim.name == "arithmetic"]
     row = next(line for line in claims.splitlines() if line.startswith(f"| {addition.statement} |"))
-    assert row.split(" | ")[-1].strip(" |").startswith("**")  # the claim judged at tuned rates, not "not run"
+    assert row.split(" | ")[-1].strip(" |").startswith("**")  # the claim judged at tuned rates
+    assert "The paper's claim (arithmetic): **" in section and "at tuned rates (" in section
+
+
+def test_a_claim_is_not_judged_at_tuned_rates_over_fewer_of_its_encodings(tuned_comparison, tmp_path) -> None:
+    """A tuned comparison without some of a claim's baselines leaves the claim unjudged there, saying which."""
+    root, _, found = tuned_comparison
+    from tapelm.report import build_report
+
+    copy = tmp_path / "runs"
+    shutil.copytree(root, copy)
+    shutil.rmtree(copy / "compare" / "addition" / found["tuned"].name / "fire")
+    out = tmp_path / "docs" / "RESULTS.md"
+    build_report(copy, out)
+    text = out.read_text()
+    assert "| not yet (fire not tuned) |" in text
+    assert "not judged at tuned rates until fire are tuned and trained there" in text
 
 
 def test_a_tuned_comparison_refuses_runs_trained_at_another_rate_and_encodings_not_tuned(
@@ -214,10 +234,11 @@ def test_a_tuned_comparison_refuses_runs_trained_at_another_rate_and_encodings_n
         assert (found["tuned"] / "comparison.json").read_text() == before
     finally:
         path.write_text(json.dumps(record))
-    argv = [*found["argv"][:3], "fire", *found["argv"][5:]]
+    seeds = found["argv"].index("--seeds")
+    argv = [*found["argv"][:3], "t5", *found["argv"][seeds:]]
     assert main([*argv, *TINY]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "encoding 'fire' is not tuned for addition" in error
+    assert error.count("\n") == 1 and "encoding 't5' is not tuned for addition" in error
 
 
 def test_text_without_room_for_a_validation_set_apart_from_its_test_set_is_refused(tmp_path, capsys) -> None:

@@ -132,13 +132,21 @@ def tuned_summary(context: ReportContext, summary: dict[str, Any]) -> dict[str, 
     return compare.aggregate(directory, write=False) if (directory / compare.COMPARISON_FILE).is_file() else None
 
 
+def untuned(claim: claims.Claim, tuned: dict[str, Any]) -> list[str]:
+    """The encodings a claim compares that its comparison at tuned rates `tuned` lacks: until they are tuned and
+    trained there, the claim is not judged at tuned rates (a verdict over fewer baselines is not the claim's)."""
+    return [pe for pe in (claim.subject, *claim.baselines) if pe not in tuned["rows"]]
+
+
 def _at_tuned(context: ReportContext, judged: list | None, index: int) -> str:
     """The laptop claim's verdict on its comparison at tuned rates, marked where it differs from the shared rate's;
-    "not run" where there is none."""
+    "not run" where there is none, "not yet" while some of its encodings are not in it."""
     claim, summary, result, _ = judged[index] if judged else (None, None, None, None)
     tuned = tuned_summary(context, summary) if summary is not None else None
     if tuned is None:
         return "not run"
+    if missing := untuned(claim, tuned):
+        return f"not yet ({', '.join(missing)} not tuned)"
     at_tuned, _ = claims.judge(claim, tuned)
     return f"**{at_tuned}**" + (" (*changed*)" if at_tuned != result else "")
 

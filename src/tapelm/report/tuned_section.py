@@ -10,7 +10,7 @@ from typing import Any
 from ..analysis.statistics import format_difference, higher_is_better, verdict
 from ..experiments import claims
 from . import findings_section as findings
-from .claims_section import tuned_summary
+from .claims_section import tuned_summary, untuned
 from .sections import ReportContext, register_section
 
 INTRO = (
@@ -58,7 +58,13 @@ def subsection(summary: dict[str, Any], tuned: dict[str, Any], claim: claims.Cla
         compared = shared_outcome != tuned_outcome and "not run" not in (shared_outcome, tuned_outcome)
         changed = "*changed*" if compared else ""
         lines.append(f"| {findings.name(pe)} | {_rate(record, pe)} | {shared_text} | {tuned_text} | {changed} |")
-    if claim is not None and result is not None:
+    if claim is not None and result is not None and (missing := untuned(claim, tuned)):
+        lines += [
+            "",
+            f"The paper's claim ({claim.name}): **{result}** at the shared rate; not judged at tuned rates until "
+            f"{', '.join(missing)} are tuned and trained there.",
+        ]
+    elif claim is not None and result is not None:
         at_tuned, _ = claims.judge(claim, tuned)
         change = "changed" if at_tuned != result else "unchanged"
         lines += [
