@@ -52,8 +52,9 @@ class Prefill(torch.nn.Module):
 def test_an_exported_prefill_computes_the_logits_and_fills_the_cache_as_eager_code_does(pe_type):
     """With left padding of several widths: the logits at real tokens, and every cached key and value-stream entry,
     padding positions included (traced code runs the per-token work on the whole grid, eager code on the real
-    tokens only, leaving zeros on the grid)."""
-    model = tiny_model(pe_type)
+    tokens only, leaving zeros on the grid). In float64: a fast path that reads a tensor's value on the host (Wall's
+    anchored one) is left out of a traced program, which then computes the same function by the reference path."""
+    model = tiny_model(pe_type, dtype=torch.float64)
     ids = tokens(2, 9)
     masks = padding_masks(ids)
     program = torch.export.export(Prefill(model), (ids, masks[0])).module()
