@@ -31,7 +31,8 @@ LONG_MULTIPLIER = 8  # a comparison is "far beyond" when it evaluates at least t
 def family_of(pe: str) -> str | None:
     """The family a registered encoding declares (`PositionalEncoding.family`), gated or not; None for it or for a
     row that is no encoding (a variant)."""
-    encoding = gated_row(pe)[0] if gated_row(pe) else pe
+    gated = gated_row(pe)
+    encoding = gated[0] if gated else pe
     return encoding_class(encoding).family if is_registered(encoding) else None
 
 
